@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from mechanisms.errors import CompositionError, ParameterError, PrivacyMapError
+import numpy as np
+
+from mechanisms.errors import CompositionError, DomainError, ParameterError, PrivacyMapError
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -258,9 +260,17 @@ def make_user_measurement(
 
 
 def _add_up(x: float, y: float) -> float:
-    """``x + y`` rounded toward +∞ (conservative for privacy losses)."""
+    """``x + y`` rounded toward +∞ (conservative for privacy losses); exact sums stay exact.
+
+    The rounding error of ``s = fl(x + y)`` is recovered exactly with Knuth's TwoSum; ``s`` is
+    bumped up one ulp only when it fell below the true sum (so ``1.0 + 1.0`` stays ``2.0``).
+    """
     s = x + y
-    return math.nextafter(s, math.inf) if math.isfinite(s) and s != 0.0 else s
+    if not math.isfinite(s):
+        return s
+    bp = s - x
+    err = (x - (s - bp)) + (y - bp)  # TwoSum: x + y == s + err exactly
+    return math.nextafter(s, math.inf) if err > 0.0 else s
 
 
 def compose_losses(measure: Measure, d_outs: Sequence[Any]) -> Any:
@@ -316,3 +326,106 @@ def make_fix_delta(m: Measurement[Any, Any], delta: float) -> Measurement[Any, A
         return (profile.epsilon(float(delta)), float(delta))
 
     return Measurement(m.input_domain, m.input_metric, APPROX_MAX_DIVERGENCE, m.function, privacy_map, m.output_domain)
+
+
+# --- domain and metric helpers, drop-null (added for the quantile / Theil-Sen pipelines) ---
+#
+# Descriptors follow OpenDP's names so that two constructors agree on a domain exactly when they
+# agree on its descriptor: ``AtomDomain<f64>`` (non-null), ``AtomDomain<f64, nullable>`` (NaN
+# allowed), ``VectorDomain<AtomDomain<f64>>``, ``VectorDomain<AtomDomain<f64>, size=100>``,
+# ``Array2Domain<f64, num_columns=2>``, ``LInfDistance<u64>``.
+
+_ATOM_TYPES = {"f64": np.floating, "f32": np.floating, "i64": np.integer, "i32": np.integer, "u64": np.integer}
+
+
+def _type_name(T: Any) -> str:
+    if T is float:
+        return "f64"
+    if T is int:
+        return "i64"
+    if isinstance(T, str) and T in _ATOM_TYPES:
+        return T
+    raise ParameterError("T", T, f"must be float, int or one of {sorted(_ATOM_TYPES)}")
+
+
+def _elements_ok(arr: np.ndarray[Any, Any], T: str, nullable: bool) -> bool:
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, _ATOM_TYPES[T]) or np.issubdtype(arr.dtype, np.integer)
+    ):
+        return False
+    if np.issubdtype(_ATOM_TYPES[T], np.integer) and not np.issubdtype(arr.dtype, np.integer):
+        return False
+    if T == "u64" and arr.size and int(arr.min()) < 0:
+        return False
+    return nullable or not (np.issubdtype(arr.dtype, np.floating) and bool(np.isnan(arr).any()))
+
+
+def atom_domain(T: Any = float, *, nullable: bool = False) -> Domain:
+    """``AtomDomain<T>``: one number of type ``T`` (f64, i64, u64, ...); NaN only if ``nullable``.
+
+    The membership test is vectorized: it accepts a scalar or an array of such numbers.
+    """
+    name = _type_name(T)
+    descriptor = f"AtomDomain<{name}, nullable>" if nullable else f"AtomDomain<{name}>"
+    return Domain(descriptor, lambda v: _elements_ok(np.asarray(v), name, nullable))
+
+
+def vector_domain(element_domain: Domain, size: int | None = None) -> Domain:
+    """``VectorDomain<element_domain>``: a 1-D array of members; of exactly ``size`` elements if given."""
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ParameterError("size", size, "must be a non-negative integer or None")
+    descriptor = f"VectorDomain<{element_domain}>" if size is None else f"VectorDomain<{element_domain}, size={size}>"
+
+    def member(v: Any) -> bool:
+        arr = np.asarray(v)
+        if arr.ndim != 1 or (size is not None and arr.shape[0] != size):
+            return False
+        return arr.size == 0 or element_domain.contains(arr)
+
+    return Domain(descriptor, member)
+
+
+def array2_domain(num_columns: int, T: Any = float) -> Domain:
+    """``Array2Domain<T, num_columns>``: a 2-D numpy array of ``num_columns`` columns of non-NaN ``T``."""
+    if isinstance(num_columns, bool) or not isinstance(num_columns, int) or num_columns < 1:
+        raise ParameterError("num_columns", num_columns, "must be a positive integer")
+    name = _type_name(T)
+
+    def member(v: Any) -> bool:
+        arr = np.asarray(v)
+        if arr.ndim != 2 or arr.shape[1] != num_columns:
+            return False
+        return arr.size == 0 or _elements_ok(arr, name, nullable=False)
+
+    return Domain(f"Array2Domain<{name}, num_columns={num_columns}>", member)
+
+
+def linf_distance(T: Any = "u64", *, monotonic: bool = False) -> Metric:
+    """``LInfDistance<T>``: ``max_i |x_i - x'_i|`` between score vectors (``monotonic``: all moves one way)."""
+    name = _type_name(T)
+    return Metric(f"LInfDistance<{name}, monotonic>" if monotonic else f"LInfDistance<{name}>")
+
+
+def make_drop_null(T: Any = float, input_metric: Metric = SYMMETRIC_DISTANCE) -> Transformation[Any, Any]:
+    """Drop the NaN entries of a vector: ``VectorDomain<AtomDomain<T, nullable>> -> VectorDomain<AtomDomain<T>>``.
+
+    Stability map: ``d_in -> d_in`` (1-stable): an added or removed record adds or removes at most one
+    record of the output, under the symmetric and the insert-delete distance alike.
+    """
+    if input_metric not in (SYMMETRIC_DISTANCE, INSERT_DELETE_DISTANCE):
+        raise ParameterError("input_metric", str(input_metric), "must be SymmetricDistance or InsertDeleteDistance")
+
+    def drop(x: Any) -> np.ndarray[Any, Any]:
+        arr = np.asarray(x)
+        if arr.ndim != 1:
+            raise DomainError(f"drop_null expects a 1-D vector, got an array of shape {arr.shape}")
+        return arr[~np.isnan(arr)] if np.issubdtype(arr.dtype, np.floating) else arr
+
+    return Transformation(
+        vector_domain(atom_domain(T, nullable=True)),  # input domain: vectors that may hold NaN
+        vector_domain(atom_domain(T)),  # output domain: vectors without NaN
+        input_metric,
+        input_metric,
+        drop,
+        lambda d_in: d_in,  # d_out = d_in: each record of the input yields at most one of the output
+    )
