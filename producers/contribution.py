@@ -1,0 +1,100 @@
+"""Device-side contribution bounds: a device never sends more than the spec lets it.
+
+Local privacy composes on the device: a report that leaves has spent its ε whether or not the agents
+count it. So the edge client enforces the spec's bounds itself, per (metric, pseudonym) -- the
+pseudonym already names one client, one metric and one window:
+
+- at most ``reports_per_window`` reports (the loss the spec's budget check assumes);
+- keyed metrics: each key at most once, and at most ``keys_per_window`` distinct keys (the Δ0 and Δ∞ of
+  the threshold release).
+
+Reports over a bound are dropped before publishing and counted. The agents enforce the same bounds
+again on their side (a device may be buggy or hostile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from schemas.spec import CollectionSpec, KeyedMetric
+from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
+
+__all__ = ["ContributionLimiter"]
+
+_KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late reports of a recent window)
+
+
+class ContributionLimiter:
+    """Counts what each (metric, pseudonym) has sent and admits reports within the spec's bounds."""
+
+    def __init__(self, spec: CollectionSpec) -> None:
+        self.window_size_s = spec.window.size_s
+        self._reports = {m.name: m.reports_per_window for m in spec.metrics}
+        self._max_keys = {m.name: m.keys_per_window for m in spec.metrics if isinstance(m, KeyedMetric)}
+        # window -> metric -> pseudonym -> reports sent (and, for keyed metrics, the keys sent)
+        self._counts: dict[int, dict[str, dict[int, int]]] = {}
+        self._keys: dict[int, dict[str, dict[int, set[str]]]] = {}
+        self._newest = -1
+
+    def _tables(self, window: int, metric: str) -> tuple[dict[int, int], dict[int, set[str]]] | None:
+        if window < self._newest - _KEEP_WINDOWS:
+            return None  # too old to track: refuse (a device's clock does not run backwards by minutes)
+        if window > self._newest:
+            self._newest = window
+            for old in [w for w in self._counts if w < window - _KEEP_WINDOWS]:
+                del self._counts[old]
+                self._keys.pop(old, None)
+        counts = self._counts.setdefault(window, {}).setdefault(metric, {})
+        keys = self._keys.setdefault(window, {}).setdefault(metric, {})
+        return counts, keys
+
+    def admit(self, metric: str, pseudonym: int, client_time: int, key: str | None = None) -> bool:
+        """Record and admit one report, or refuse it (nothing recorded) if it would break a bound."""
+        tables = self._tables(client_time // self.window_size_s, metric)
+        if tables is None:
+            return False
+        return self._admit(tables, self._reports[metric], self._max_keys.get(metric), pseudonym, key)
+
+    @staticmethod
+    def _admit(
+        tables: tuple[dict[int, int], dict[int, set[str]]],
+        max_reports: int,
+        max_keys: int | None,
+        pseudonym: int,
+        key: str | None,
+    ) -> bool:
+        counts, keysets = tables
+        sent = counts.get(pseudonym, 0)
+        if sent >= max_reports:
+            return False
+        if max_keys is not None and key is not None:
+            seen = keysets.get(pseudonym)
+            if seen is None:
+                seen = keysets[pseudonym] = set()
+            if key in seen or len(seen) >= max_keys:
+                return False
+            seen.add(key)
+        counts[pseudonym] = sent + 1
+        return True
+
+    def admit_report(self, report: Report) -> bool:
+        key = report.payload.key if isinstance(report.payload, KeyedPayload) else None
+        return self.admit(report.metric, report.pseudonym, report.client_time, key)
+
+    def admit_batch(self, batch: ReportBatch) -> NDArray[np.bool_]:
+        """Admission mask of the rows of ``batch``, in row order (earlier rows first)."""
+        metric = batch.metric
+        max_reports, max_keys = self._reports[metric], self._max_keys.get(metric)
+        keys: tuple[str, ...] | None = batch.columns.keys if isinstance(batch.columns, KeyedColumns) else None
+        windows = batch.client_times.astype(np.int64) // self.window_size_s
+        out = np.zeros(len(batch), dtype=np.bool_)
+        pseudonyms = batch.pseudonyms.tolist()
+        for w in np.unique(windows).tolist():  # usually one window per batch
+            rows = np.flatnonzero(windows == w).tolist()
+            tables = self._tables(int(w), metric)
+            if tables is None:
+                continue
+            for i in rows:
+                out[i] = self._admit(tables, max_reports, max_keys, pseudonyms[i], keys[i] if keys else None)
+        return out

@@ -1,0 +1,229 @@
+"""Publishing encoded reports to Kafka with aiokafka: idempotent, acks=all, batched, bounded, flushed on stop.
+
+:class:`KafkaSettings` is the whole configuration (no thirty keywords): connection, TLS/SASL passed
+through to aiokafka, and tuning. Its ``repr`` never shows a secret (passwords are ``SecretStr``).
+
+:class:`ReportPublisher` guarantees, per partition, in-order delivery without duplicates across
+retries (``enable_idempotence=True``, which implies ``acks="all"``; the broker drops a retried batch
+whose producer id and sequence number it already has). Back-pressure: at most ``max_in_flight``
+messages may await their acknowledgement; :meth:`ReportPublisher.publish` waits for a slot. A
+delivery that fails after aiokafka's own retries (``delivery_timeout_ms``) is never retried again
+here (that could duplicate): the first failure is raised by the next :meth:`publish`, :meth:`flush`
+or :meth:`stop`, and counted in :attr:`PublisherStats.failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.helpers import create_ssl_context
+from pydantic import SecretStr
+
+__all__ = ["KafkaSettings", "PublishError", "PublisherStats", "ReportPublisher"]
+
+Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+class PublishError(RuntimeError):
+    """Reports could not be delivered (after aiokafka's retries) or the producer could not start."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Connection, security and tuning of the report producer. Secrets are ``SecretStr``: redacted in ``repr``."""
+
+    bootstrap_servers: str = "localhost:9092"
+    client_id: str = "ptel-producer"
+    # --- security (passed through to aiokafka) ---
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    # --- tuning ---
+    #: Wait up to this long for more messages before sending a partition's batch.
+    linger_ms: int = 5
+    #: Bytes per partition batch (aiokafka ``max_batch_size``).
+    batch_bytes: int = 256 * 1024
+    #: Largest request (aiokafka ``max_request_size``); a batch message must fit.
+    max_request_bytes: int = 4 * 1024 * 1024
+    compression: Compression = "gzip"
+    #: Messages that may await their acknowledgement before :meth:`ReportPublisher.publish` waits.
+    max_in_flight: int = 20_000
+    #: How long aiokafka keeps retrying a batch (also its per-request timeout) before failing it.
+    delivery_timeout_ms: int = 120_000
+    retry_backoff_ms: int = 200
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "linger_ms",
+            "batch_bytes",
+            "max_request_bytes",
+            "max_in_flight",
+            "delivery_timeout_ms",
+            "retry_backoff_ms",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "linger_ms" else 1):
+                raise ValueError(
+                    f"{name} ({value!r}) must be a {'non-negative' if name == 'linger_ms' else 'positive'} integer"
+                )
+        if self.security_protocol.startswith("SASL") and not self.sasl_username:
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username (and sasl_password)")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A TLS context for SSL/SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        ctx: ssl.SSLContext = create_ssl_context(
+            cafile=self.ssl_cafile,
+            certfile=self.ssl_certfile,
+            keyfile=self.ssl_keyfile,
+            password=self.ssl_password.get_secret_value() if self.ssl_password else None,
+        )
+        ctx.check_hostname = self.ssl_check_hostname
+        return ctx
+
+    def producer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``AIOKafkaProducer`` (hold secrets: never log this dict)."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "enable_idempotence": True,
+            "acks": "all",
+            "linger_ms": self.linger_ms,
+            "max_batch_size": self.batch_bytes,
+            "max_request_size": self.max_request_bytes,
+            "compression_type": None if self.compression == "none" else self.compression,
+            "request_timeout_ms": self.delivery_timeout_ms,
+            "retry_backoff_ms": self.retry_backoff_ms,
+            "security_protocol": self.security_protocol,
+            "ssl_context": self.ssl_context(),
+        }
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+        kwargs.update(self.extra)
+        return kwargs
+
+
+@dataclass
+class PublisherStats:
+    """Counters of one publisher: messages and value bytes handed over, acknowledged, failed."""
+
+    messages: int = 0
+    bytes: int = 0
+    acked: int = 0
+    failed: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.messages - self.acked - self.failed
+
+
+class ReportPublisher:
+    """Sends ``(key, value)`` messages to one topic; ``async with`` starts and stops (flushing) it."""
+
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.stats = PublisherStats()
+        self._producer: AIOKafkaProducer | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._error: BaseException | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"ReportPublisher(topic={self.topic!r}, settings={self.settings!r})"
+
+    async def start(self) -> None:
+        """Connect (fails with :class:`PublishError` when the cluster cannot be reached)."""
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(**self.settings.producer_kwargs())
+        try:
+            await producer.start()
+        except Exception as err:
+            await producer.stop()
+            raise PublishError(
+                f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {type(err).__name__}: {err}"
+            ) from None
+        self._producer = producer
+        self._slots = asyncio.Semaphore(self.settings.max_in_flight)
+        self._stopped = False
+
+    async def __aenter__(self) -> ReportPublisher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _raise_pending_error(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise PublishError(
+                f"{self.stats.failed} message(s) to {self.topic!r} were not delivered: {type(err).__name__}: {err}"
+            ) from err
+
+    def _delivered(self, fut: asyncio.Future[Any]) -> None:
+        self._pending.discard(fut)
+        if self._slots is not None:
+            self._slots.release()
+        if fut.cancelled():
+            self.stats.failed += 1
+            self._error = self._error or asyncio.CancelledError("delivery cancelled")
+        elif fut.exception() is not None:
+            self.stats.failed += 1
+            self._error = self._error or fut.exception()
+        else:
+            self.stats.acked += 1
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        """Hand one message to the producer; waits while ``max_in_flight`` messages await acknowledgement."""
+        if self._producer is None or self._slots is None or self._stopped:
+            raise PublishError("publisher is not started")
+        self._raise_pending_error()
+        await self._slots.acquire()
+        try:
+            fut = await self._producer.send(self.topic, value, key=key)
+        except Exception as err:
+            self._slots.release()
+            raise PublishError(f"cannot send to {self.topic!r}: {type(err).__name__}: {err}") from err
+        self.stats.messages += 1
+        self.stats.bytes += len(value)
+        self._pending.add(fut)
+        fut.add_done_callback(self._delivered)
+
+    async def flush(self) -> None:
+        """Send everything buffered and wait for every acknowledgement; raise the first delivery failure."""
+        if self._producer is not None:
+            await self._producer.flush()
+        if self._pending:
+            await asyncio.wait(list(self._pending))
+        self._raise_pending_error()
+
+    async def stop(self) -> None:
+        """Flush and disconnect; idempotent. Raises :class:`PublishError` if anything was not delivered."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        self._stopped = True
+        try:
+            await producer.flush()
+            if self._pending:
+                await asyncio.wait(list(self._pending))
+        finally:
+            await producer.stop()
+        self._raise_pending_error()

@@ -1,0 +1,209 @@
+"""Replay raw events from a JSONL or CSV file; a line that does not fit the spec is reported, counted, never sent.
+
+JSONL (``.jsonl``/``.ndjson``), one object per line (blank lines and lines starting with ``#`` are
+skipped)::
+
+    {"metric": "crashed_today", "value": true, "client": "device-17", "time": 1700000000}
+    {"metric": "theme", "value": "B"}
+    {"metric": "session_minutes", "value": 47.5}
+    {"metric": "homepage", "value": "https://example.com/"}
+    {"metric": "errors", "key": "E_TIMEOUT", "value": false}
+    {"metric": "latency_vs_payload", "x": 0.4, "y": 1.9}
+
+CSV (``.csv``): a header naming the columns ``metric`` plus the ones the metrics need among
+``value``, ``key``, ``x``, ``y``, ``client``, ``time``; booleans are ``true/false/1/0/yes/no``.
+
+``client`` (default ``"replay"``) names the device: its secret is derived from the master secret, so
+each client gets its own per-window pseudonym and RAPPOR cohort. ``time`` (default: the time of
+sending) is the client's clock in whole seconds.
+
+Parsing yields :class:`ReplayEvent` or :class:`LineError` items in file order; a ``LineError`` says
+which line and why, e.g. ``line 7: metric 'theme': value is not one of the 4 categories``, and
+never quotes the raw value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.privatize import EventError, MetricPrivatizer
+from schemas.spec import CategoricalMetric, CollectionSpec
+
+__all__ = ["LineError", "ReplayEvent", "read_events"]
+
+_TRUE = {"true", "1", "yes", "y", "t"}
+_FALSE = {"false", "0", "no", "n", "f"}
+_U32 = (1 << 32) - 1
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """One valid line: ``value`` is ready for the metric's privatizer."""
+
+    line: int
+    metric: str
+    client: str
+    time: int | None
+    value: Any
+
+
+@dataclass(frozen=True)
+class LineError:
+    """One line that does not fit the spec (never sent)."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+class _BadLineError(Exception):
+    pass
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    raise _BadLineError("value must be a boolean")
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, bool):
+        raise _BadLineError(f"{what} must be a number")
+    if isinstance(v, (int, float)):
+        x = float(v)
+    elif isinstance(v, str):
+        try:
+            x = float(v.strip())
+        except ValueError:
+            raise _BadLineError(f"{what} must be a number") from None
+    else:
+        raise _BadLineError(f"{what} must be a number")
+    if not math.isfinite(x):
+        raise _BadLineError(f"{what} must be finite")
+    return x
+
+
+def _required(row: dict[str, Any], field: str) -> Any:
+    v = row.get(field)
+    if v is None or v == "":
+        raise _BadLineError(f"missing field {field!r}")
+    return v
+
+
+def _event(
+    row: dict[str, Any], line: int, spec: CollectionSpec, privatizers: dict[str, MetricPrivatizer]
+) -> ReplayEvent:
+    name = row.get("metric")
+    if not isinstance(name, str) or not name:
+        raise _BadLineError("missing field 'metric'")
+    try:
+        metric = spec.metric(name)
+    except KeyError:
+        raise _BadLineError(f"unknown metric {name!r}") from None
+    try:
+        kind = metric.kind
+        if kind == "bool":
+            value: Any = _bool(_required(row, "value"))
+        elif kind == "categorical":
+            raw = _required(row, "value")
+            if isinstance(metric, CategoricalMetric) and metric.bins is not None:
+                value = _number(raw, "value")
+            elif isinstance(raw, str):
+                value = raw
+            else:
+                raise _BadLineError("value must be a category name (a string)")
+        elif kind == "rappor":
+            value = _required(row, "value")
+            if not isinstance(value, str):
+                raise _BadLineError("value must be a string")
+        elif kind == "keyed":
+            key = _required(row, "key")
+            if not isinstance(key, str):
+                raise _BadLineError("key must be a string")
+            value = (key, _bool(_required(row, "value")))
+        else:
+            value = (_number(_required(row, "x"), "x"), _number(_required(row, "y"), "y"))
+        privatizers[name].validate(value)
+    except _BadLineError as err:
+        raise _BadLineError(f"metric {name!r}: {err}") from None
+    except EventError as err:
+        raise _BadLineError(str(err)) from None
+    client = row.get("client") or "replay"
+    if not isinstance(client, str):
+        raise _BadLineError("client must be a string")
+    t = row.get("time")
+    time: int | None = None
+    if t is not None and t != "":
+        try:
+            tf = _number(t, "time")
+        except _BadLineError:
+            raise _BadLineError("time must be whole seconds since the epoch") from None
+        if not tf.is_integer() or not 0 <= tf <= _U32:
+            raise _BadLineError("time must be whole seconds since the epoch in [0, 2^32)")
+        time = int(tf)
+    return ReplayEvent(line, name, client, time, value)
+
+
+def _jsonl_rows(text: io.TextIOBase) -> Iterator[tuple[int, dict[str, Any] | LineError]]:
+    for n, raw in enumerate(text, start=1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        try:
+            obj = json.loads(stripped)
+        except (ValueError, RecursionError) as err:
+            yield n, LineError(n, f"not valid JSON ({type(err).__name__})")
+            continue
+        if not isinstance(obj, dict):
+            yield n, LineError(n, "a line must be a JSON object")
+            continue
+        yield n, obj
+
+
+def _csv_rows(text: io.TextIOBase) -> Iterator[tuple[int, dict[str, Any] | LineError]]:
+    reader = csv.DictReader(text)
+    if reader.fieldnames is None or "metric" not in reader.fieldnames:
+        yield 1, LineError(1, "the CSV header must name a 'metric' column")
+        return
+    for row in reader:
+        n = reader.line_num
+        if None in row:
+            yield n, LineError(n, "more fields than the header names")
+            continue
+        yield n, {k: v for k, v in row.items() if v is not None}
+
+
+def read_events(
+    path: str | Path, spec: CollectionSpec, privatizers: dict[str, MetricPrivatizer], *, fmt: str | None = None
+) -> Iterator[ReplayEvent | LineError]:
+    """Events and line errors of ``path`` in file order (format from the extension unless ``fmt``)."""
+    p = Path(path)
+    kind = fmt or ("csv" if p.suffix.lower() == ".csv" else "jsonl")
+    if kind not in ("csv", "jsonl"):
+        raise ValueError(f"unknown replay format {kind!r} (csv or jsonl)")
+    with p.open("r", encoding="utf-8", newline="" if kind == "csv" else None, errors="strict") as fh:
+        rows = _csv_rows(fh) if kind == "csv" else _jsonl_rows(fh)
+        try:
+            for n, row in rows:
+                if isinstance(row, LineError):
+                    yield row
+                    continue
+                try:
+                    yield _event(row, n, spec, privatizers)
+                except _BadLineError as err:
+                    yield LineError(n, str(err))
+        except UnicodeDecodeError as err:
+            yield LineError(-1, f"the file is not UTF-8 text ({err.reason} at byte {err.start}); replay stopped")
+        except csv.Error as err:
+            yield LineError(-1, f"CSV syntax error: {err}; replay stopped")

@@ -1,0 +1,408 @@
+"""``ptel produce``: simulate a population (or replay raw events), privatize on the "device", publish to Kafka.
+
+Simulation: ``--clients`` devices each report every metric of ``--spec`` once per window (keyed
+metrics: 1..keys_per_window keys), for ``--windows`` windows (or ``--duration`` seconds), with the
+seeds' distributions (see producers.simulate) drawn from ``--seed``. With ``--realtime`` (the default)
+each window's reports are sent within that window of wall-clock time, so the broker's LogAppendTime
+windows match the simulated ones; with ``--no-realtime`` the windows are sent as fast as possible and the
+devices' clocks are simulated (window w at start + w * size). ``--rate`` caps reports per second (0: no cap).
+Devices enforce the spec's contribution bounds before sending (reports over them are counted, not sent).
+
+Replay: ``--replay FILE`` (JSONL or CSV, see producers.replay) sends each valid line; a line that does
+not fit the spec is reported with its line number, counted, and never sent.
+
+Both write the ground truth (exact aggregates of the raw values) to ``--truth``. The closing summary
+gives reports, messages, bytes and reports/s. TLS/SASL options pass through to the producer; passwords
+come only from the environment (``PTEL_KAFKA_SASL_PASSWORD``, ``PTEL_KAFKA_SSL_PASSWORD``), never
+from the command line, and are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from tqdm import tqdm
+
+from producers.client_secret import ClientSecret, ClientSecretError
+from producers.edge_client import EdgeClient
+from producers.ground_truth import GroundTruth
+from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
+from producers.privatize import CategoricalPrivatizer, EventError
+from producers.replay import LineError, ReplayEvent, read_events
+from producers.simulate import Population
+from schemas.spec import CollectionSpec, SpecError, load_spec
+from schemas.wire import DEFAULT_SHARDS
+
+CHUNK = 2048  # reports privatized per vectorized call
+MAX_ERRORS_SHOWN = 20
+
+
+def default_secret_path() -> Path:
+    env = os.environ.get("PTEL_CLIENT_SECRET")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "ptel" / "client.secret"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "produce",
+        help="simulate devices (or replay raw events), privatize them per the spec, publish reports to Kafka",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
+    )
+    p.add_argument("--topic", default=None, help="reports topic (default: the spec's topics.reports)")
+    src = p.add_argument_group("what to send")
+    src.add_argument("--clients", type=int, default=1000, help="simulated devices (default: 1000)")
+    src.add_argument("--windows", type=int, default=None, help="windows to simulate (default: from --duration)")
+    src.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds to simulate (rounded up to whole windows; default: 3 windows)",
+    )
+    src.add_argument("--rate", type=float, default=0.0, help="cap on reports per second (0: no cap)")
+    src.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send each simulated window within one wall-clock window (default: on)",
+    )
+    src.add_argument("--seed", type=int, default=0, help="seed of the simulated raw values (default: 0)")
+    src.add_argument("--replay", type=Path, default=None, help="replay raw events from a JSONL or CSV file")
+    src.add_argument(
+        "--truth",
+        type=Path,
+        default=Path("out/ground-truth.json"),
+        help="where to write the ground truth (default: out/ground-truth.json)",
+    )
+    src.add_argument(
+        "--secret",
+        type=Path,
+        default=None,
+        help="master client secret file, created with mode 0600 if missing "
+        "(default: $PTEL_CLIENT_SECRET or ~/.config/ptel/client.secret)",
+    )
+    wire = p.add_argument_group("messages")
+    wire.add_argument(
+        "--batch-size", type=int, default=0, help="reports per batch message; 0 = one report per message (default: 0)"
+    )
+    wire.add_argument("--format", choices=("binary", "json"), default="binary", help="wire encoding (default: binary)")
+    wire.add_argument("--shards", type=int, default=DEFAULT_SHARDS, help="partition keys per non-RAPPOR metric")
+    kafka = p.add_argument_group("producer")
+    kafka.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"), default="gzip")
+    kafka.add_argument("--linger-ms", type=int, default=5)
+    kafka.add_argument("--max-in-flight", type=int, default=20_000, help="unacknowledged messages before waiting")
+    kafka.add_argument(
+        "--create-topic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create the reports topic if missing (spec partitions, LogAppendTime; default: on)",
+    )
+    kafka.add_argument(
+        "--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default="PLAINTEXT"
+    )
+    kafka.add_argument("--ssl-cafile", default=None)
+    kafka.add_argument("--ssl-certfile", default=None)
+    kafka.add_argument("--ssl-keyfile", default=None, help="its password, if any: $PTEL_KAFKA_SSL_PASSWORD")
+    kafka.add_argument("--sasl-mechanism", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), default="PLAIN")
+    kafka.add_argument("--sasl-username", default=None, help="its password: $PTEL_KAFKA_SASL_PASSWORD")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    """Producer settings from the options; passwords from the environment only."""
+    sasl_pw = os.environ.get("PTEL_KAFKA_SASL_PASSWORD")
+    ssl_pw = os.environ.get("PTEL_KAFKA_SSL_PASSWORD")
+    return KafkaSettings(
+        bootstrap_servers=args.bootstrap,
+        client_id="ptel-produce",
+        security_protocol=args.security_protocol,
+        ssl_cafile=args.ssl_cafile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_password=SecretStr(ssl_pw) if ssl_pw else None,
+        sasl_mechanism=args.sasl_mechanism,
+        sasl_username=args.sasl_username,
+        sasl_password=SecretStr(sasl_pw) if sasl_pw else None,
+        linger_ms=args.linger_ms,
+        compression=args.compression,
+        max_in_flight=args.max_in_flight,
+    )
+
+
+async def ensure_topic(settings: KafkaSettings, topic: str, *, partitions: int, replication_factor: int = 1) -> str:
+    """Create ``topic`` (``message.timestamp.type=LogAppendTime``) unless it exists; wait until it has leaders."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+    kw = settings.producer_kwargs()
+    admin_keys = (
+        "bootstrap_servers",
+        "client_id",
+        "security_protocol",
+        "ssl_context",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+    )
+    admin = AIOKafkaAdminClient(**{k: kw[k] for k in admin_keys if k in kw})
+    try:
+        await admin.start()
+    except KafkaError as err:
+        await admin.close()
+        raise PublishError(f"cannot connect to Kafka at {settings.bootstrap_servers}: {err}") from None
+    try:
+        new = NewTopic(topic, partitions, replication_factor, topic_configs={"message.timestamp.type": "LogAppendTime"})
+        try:
+            response = await admin.create_topics([new])
+            codes = [code for _, code, _ in response.topic_errors]
+            if any(code not in (0, 36) for code in codes):  # 36: TOPIC_ALREADY_EXISTS
+                return f"could not create topic {topic!r}: {response.topic_errors}"
+            created = all(code == 0 for code in codes)
+        except TopicAlreadyExistsError:
+            created = False
+        if not created:
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+            timestamp_type = None
+            for response in await admin.describe_configs([resource]):
+                for _code, _msg, _rtype, _name, entries in response.resources:
+                    timestamp_type = {e[0]: e[1] for e in entries}.get("message.timestamp.type", timestamp_type)
+            if timestamp_type != "LogAppendTime":
+                return (
+                    f"WARNING: topic {topic!r} exists with message.timestamp.type={timestamp_type}; the agents "
+                    "window by the broker's LogAppendTime (set it with kafka-configs --alter)"
+                )
+            return f"topic {topic!r} exists (LogAppendTime)"
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:  # wait until every partition has a leader
+            described = await admin.describe_topics([topic])
+            parts = described[0]["partitions"] if described and described[0]["error_code"] == 0 else []
+            if len(parts) == partitions and all(p["leader"] >= 0 for p in parts):
+                break
+            await asyncio.sleep(0.1)
+        return f"created topic {topic!r} ({partitions} partitions, LogAppendTime)"
+    finally:
+        await admin.close()
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.bar = tqdm(
+            total=total, unit="reports", unit_scale=True, disable=not enabled, file=sys.stderr, dynamic_ncols=True
+        )
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Pacer:
+    """Sleeps so that ``sent`` reports take at least ``sent / rate`` seconds (no cap when rate <= 0)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+        self.sent = 0
+
+    async def sent_more(self, n: int) -> None:
+        self.sent += n
+        if self.rate > 0:
+            ahead = self.sent / self.rate - (time.monotonic() - self.start)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+
+async def simulate(
+    args: argparse.Namespace,
+    spec: CollectionSpec,
+    client: EdgeClient,
+    master: ClientSecret,
+    truth: GroundTruth,
+    progress: _Progress,
+) -> None:
+    size = spec.window.size_s
+    windows = args.windows if args.windows is not None else max(1, math.ceil((args.duration or 3 * size) / size))
+    population = Population(spec, args.clients, seed=args.seed, master=master)
+    pacer = _Pacer(args.rate)
+    base = int(time.time()) // size * size
+    for w in range(windows):
+        started = time.time()
+        for events in population.round():
+            privatizer = client.privatizer(events.metric)
+            for lo in range(0, len(events.values), CHUNK):
+                values = events.values[lo : lo + CHUNK]
+                owners = events.clients[lo : lo + CHUNK]
+                # realtime: the wall clock; otherwise a simulated clock, window w of the run at base + w * size
+                now = int(time.time()) if args.realtime else base + w * size
+                sent = await client.send_many(
+                    events.metric, values, secrets=population.secrets_of(owners), client_times=now
+                )
+                kept = [v for v, ok in zip(values, sent.tolist(), strict=True) if ok]  # the truth of what was sent
+                indices = events.indices[lo : lo + CHUNK][sent] if events.indices is not None else None
+                if indices is None and isinstance(privatizer, CategoricalPrivatizer):
+                    indices = privatizer.indices(kept) if kept else None
+                if kept:
+                    truth.add(events.metric, now // size, kept, indices)
+                progress.update(len(values))
+                await pacer.sent_more(len(values))
+        if args.realtime:
+            # wait for the next wall-clock window so each simulated window lands in its own broker window
+            next_start = (math.floor(started / size) + 1) * size
+            await asyncio.sleep(max(0.0, next_start - time.time()))
+
+
+async def replay(
+    args: argparse.Namespace,
+    spec: CollectionSpec,
+    client: EdgeClient,
+    master: ClientSecret,
+    truth: GroundTruth,
+    progress: _Progress,
+) -> tuple[int, int]:
+    """Send the valid lines of ``--replay``; returns (sent events, rejected lines)."""
+    size = spec.window.size_s
+    pacer = _Pacer(args.rate)
+    secrets: dict[str, ClientSecret] = {}
+    pending: dict[str, list[ReplayEvent]] = defaultdict(list)
+    rejected = 0
+    sent = 0
+
+    async def flush(metric: str) -> None:
+        nonlocal sent
+        events = pending.pop(metric, [])
+        if not events:
+            return
+        now = int(time.time())
+        times = [e.time if e.time is not None else now for e in events]
+        values = [e.value for e in events]
+        for e in events:
+            if e.client not in secrets:
+                secrets[e.client] = master.for_client(e.client)
+        admitted = await client.send_many(
+            metric, values, secrets=[secrets[e.client] for e in events], client_times=times
+        )
+        privatizer = client.privatizer(metric)
+        by_window: dict[int, list[int]] = defaultdict(list)
+        for i, (t, ok) in enumerate(zip(times, admitted.tolist(), strict=True)):
+            if ok:  # the truth of what was sent
+                by_window[t // size].append(i)
+        for w, rows in by_window.items():
+            vals = [values[i] for i in rows]
+            idx = privatizer.indices(vals) if isinstance(privatizer, CategoricalPrivatizer) else None
+            truth.add(metric, w, vals, idx)
+        sent += int(admitted.sum())
+        progress.update(len(events))
+        await pacer.sent_more(len(events))
+
+    for item in read_events(args.replay, spec, dict(client.privatizers)):
+        if isinstance(item, LineError):
+            rejected += 1
+            if rejected <= MAX_ERRORS_SHOWN:
+                tqdm.write(f"{args.replay}: {item}", file=sys.stderr)
+            elif rejected == MAX_ERRORS_SHOWN + 1:
+                tqdm.write(f"{args.replay}: further rejected lines are counted, not shown", file=sys.stderr)
+            continue
+        pending[item.metric].append(item)
+        if len(pending[item.metric]) >= CHUNK:
+            await flush(item.metric)
+        if len(secrets) > 100_000:
+            secrets.clear()  # bound memory on huge replays; secrets are re-derived on demand
+    for metric in list(pending):
+        await flush(metric)
+    return sent, rejected
+
+
+async def produce(args: argparse.Namespace, spec: CollectionSpec) -> int:
+    settings = kafka_settings(args)
+    topic = args.topic or spec.topics.reports
+    master = ClientSecret.load_or_create(args.secret or default_secret_path())
+    meta: dict[str, Any] = (
+        {"clients": args.clients, "seed": args.seed} if args.replay is None else {"replay": str(args.replay)}
+    )
+    truth = GroundTruth(spec, source="replay" if args.replay else "simulation", meta=meta)
+    if args.create_topic:
+        print(
+            await ensure_topic(
+                settings, topic, partitions=spec.topics.partitions, replication_factor=spec.topics.replication_factor
+            ),
+            file=sys.stderr,
+        )
+    publisher = ReportPublisher(settings, topic)
+    progress = _Progress(not args.no_progress, None)
+    rejected = 0
+    started = time.monotonic()
+    await publisher.start()
+    client = EdgeClient(spec, publisher, batch_size=args.batch_size, wire_format=args.format, shards=args.shards)
+    try:
+        if args.replay is not None:
+            _, rejected = await replay(args, spec, client, master, truth, progress)
+        else:
+            await simulate(args, spec, client, master, truth, progress)
+    finally:
+        progress.close()
+        try:
+            await publisher.stop()
+        finally:
+            truth.write(args.truth)
+    elapsed = time.monotonic() - started
+    s = client.stats
+    rate = s.reports / elapsed if elapsed > 0 else float("nan")
+    print(
+        f"reports  {s.reports:,}\nmessages {s.messages:,} (acknowledged {publisher.stats.acked:,})\n"
+        f"bytes    {s.bytes:,} ({s.bytes / max(1, s.reports):.1f} per report, before compression)\n"
+        f"rate     {rate:,.0f} reports/s over {elapsed:.1f} s\n"
+        f"topic    {topic}\ntruth    {args.truth}"
+    )
+    if args.replay is not None:
+        print(f"rejected {rejected:,} line(s) of {args.replay} (not sent)")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    for name in ("clients", "windows"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"--{name} must be at least 1", file=sys.stderr)
+            return 2
+    if args.batch_size < 0 or args.rate < 0 or (args.duration is not None and args.duration <= 0):
+        print("--batch-size and --rate must not be negative, --duration must be positive", file=sys.stderr)
+        return 2
+    if args.replay is not None and not args.replay.is_file():
+        print(f"--replay {args.replay}: no such file", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(produce(args, spec))
+    except (PublishError, ClientSecretError, EventError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # e.g. the ground-truth file's directory is not writable
+        print(f"error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,155 @@
+"""The edge client against a real broker: what is consumed decodes to exactly the reports sent, and a broker
+stop/start in the middle of a run loses and duplicates nothing (idempotent producer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from mechanisms.rng import SeededRandom
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from producers.kafka_publisher import KafkaSettings, ReportPublisher
+from producers.simulate import Population
+from ptel.kafka_broker import LocalKafka
+from schemas.spec import load_spec
+from schemas.wire import BoolPayload, Report, ReportBatch, decode, encode_report, partition_key, reports_of
+from tests.conftest import TopicFactory
+from tests.kafka_helpers import consume_exactly, create_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
+LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
+RESTART_PORT = 19292  # this test's own broker: never the shared session broker
+
+
+class RecordingSink:
+    """Forwards to the publisher and keeps every (key, value) handed over."""
+
+    def __init__(self, publisher: ReportPublisher) -> None:
+        self.publisher = publisher
+        self.sent: list[tuple[bytes | None, bytes]] = []
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        self.sent.append((key, value))
+        await self.publisher.publish(key, value)
+
+
+async def _consume_all(bootstrap: str, topic: str, count: int) -> list[object]:
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"producer-test-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        return await consume_exactly(consumer, count, timeout=120, settle=2.0)
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("batch_size", [0, 256])
+async def test_consumed_reports_are_exactly_the_reports_sent(
+    kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path, batch_size: int
+) -> None:
+    spec = load_spec(DEMO)
+    topic = await new_topic(3, configs=LOG_APPEND)
+    master = ClientSecret.load_or_create(tmp_path / "secret")
+    population = Population(spec, 300, seed=7, master=master)
+    publisher = ReportPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, linger_ms=2), topic)
+    sink = RecordingSink(publisher)
+    now = int(time.time())
+    async with publisher:
+        client = EdgeClient(spec, sink, batch_size=batch_size, rng=SeededRandom(11))
+        for events in population.round():
+            await client.send_many(
+                events.metric, events.values, secrets=population.secrets_of(events.clients), client_times=now
+            )
+    assert publisher.stats.acked == len(sink.sent) == client.stats.messages
+    assert publisher.stats.failed == 0
+
+    records = await _consume_all(kafka_bootstrap, topic, len(sink.sent))
+    # Same messages (key and value), each exactly once, and every one stamped by the broker.
+    assert Counter((r.key, r.value) for r in records) == Counter(sink.sent)  # type: ignore[attr-defined]
+    assert {r.timestamp_type for r in records} == {1}  # type: ignore[attr-defined]  # LogAppendTime
+    sent_reports = Counter(rep for _, v in sink.sent for rep in reports_of(decode(v)))
+    got_reports = Counter(rep for r in records for rep in reports_of(decode(r.value)))  # type: ignore[attr-defined]
+    assert got_reports == sent_reports
+    assert sum(got_reports.values()) == client.stats.reports
+    kinds = {type(decode(r.value)) for r in records}  # type: ignore[attr-defined]
+    assert kinds == ({Report} if batch_size == 0 else {ReportBatch})
+    # one partition per key: reports of one pseudonym (or RAPPOR cohort) are never split
+    partitions_of_key: dict[bytes, set[int]] = {}
+    for r in records:
+        partitions_of_key.setdefault(r.key, set()).add(r.partition)  # type: ignore[attr-defined]
+    assert all(len(p) == 1 for p in partitions_of_key.values())
+
+
+async def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    broker = LocalKafka(port=RESTART_PORT)
+    if broker.running_pid() is not None:
+        pytest.fail(f"port {RESTART_PORT} already has a broker; this test needs its own instance")
+    bootstrap = await asyncio.to_thread(broker.start, 180)
+    try:
+        topic = f"ptel-test-restart-{uuid.uuid4().hex[:8]}"
+        await create_topic(bootstrap, topic, 3, configs=LOG_APPEND)
+        settings = KafkaSettings(
+            bootstrap_servers=bootstrap,
+            linger_ms=5,
+            delivery_timeout_ms=240_000,
+            retry_backoff_ms=250,
+            max_in_flight=2_000,
+        )
+        total = 6_000
+        fp = 0x1234ABCD
+
+        def message(i: int) -> tuple[bytes, bytes]:
+            # the pseudonym carries the sequence number, so any loss or duplicate is identifiable
+            report = Report("restart", fp, i, int(time.time()), BoolPayload(i % 3 == 0))
+            return partition_key("restart", i % 16), encode_report(report)
+
+        stopped, restarted = asyncio.Event(), asyncio.Event()
+
+        async def bounce() -> None:
+            await asyncio.to_thread(broker.stop, 60)
+            stopped.set()
+            await asyncio.sleep(2.0)  # the producer keeps sending into a dead broker meanwhile
+            await asyncio.to_thread(broker.start, 180)
+            restarted.set()
+
+        async with ReportPublisher(settings, topic) as publisher:
+            bouncer: asyncio.Task[None] | None = None
+            for i in range(total):
+                await publisher.publish(*message(i))
+                if i == total // 3:
+                    await publisher.flush()  # a third is certainly stored before the stop
+                    bouncer = asyncio.create_task(bounce())
+                if i == total // 2:
+                    await stopped.wait()  # the second half is sent while the broker is down or restarting
+                    assert not restarted.is_set()
+            assert bouncer is not None
+            await bouncer
+            assert restarted.is_set()
+        assert publisher.stats.acked == total and publisher.stats.failed == 0
+
+        records = await _consume_all(bootstrap, topic, total)
+        seen: Counter[int] = Counter()
+        for r in records:
+            rep = decode(r.value)  # type: ignore[attr-defined]
+            assert isinstance(rep, Report)
+            seen[rep.pseudonym] += 1
+        assert set(seen) == set(range(total)), "reports were lost"
+        assert max(seen.values()) == 1, "reports were duplicated"
+        await asyncio.to_thread(broker.reset)  # passed: drop this instance's data (kept for inspection on failure)
+    finally:
+        await asyncio.to_thread(broker.stop, 60)

@@ -1,0 +1,159 @@
+"""Edge client without a broker: message keys, batch grouping, settings that never show a secret, ground truth."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from mechanisms.rng import SeededRandom
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from producers.ground_truth import GroundTruth
+from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
+from producers.simulate import SEED_CATEGORY_FREQUENCIES, Population
+from ptel.cli import main
+from schemas.spec import load_spec
+from schemas.wire import Report, ReportBatch, decode, partition_key, reports_of, shard_of
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
+SPEC = load_spec(DEMO)
+T0 = 1_700_000_000
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, bytes]] = []
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        self.sent.append((key, value))
+
+
+def population(n: int = 300) -> Population:
+    return Population(SPEC, n, seed=3, master=ClientSecret(bytes(32)))
+
+
+@pytest.mark.parametrize("batch_size", [0, 7, 1000])
+async def test_every_message_carries_the_key_of_all_its_reports(batch_size: int) -> None:
+    sink = ListSink()
+    client = EdgeClient(SPEC, sink, batch_size=batch_size, shards=8, rng=SeededRandom(1))
+    pop = population()
+    total = 0
+    for events in pop.round():
+        await client.send_many(events.metric, events.values, secrets=pop.secrets_of(events.clients), client_times=T0)
+        total += len(events.values)
+    assert client.stats.reports == total and client.stats.messages == len(sink.sent)
+    assert client.stats.bytes == sum(len(v) for _, v in sink.sent)
+    n = 0
+    for key, value in sink.sent:
+        message = decode(value)
+        assert isinstance(message, Report if batch_size == 0 else ReportBatch)
+        if isinstance(message, ReportBatch):
+            assert len(message) <= batch_size
+        for report in reports_of(message):
+            assert key == partition_key(report.metric, shard_of(report, 8))
+            n += 1
+    assert n == total
+
+
+async def test_single_event_path() -> None:
+    sink = ListSink()
+    client = EdgeClient(SPEC, sink)
+    secret = ClientSecret(bytes(range(32)))
+    await client.send("theme", "A", secret=secret, client_time=T0)
+    ((key, value),) = sink.sent
+    report = decode(value)
+    assert isinstance(report, Report) and report.metric == "theme"
+    assert key == partition_key("theme", shard_of(report))
+    with pytest.raises(KeyError, match="not in the spec"):
+        await client.send("nope", 1, secret=secret, client_time=T0)
+
+
+def test_settings_never_show_secrets() -> None:
+    settings = KafkaSettings(
+        bootstrap_servers="127.0.0.1:1",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password=SecretStr("hunter2-sasl"),
+        ssl_password=SecretStr("hunter2-ssl"),
+    )
+    shown = repr(settings) + str(settings) + repr(ReportPublisher(settings, "t"))
+    assert "hunter2" not in shown and "svc" in shown
+    kwargs = settings.producer_kwargs()  # the secret goes to aiokafka, and only there
+    assert kwargs["sasl_plain_password"] == "hunter2-sasl" and kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kwargs["enable_idempotence"] is True and kwargs["acks"] == "all"
+    with pytest.raises(ValueError, match="needs sasl_username"):
+        KafkaSettings(security_protocol="SASL_SSL")
+    with pytest.raises(ValueError, match="max_in_flight"):
+        KafkaSettings(max_in_flight=0)
+
+
+async def test_unstarted_publisher_refuses() -> None:
+    with pytest.raises(PublishError, match="not started"):
+        await ReportPublisher(KafkaSettings(), "t").publish(None, b"x")
+    await ReportPublisher(KafkaSettings(), "t").stop()  # idempotent, harmless when never started
+
+
+def test_simulated_distributions_and_ground_truth(tmp_path: Path) -> None:
+    # 20,000 simulated clients at a fixed seed; tolerance 4.5 standard errors (false-failure rate ~7e-6 each)
+    n = 20_000
+    pop = Population(SPEC, n, seed=5, master=ClientSecret(bytes(32)))
+    truth = GroundTruth(SPEC, source="simulation")
+    for events in pop.round():
+        truth.add(events.metric, 7, events.values, events.indices)
+    doc = truth.to_json()
+    m = doc["metrics"]
+    se = (0.23 * 0.77 / n) ** 0.5
+    assert abs(m["crashed_today"]["total"]["true"] / n - 0.23) < 4.5 * se
+    for count, f in zip(m["theme"]["total"]["counts"], SEED_CATEGORY_FREQUENCIES, strict=True):
+        assert abs(count / n - f) < 4.5 * (f * (1 - f) / n) ** 0.5
+    bins = m["session_minutes"]["total"]["counts"]
+    mean = sum((2 * i + 1) * c for i, c in enumerate(bins)) / n  # bin centres of [0, 100) in 50 bins
+    assert abs(mean - 50) < 4.5 * 10 / n**0.5 + 0.1  # + binning error
+    keys = Counter({k: v["count"] for k, v in m["errors"]["total"]["keys"].items()})
+    top, rare = keys.most_common(1)[0][1], sum(1 for c in keys.values() if c <= 2)
+    assert top > 50 * 2 and rare > 100  # a few common keys and a long tail of rare ones
+    ols = m["latency_vs_payload"]["ols"]
+    assert abs(ols["slope"] - 2) < 0.05 and abs(ols["intercept"] - 1) < 0.05
+    truth.write(tmp_path / "t" / "truth.json")
+    assert json.loads((tmp_path / "t" / "truth.json").read_text())["metrics"]["theme"]["labels"] == ["A", "B", "C", "D"]
+
+
+def test_produce_command_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "window: {size_s: 10}\nmetrics:\n  - {name: t, kind: categorical, categories: [a, b, c, d], "
+        "protocol: krr, prob: 0.2}\n"
+    )
+    assert main(["produce", "--spec", str(bad)]) == 2
+    assert "metrics[0].prob: must be in [0.25, 1] for 4 categories" in capsys.readouterr().err
+    assert main(["produce", "--spec", str(DEMO), "--clients", "0"]) == 2
+    assert main(["produce", "--spec", str(DEMO), "--replay", str(tmp_path / "missing.jsonl")]) == 2
+
+
+async def test_devices_never_send_over_their_contribution_bounds() -> None:
+    sink = ListSink()
+    client = EdgeClient(SPEC, sink)
+    secret = ClientSecret(bytes(range(32)))
+    # crashed_today: reports_per_window = 1
+    assert await client.send("crashed_today", True, secret=secret, client_time=T0)
+    assert not await client.send("crashed_today", True, secret=secret, client_time=T0 + 1)  # same window
+    assert await client.send("crashed_today", True, secret=secret, client_time=T0 + 10)  # next window
+    # errors: keys_per_window = 4, each key once
+    assert await client.send("errors", ("E1", True), secret=secret, client_time=T0)
+    assert not await client.send("errors", ("E1", False), secret=secret, client_time=T0)
+    for key in ("E2", "E3", "E4"):
+        assert await client.send("errors", (key, True), secret=secret, client_time=T0)
+    assert not await client.send("errors", ("E5", True), secret=secret, client_time=T0)
+    assert client.stats.dropped == 3 and client.stats.reports == len(sink.sent) == 6
+    # the batch path: the second of two events of one client in one window is dropped
+    other = ClientSecret(bytes(32))
+    mask = await client.send_many("theme", ["A", "B"], secrets=[other, other], client_times=T0)
+    assert mask.tolist() == [True, False] and client.stats.dropped == 4
+    unbounded = EdgeClient(SPEC, ListSink(), enforce_bounds=False)
+    mask = await unbounded.send_many("theme", ["A", "B"], secrets=[other, other], client_times=T0)
+    assert mask.tolist() == [True, True]
