@@ -25,6 +25,11 @@ def is_hashable(v: object) -> bool:
     return True
 
 
+def withheld_value_message(value: object, problem: str) -> str:
+    """An error message about an input value that does not quote it (it may be a user's private value)."""
+    return f"a value of type {type(value).__name__} {problem} (the value is not shown: it may be private)"
+
+
 def index_dtype(k: int) -> np.dtype[Any]:
     """The narrowest unsigned dtype holding indices ``0 .. k - 1`` (int64 beyond 32 bits)."""
     for dt in (np.uint8, np.uint16, np.uint32):
@@ -98,7 +103,7 @@ class CategorySet:
         idx = self.index_of(values)
         if idx.size and int(idx.min()) < 0:
             bad = np.asarray(values).ravel()[int(np.argmin(idx.ravel()))]
-            raise DomainError(f"{bad!r} is not one of the {len(self)} categories")
+            raise DomainError(withheld_value_message(bad, f"is not one of the {len(self)} categories"))
         return idx
 
     def values_of(self, indices: NDArray[np.integer]) -> NDArray[Any]:
@@ -116,7 +121,8 @@ class CategorySet:
             raise DomainError(f"category indices must be integers, got dtype {x.dtype}")
         k = len(self.categories)
         if x.size and (int(x.min()) < 0 or int(x.max()) >= k):
-            raise DomainError(f"category indices must be in [0, {k}), got values in [{x.min()}, {x.max()}]")
+            outside = int(np.count_nonzero((x < 0) | (x >= k)))  # never quote them: indices are users' values
+            raise DomainError(f"category indices must be in [0, {k}), got {outside} outside it")
         return x
 
 

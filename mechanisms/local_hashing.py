@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.category_set import CategorySet, index_dtype
+from mechanisms.category_set import CategorySet, index_dtype, withheld_value_message
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.randomized_response import (
@@ -193,7 +193,7 @@ class LocalHashing(Measurement[Any, Any]):
             return self.randomize_values(arg)
         i = self.category_set.index(arg)
         if i < 0:
-            raise DomainError(f"{arg!r} is not one of the {self.num_categories} categories")
+            raise DomainError(withheld_value_message(arg, f"is not one of the {self.num_categories} categories"))
         seeds, y = self.randomize_indices(np.array([i]))
         return int(seeds[0]), int(y[0])
 

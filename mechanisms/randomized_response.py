@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, uniform_below
-from mechanisms.category_set import CategorySet, index_dtype
+from mechanisms.category_set import CategorySet, index_dtype, withheld_value_message
 from mechanisms.conservative_math import div_up, ln_up, mul_up, sub_down
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
 from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
@@ -168,7 +168,7 @@ class RandomizedResponseBool(Measurement[Any, Any]):
         if isinstance(arg, np.ndarray):
             return self.randomize(arg)
         if not isinstance(arg, (bool, np.bool_)):
-            raise DomainError(f"boolean randomized response needs a bool, got {arg!r}")
+            raise DomainError(withheld_value_message(arg, "is not a bool (boolean randomized response)"))
         return bool(self.randomize(np.array([bool(arg)]))[0])
 
     def __repr__(self) -> str:

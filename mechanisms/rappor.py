@@ -26,10 +26,17 @@ Variants (seed 001, section 二):
   the Bloom hash). PRR + IRR as in ``standard``.
 - ``basic_one_time``: both simplifications (the seed's Normal(50, 10) simulation).
 
-**Memoization.** The PRR is a deterministic function of a 32-byte per-client secret and the value,
-so no table is stored: the PRF is keyed BLAKE2s-256 (RFC 7693) with ``key = secret`` and
-``person = b"ptel-prr"`` over the value's bytes; its 32-byte output is the stream when at most 32
-bytes are needed, else the stream is ``SHAKE-256(output)`` truncated. (BLAKE2s rather than BLAKE2b:
+**Memoization.** The PRR is a deterministic function of a 32-byte per-client secret, the value and
+the encoding configuration, so no table is stored: the PRF is keyed BLAKE2s-256 (RFC 7693) with
+``key = secret``, ``person = b"ptel-prr"`` and ``salt =`` :func:`prr_context` over the value's bytes;
+its 32-byte output is the stream when at most 32 bytes are needed, else the stream is
+``SHAKE-256(output)`` truncated. The salt binds the stream to everything that decides how a lane's
+uniform ``U_i`` becomes ``B'_i`` (Bloom layout ``k, h, m``, candidate list, thresholds ``T₁, T₀``):
+one secret reused under two configurations would otherwise compare the *same* ``U_i`` against
+different thresholds or signal bits, and the pair of PRRs can reveal ``B_i`` outright (e.g. f = ½
+then f = ¼: ``B'_i`` = 1 under the first and 0 under the second happens only when ``B_i = 0``, and
+the reverse only when ``B_i = 1``; together 1/8 of the lanes), far beyond the ε∞ + ε∞ that
+independent PRRs cost. Identical configurations still share the PRR. (BLAKE2s rather than BLAKE2b:
 for these short messages a keyed BLAKE2s call costs two 64-byte compressions instead of two
 128-byte ones, about 30% less per report, and 32 bytes are what k = 128 needs at 2 levels.)
 The stream is read as uniform ``R = 16``-bit numbers ``U_i`` per bit, compared *bit-sliced*:
@@ -71,14 +78,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mechanisms.category_set import withheld_value_message
 from mechanisms.conservative_math import ln_up, mul_up
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
 from mechanisms.errors import DomainError, ParameterError
+from mechanisms.randomized_response import check_distance
 from mechanisms.rng import RandomSource, probability_threshold, resolve
 from mechanisms.validation import check_int_range, check_range
 
 BLOOM_HASH_VERSION = 1  #: version of the Bloom hash and cohort assignment documented above
-PRR_PRF_VERSION = 1  #: version of the PRR stream layout documented above
+PRR_PRF_VERSION = 2  #: version of the PRR stream layout documented above (2: salted by the configuration)
 PRR_RESOLUTION_BITS = 16  #: R: the PRR compares R-bit uniforms, so its probabilities are multiples of 2^-R
 SECRET_BYTES = 32  #: length of a client secret
 MAX_HASHES = 8  #: h <= 8: each hash takes 4 bytes of one SHA-256 digest
@@ -87,6 +96,7 @@ MAX_COHORTS = 1 << 16
 
 _PRR_PERSON = b"ptel-prr"  # BLAKE2s personalization: 8 bytes
 _COHORT_PERSON = b"ptel-coh"
+_CONTEXT_PERSON = b"ptel-ctx"  # personalization of the configuration digest (the PRR salt)
 _BLOCK = 32  # bytes per BLAKE2s-256 block of the PRR stream
 _IRR_BITS = 64  # the IRR compares 64-bit uniforms (like mechanisms.rng)
 _EAGER_LEVELS = 8  # IRR levels compared for every lane; ties after them draw the other 56 bits
@@ -342,14 +352,40 @@ def _check_secret(secret: object) -> bytes:
     return secret
 
 
-def prr_stream(secret: bytes, message: bytes, nbytes: int) -> bytes:
-    """The first ``nbytes`` of the PRR stream (see :func:`_prr_streams`)."""
+def prr_context(params: RapporParams, candidates: Sequence[str | bytes] | None = None) -> bytes:
+    """The 8-byte salt of the PRR PRF: a digest of everything that maps a lane's ``U_i`` to ``B'_i``.
+
+    ``BLAKE2s-64(person = "ptel-ctx", data = "ptel-prr-context/v2" || uint32_be(PRR_PRF_VERSION,
+    BLOOM_HASH_VERSION, uses_bloom, k, h, m, T₁, T₀) || candidates)``, the candidates (basic
+    variants, in bit order) each as ``uint32_be(length) || bytes``. Two configurations that differ
+    in any of these get independent PRRs from one secret (module docstring, **Memoization**).
+    """
+    if not isinstance(params, RapporParams):
+        raise ParameterError("params", params, "must be a RapporParams")
+    index = _candidate_index(params, candidates)
+    return _context_salt(params, index)
+
+
+def _context_salt(params: RapporParams, index: dict[bytes, int] | None) -> bytes:
+    t1, t0 = params.prr_thresholds
+    fields = (PRR_PRF_VERSION, BLOOM_HASH_VERSION, int(params.variant.uses_bloom), params.k, params.h, params.m, t1, t0)
+    ctx = hashlib.blake2s(digest_size=8, person=_CONTEXT_PERSON)
+    ctx.update(b"ptel-prr-context/v2" + b"".join(v.to_bytes(4, "big") for v in fields))
+    for value in index or ():  # dict order is bit order (candidate j -> bit j)
+        ctx.update(len(value).to_bytes(4, "big") + value)
+    return ctx.digest()
+
+
+def prr_stream(secret: bytes, message: bytes, nbytes: int, salt: bytes) -> bytes:
+    """The first ``nbytes`` of the PRR stream under the configuration salt ``salt`` (see :func:`_prr_streams`)."""
     _check_secret(secret)
-    seed = hashlib.blake2s(message, key=secret, person=_PRR_PERSON).digest()
+    if not isinstance(salt, bytes) or len(salt) != 8:
+        raise ParameterError("salt", salt, "must be 8 bytes (from prr_context)")
+    seed = hashlib.blake2s(message, key=secret, salt=salt, person=_PRR_PERSON).digest()
     return seed[:nbytes] if nbytes <= _BLOCK else hashlib.shake_256(seed).digest(nbytes)
 
 
-def _prr_streams(secrets: Sequence[bytes], messages: Sequence[bytes], nbytes: int) -> NDArray[np.uint8]:
+def _prr_streams(secrets: Sequence[bytes], messages: Sequence[bytes], nbytes: int, salt: bytes) -> NDArray[np.uint8]:
     """``(n, nbytes)`` PRR streams: one keyed BLAKE2s-256 call per report (the only Python loop).
 
     Up to 32 bytes the stream is the BLAKE2s output itself; longer streams expand it with SHAKE-256.
@@ -358,9 +394,9 @@ def _prr_streams(secrets: Sequence[bytes], messages: Sequence[bytes], nbytes: in
     b2s, shake = hashlib.blake2s, hashlib.shake_256
     pairs = zip(secrets, messages, strict=True)
     if nbytes <= _BLOCK:
-        raw = b"".join([b2s(m, key=s, person=_PRR_PERSON).digest() for s, m in pairs])
+        raw = b"".join([b2s(m, key=s, salt=salt, person=_PRR_PERSON).digest() for s, m in pairs])
         return np.frombuffer(raw, dtype=np.uint8).reshape(n, _BLOCK)[:, :nbytes]
-    raw = b"".join([shake(b2s(m, key=s, person=_PRR_PERSON).digest()).digest(nbytes) for s, m in pairs])
+    raw = b"".join([shake(b2s(m, key=s, salt=salt, person=_PRR_PERSON).digest()).digest(nbytes) for s, m in pairs])
     return np.frombuffer(raw, dtype=np.uint8).reshape(n, nbytes)
 
 
@@ -498,7 +534,7 @@ def _signal_table(
             try:
                 bits[row, index[v]] = True
             except KeyError:
-                raise DomainError(f"value {v!r} is not one of the {k} candidates") from None
+                raise DomainError(withheld_value_message(v, f"is not one of the {k} candidates")) from None
     return np.packbits(bits, axis=1)
 
 
@@ -547,7 +583,8 @@ def _encode_packed(
     signal = table[inverse.reshape(-1)]
     # PRR: one keyed-BLAKE2s call per (client, value); everything per bit is numpy on packed bytes
     nbytes = prr_levels(params) * params.num_bytes
-    streams = _prr_streams(secrets, messages, nbytes) if nbytes else np.zeros((n, 0), dtype=np.uint8)
+    salt = _context_salt(params, index)  # binds the PRR to this configuration (module docstring)
+    streams = _prr_streams(secrets, messages, nbytes, salt) if nbytes else np.zeros((n, 0), dtype=np.uint8)
     prr = _memoized_round(params, signal, streams)
     if not params.variant.uses_irr:
         return prr
@@ -630,6 +667,7 @@ class RapporClient:
         self.params = params
         self._secret = _check_secret(secret)
         self._index = _candidate_index(params, candidates)
+        self._salt = _context_salt(params, self._index)
         self.cohort = cohort_of(secret, params.num_cohorts)  # sent with every report
 
     @classmethod
@@ -652,7 +690,8 @@ class RapporClient:
         """Step 2, ``B'``: the memoized PRR (one-time: the report). Deterministic; stays on the device."""
         vb = value_bytes(value)
         signal = np.packbits(self.bloom(vb))[None, :]
-        stream = np.frombuffer(prr_stream(self._secret, vb, prr_levels(self.params) * self.params.num_bytes), np.uint8)
+        nbytes = prr_levels(self.params) * self.params.num_bytes
+        stream = np.frombuffer(prr_stream(self._secret, vb, nbytes, self._salt), np.uint8)
         return _unpack(_memoized_round(self.params, signal, stream[None, :])[0], self.params.k)
 
     def instantaneous(self, prr: NDArray[np.bool_], rng: RandomSource | None = None) -> NDArray[np.bool_]:
@@ -701,8 +740,7 @@ def make_rappor(
     eps = params.epsilon_one
 
     def privacy_map(d_in: Any) -> float:
-        d = check_range("d_in", d_in, 0.0, math.inf)
-        return 0.0 if d == 0 else eps  # discrete distance: any change of value costs ε₁
+        return 0.0 if check_distance(d_in) == 0 else eps  # discrete distance: any change of value costs ε₁
 
     return Measurement(
         domain,

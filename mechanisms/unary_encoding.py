@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, threshold_at_least
-from mechanisms.category_set import CategorySet
+from mechanisms.category_set import CategorySet, withheld_value_message
 from mechanisms.conservative_math import ln_up
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
 from mechanisms.errors import DomainError, ParameterError
@@ -212,7 +212,7 @@ class UnaryEncoding(Measurement[Any, Any]):
         if i == -2:
             return self.randomize_values(arg)
         if i < 0:
-            raise DomainError(f"{arg!r} is not one of the {self.num_categories} categories")
+            raise DomainError(withheld_value_message(arg, f"is not one of the {self.num_categories} categories"))
         return self.unpack(self.randomize_indices(np.array([i])))[0]
 
     def __repr__(self) -> str:

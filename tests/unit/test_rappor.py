@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE
-from mechanisms.errors import DomainError, ParameterError
+from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
 from mechanisms.rappor import (
     PRR_RESOLUTION_BITS,
     RapporClient,
@@ -29,6 +29,7 @@ from mechanisms.rappor import (
     make_rappor,
     new_client_secret,
     pack_report,
+    prr_context,
     prr_levels,
     prr_stream,
     unpack_report,
@@ -208,24 +209,75 @@ def test_cohort_and_prr_stream_known_answers() -> None:
     assert cohort_of(SECRET, 1000) == 481
     d = hashlib.blake2s(b"", key=SECRET, digest_size=8, person=b"ptel-coh").digest()
     assert cohort_of(SECRET, 1000) == int.from_bytes(d, "big") % 1000
-    stream = prr_stream(SECRET, b"abc", 80)
+    salt = prr_context(google_defaults())
+    assert salt.hex() == "360bdd83e3c2d5c8"
+    stream = prr_stream(SECRET, b"abc", 80, salt)
     assert stream.hex() == (
-        "12b24ff7cec08d96789f796d83e2d9a97a69b0077823fedfa1871752546049f00206685a034788b02c86cbed48f8d4b2"
-        "28bef81a797609304060191bc2c7d9b10524e419c63a5caa3e64575fe37eac24"
+        "47b70d24bc68cd8ff43c1171fe12be6fdd5d88813c979c8bc46b4d602e6fe74bc74b8bf216b2794bb03ae5cfd02d7961"
+        "3552d3c5983c04d5abc073f3970bceaa70039b1067f1cfb558b3fb530dcd2bd0"
     )
-    seed = hashlib.blake2s(b"abc", key=SECRET, person=b"ptel-prr").digest()
+    seed = hashlib.blake2s(b"abc", key=SECRET, salt=salt, person=b"ptel-prr").digest()
     assert stream == hashlib.shake_256(seed).digest(80)  # longer than 32 bytes: SHAKE-256 expansion
-    assert prr_stream(SECRET, b"abc", 32) == seed and prr_stream(SECRET, b"abc", 5) == seed[:5]
+    assert prr_stream(SECRET, b"abc", 32, salt) == seed and prr_stream(SECRET, b"abc", 5, salt) == seed[:5]
+    with pytest.raises(ParameterError, match="salt"):
+        prr_stream(SECRET, b"abc", 5, b"short")
+
+
+def test_prr_context_follows_its_documented_spec() -> None:
+    """The salt digests (versions, uses_bloom, k, h, m, T1, T0) and the candidates in bit order."""
+    for params, cands in [
+        (google_defaults(), None),
+        (RapporParams(16, 2, 4, 0.3, 0.4, 0.7, ONE), None),
+        (RapporParams(3, 1, 1, 0.5, 0.5, 0.75, BASIC), ["a", "b", "ü"]),
+    ]:
+        t1, t0 = params.prr_thresholds
+        fields = (2, 1, int(params.variant.uses_bloom), params.k, params.h, params.m, t1, t0)
+        data = b"ptel-prr-context/v2" + b"".join(v.to_bytes(4, "big") for v in fields)
+        for c in cands or []:
+            data += len(c.encode()).to_bytes(4, "big") + c.encode()
+        assert prr_context(params, cands) == hashlib.blake2s(data, digest_size=8, person=b"ptel-ctx").digest()
+    basic = RapporParams(3, 1, 1, 0.5, 0.5, 0.75, BASIC)
+    assert prr_context(basic, ["a", "b", "c"]) != prr_context(basic, ["b", "a", "c"])  # bit order matters
+    # the IRR's p and q do not change the PRR: the same memoized bits may serve both
+    assert prr_context(google_defaults()) == prr_context(RapporParams(128, 2, 64, 0.5, 0.25, 0.75))
+    with pytest.raises(ParameterError, match="candidates"):
+        prr_context(basic)
+
+
+@pytest.mark.statistical
+def test_one_secret_under_two_configurations_gives_independent_prrs() -> None:
+    """Same secret and value under f = 1/2 and f = 1/4 (same Bloom bits). With a shared U_i the pair
+    (B'_A, B'_B) = (0, 1) would be impossible where B_i = 0 and (1, 0) where B_i = 1, so the pair would
+    reveal B_i; independent PRRs show each with probability 3/4 · 1/8 = 3/32.
+
+    Over 2,000 clients x 62 lanes (B_i = 0) and x 2 lanes (B_i = 1): 5 sigma bands, false-failure < 1e-6.
+    """
+    a, b = RapporParams(64, 2, 1, 0.5, 0.5, 0.75), RapporParams(64, 2, 1, 0.25, 0.5, 0.75)
+    rng = SeededRandom("two-configs")
+    pa, pb, ones = [], [], None
+    for _ in range(2000):
+        secret = rng.bytes(32)
+        ca, cb = RapporClient(a, secret), RapporClient(b, secret)
+        ones = ca.bloom("v")
+        assert np.array_equal(ones, cb.bloom("v"))
+        pa.append(ca.permanent("v"))
+        pb.append(cb.permanent("v"))
+    assert ones is not None and ones.sum() == 2
+    xa, xb = np.array(pa), np.array(pb)
+    for lanes, pattern in ((~ones, xb & ~xa), (ones, xa & ~xb)):
+        hits = pattern[:, lanes]
+        n = hits.size
+        assert abs(hits.mean() - 3 / 32) < 5 * math.sqrt(3 / 32 * 29 / 32 / n), (hits.mean(), n)
 
 
 def test_prr_known_answers() -> None:
     client = RapporClient(google_defaults(), SECRET)
     assert client.cohort == 33
     assert list(np.flatnonzero(client.bloom("abc"))) == [112, 119]
-    assert np.packbits(client.permanent("abc")).tobytes().hex() == "0091860800806c4fa0027812213c8121"
+    assert np.packbits(client.permanent("abc")).tobytes().hex() == "28c010162a012c0c42054c412040a112"
     one_time = RapporParams(16, 2, 4, 0.3, 0.4, 0.7, ONE)
     assert prr_levels(one_time) == 15
-    assert RapporClient(one_time, SECRET).encode_packed("abc").hex() == "2ad1"
+    assert RapporClient(one_time, SECRET).encode_packed("abc").hex() == "d272"
 
 
 def test_prr_is_the_documented_bit_sliced_comparison() -> None:
@@ -234,7 +286,7 @@ def test_prr_is_the_documented_bit_sliced_comparison() -> None:
     client = RapporClient(params, SECRET)
     b = client.bloom("hello")
     levels, kb = prr_levels(params), params.num_bytes
-    stream = prr_stream(SECRET, b"hello", levels * kb)
+    stream = prr_stream(SECRET, b"hello", levels * kb, prr_context(params))
     t1, t0 = params.prr_thresholds
     expected = []
     for i in range(params.k):
@@ -324,6 +376,9 @@ def test_make_rappor_carries_its_six_elements() -> None:
     assert meas.input_metric == DISCRETE_DISTANCE and meas.output_measure == MAX_DIVERGENCE
     assert meas.map(1) == params.epsilon_one and meas.map(0) == 0.0
     assert meas.check(1, 1.1) and not meas.check(1, 1.0)
+    for bad in (-1, 0.5, "1", True):  # DiscreteDistance: a non-negative integer, as the other local randomizers
+        with pytest.raises(PrivacyMapError):
+            meas.map(bad)
     assert meas("anything").shape == (128,)
     basic = make_rappor(RapporParams(3, 1, 1, 0.5, 0.5, 0.75, BASIC), SECRET, candidates=["a", "b", "c"])
     assert basic.input_domain.contains("a") and not basic.input_domain.contains("d")
@@ -547,3 +602,29 @@ def test_irr_is_exactly_u_below_threshold(p: float, q: float) -> None:
                 assert out[r, i] == (int(ties[tie]) < low)
                 tie += 1
     assert tie == ties.size
+
+
+class _ScriptedBytes(RandomSource):
+    """Hands out a fixed byte string (the test knows the order in which the sampler draws)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def bytes(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        assert len(out) == n, "the sampler drew more bytes than scripted"
+        return out
+
+
+@pytest.mark.parametrize("offset", [0, -1])
+def test_irr_tie_at_exactly_the_threshold_is_not_below(offset: int) -> None:
+    """U = T must give 0 and U = T − 1 must give 1 (realized probability exactly ⌊q·2^64⌋/2^64, not one
+    2^-64 more): all 8 lanes tie on the 8 eager levels, then their 56 low bits are scripted."""
+    params = RapporParams(8, 1, 1, 0.5, 0.37, 0.81)
+    tq, _ = params.irr_thresholds
+    top, low = tq >> 56, (tq & ((1 << 56) - 1)) + offset
+    levels = bytes(0xFF if (top >> (7 - lv)) & 1 else 0x00 for lv in range(8))  # every lane equals T's top bits
+    ties = np.full(8, low << 8, dtype=np.uint64).tobytes()  # the sampler keeps the top 56 bits of each draw
+    prr = np.array([[0xFF]], dtype=np.uint8)  # B' = 1 on every lane: threshold T_q
+    out = _instantaneous_round(params, prr, _ScriptedBytes(levels + ties))
+    assert out.tolist() == [[0x00 if offset == 0 else 0xFF]]
