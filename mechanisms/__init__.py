@@ -5,8 +5,6 @@ mechanisms (thresholded noise, quantiles, Theil-Sen) in an OpenDP-style framewor
 transformations and measurements with exact, conservative privacy maps.
 """
 
-# --- thresholded noise, samplers, zCDP (issue 4) ---
-# --- quantile, Theil-Sen, accountant (issue 4) ---
 from mechanisms.accountant import (
     LedgerEntry,
     PrivacyAccountant,
@@ -14,8 +12,6 @@ from mechanisms.accountant import (
     ReleaseConflictError,
     ReleaseRefusedError,
 )
-
-# --- local randomizers and estimators (issue 3) ---
 from mechanisms.category_set import (
     CategorySet,
 )
@@ -101,8 +97,6 @@ from mechanisms.randomized_response import (
     randomized_response_epsilon,
     randomized_response_prob,
 )
-
-# --- RAPPOR (issue 3) ---
 from mechanisms.rappor import (
     RapporClient,
     RapporParams,
