@@ -1,0 +1,90 @@
+"""Reading a compacted state topic back (read committed, to the log end) and one producer per transactional id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from agents.errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+
+async def read_to_end(bootstrap: str, tp: TopicPartition, timeout_s: float = 60.0) -> list[tuple[bytes, bytes | None]]:
+    """Every committed ``(key, value)`` of ``tp`` from the beginning to the last stable offset, in log order.
+
+    Call it only after the transactional producer that writes ``tp`` was initialized (which aborts a
+    zombie's open transaction), so the last stable offset is the end of everything committed.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+    )
+    out: list[tuple[bytes, bytes | None]] = []
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await consumer.position(tp) < end:
+            if loop.time() > deadline:
+                raise BrokerError(f"restoring {tp.topic}[{tp.partition}] did not reach offset {end} in {timeout_s} s")
+            batch = await consumer.getmany(tp, timeout_ms=200, max_records=10_000)
+            for rec in batch.get(tp, []):
+                if rec.key is not None:
+                    out.append((rec.key, rec.value))
+    finally:
+        await consumer.stop()
+    log.debug("restored %d records from %s[%d]", len(out), tp.topic, tp.partition)
+    return out
+
+
+async def read_range(bootstrap: str, tp: TopicPartition, start: int, end: int, timeout_s: float = 120.0) -> list[Any]:
+    """Committed records of ``tp`` with offsets in ``[start, end)``, in order (``end``: a committed offset)."""
+    if start >= end:
+        return []
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=8 << 20,
+    )
+    out: list[Any] = []
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await consumer.position(tp) < end:
+            if loop.time() > deadline:
+                raise BrokerError(f"replaying {tp.topic}[{tp.partition}] did not reach offset {end} in {timeout_s} s")
+            batch = await consumer.getmany(tp, timeout_ms=200, max_records=10_000)
+            out.extend(r for r in batch.get(tp, []) if r.offset < end)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def start_transactional_producer(bootstrap: str, transactional_id: str) -> AIOKafkaProducer:
+    """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=transactional_id,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        max_request_size=16 << 20,
+    )
+    await producer.start()
+    return producer

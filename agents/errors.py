@@ -1,0 +1,45 @@
+"""Errors raised by the agents package; every one descends from :class:`AgentError`."""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base class of every error raised by :mod:`agents`.
+
+    ``retriable`` says whether the operation may succeed if simply tried again (a broker hiccup),
+    as opposed to a configuration or programming error that a retry cannot fix.
+    """
+
+    retriable: bool = False
+
+
+class ConfigurationError(AgentError):
+    """A worker or window setting is invalid; the message names the setting, its value and the valid range."""
+
+    def __init__(self, name: str, value: object, requirement: str) -> None:
+        self.name = name
+        self.value = value
+        self.requirement = requirement
+        super().__init__(f"{name} ({value!r}) {requirement}")
+
+
+class StateError(AgentError):
+    """Persisted state (a partial, a watermark, a ledger) cannot be decoded or contradicts itself."""
+
+
+class ReleaseError(AgentError):
+    """A merged window cannot be turned into a release (mechanism failure, inconsistent partials)."""
+
+
+class BudgetError(ReleaseError):
+    """A release would exceed the spec's privacy budget; nothing is released or spent."""
+
+
+class TopicError(AgentError):
+    """A topic the worker needs is missing or has the wrong partition count / timestamp type."""
+
+
+class BrokerError(AgentError):
+    """A Kafka operation failed; usually worth retrying."""
+
+    retriable = True

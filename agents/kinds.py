@@ -1,0 +1,170 @@
+"""Per metric kind: the shape of its counts, how accepted reports become counts, and protocol resolution.
+
+Contribution bounds are applied here, before counting, in record order (deterministic for a given
+partition log): at most ``reports_per_window`` reports per client pseudonym and window and, for keyed
+metrics, at most ``keys_per_window`` distinct keys with one report per key (Δ0, Δ∞ = 1). The wire
+schema routes every report of one pseudonym (or RAPPOR cohort) in a window to one partition, so
+the partition-local bound is the global bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agents.errors import ConfigurationError
+from agents.partials import Partial, Shape
+from agents.validation import Accepted, AnyMetric, Protocol
+from mechanisms.local_hashing import make_optimized_local_hashing, olh_bucket_count, olh_support_counts
+from mechanisms.protocol_choice import choose_protocol
+from mechanisms.randomized_response import (
+    make_randomized_response,
+    make_randomized_response_bool,
+    make_randomized_response_from_epsilon,
+)
+from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
+from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+from schemas.wire import (
+    BoolColumns,
+    CategoryColumns,
+    KeyedColumns,
+    LocalHashColumns,
+    RapporColumns,
+    RegressionColumns,
+    UnaryColumns,
+)
+
+
+def shape_of(metric: AnyMetric) -> Shape:
+    """The count shapes of ``metric``."""
+    if isinstance(metric, BoolMetric):
+        return Shape("bool")
+    if isinstance(metric, CategoricalMetric):
+        return Shape("categorical", categories=metric.k)
+    if isinstance(metric, RapporMetric):
+        return Shape("rappor", cohorts=metric.m, bits=metric.bits)
+    if isinstance(metric, KeyedMetric):
+        return Shape("keyed")
+    return Shape(
+        "regression",
+        x_bounds=(float(metric.x_bounds[0]), float(metric.x_bounds[1])),
+        y_bounds=(float(metric.y_bounds[0]), float(metric.y_bounds[1])),
+    )
+
+
+def resolve_protocol(metric: CategoricalMetric) -> Protocol:
+    """The protocol devices use for ``metric``: as written, or the mechanisms' choice for ``auto``."""
+    if metric.protocol != "auto":
+        return metric.protocol
+    if metric.prob is not None:
+        return "krr"  # a k-RR probability was given
+    # the devices make the same choice (mechanisms.protocol_choice), so both sides agree on the payload
+    chosen = str(choose_protocol(metric.k, float(metric.resolved_epsilon())).protocol)
+    chosen = {"grr": "krr"}.get(chosen, chosen)  # the mechanisms call k-RR "GRR"
+    if chosen not in ("krr", "oue", "olh"):
+        raise ConfigurationError(f"protocol of {metric.name}", chosen, "must be one of krr, oue, olh")
+    return chosen  # type: ignore[return-value]
+
+
+def resolve_protocols(spec: CollectionSpec) -> dict[str, Protocol]:
+    """Resolved protocol of every categorical metric."""
+    return {m.name: resolve_protocol(m) for m in spec.metrics if isinstance(m, CategoricalMetric)}
+
+
+def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str, int]:
+    """Hash range ``g = round(e^ε) + 1`` of every OLH metric (``mechanisms.local_hashing.olh_bucket_count``)."""
+    return {
+        m.name: olh_bucket_count(float(m.resolved_epsilon()))
+        for m in spec.metrics
+        if isinstance(m, CategoricalMetric) and protocols.get(m.name) == "olh"
+    }
+
+
+class Aggregator:
+    """Turns accepted reports into counts, metric by metric."""
+
+    def __init__(self, spec: CollectionSpec, olh_range: dict[str, int] | None = None) -> None:
+        self.metrics: dict[str, AnyMetric] = {m.name: m for m in spec.metrics}
+        self.shapes = {name: shape_of(m) for name, m in self.metrics.items()}
+        self.olh_range = dict(olh_range or {})
+
+    def empty(self, metric: str, window_start_ms: int) -> Partial:
+        """A zero partial of ``metric`` for the window starting at ``window_start_ms``."""
+        return Partial.empty(metric, self.shapes[metric], window_start_ms)
+
+    def admit(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
+        """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""
+        pseudonyms = np.concatenate([a.pseudonyms for a in accepted]).astype(np.uint64)
+        metric = self.metrics[partial.metric]
+        if isinstance(metric, KeyedMetric):
+            keys = [k for a in accepted for k in a.columns.keys]  # type: ignore[union-attr]
+            ok = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
+        else:
+            ok = partial.admit(pseudonyms, metric.reports_per_window)
+        return int(ok.sum())
+
+    def add(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
+        """Bound and count ``accepted`` (all of ``partial``'s metric, in record order); the number counted."""
+        metric = self.metrics[partial.metric]
+        pseudonyms = np.concatenate([a.pseudonyms for a in accepted]).astype(np.uint64)
+        columns = [a.columns for a in accepted]
+        first = columns[0]
+        if isinstance(first, KeyedColumns):
+            if not isinstance(metric, KeyedMetric):
+                raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be keyed for keyed reports")
+            keys = [k for c in columns for k in c.keys]  # type: ignore[union-attr]
+            ok = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
+            bits = np.concatenate([c.bits for c in columns])  # type: ignore[union-attr]
+            partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
+            return int(ok.sum())
+        ok = partial.admit(pseudonyms, metric.reports_per_window)
+        if isinstance(first, BoolColumns):
+            partial.add_bool(np.concatenate([c.bits for c in columns])[ok])  # type: ignore[union-attr]
+        elif isinstance(first, CategoryColumns):
+            partial.add_categories(np.concatenate([c.indices for c in columns])[ok])  # type: ignore[union-attr]
+        elif isinstance(first, UnaryColumns):
+            packed = np.concatenate([c.bits for c in columns])[ok]  # type: ignore[union-attr]
+            partial.add_support_counts(unary_support_counts(packed, first.k), int(packed.shape[0]))
+        elif isinstance(first, LocalHashColumns):
+            seeds = np.concatenate([c.seeds for c in columns])[ok]  # type: ignore[union-attr]
+            values = np.concatenate([c.values for c in columns])[ok]  # type: ignore[union-attr]
+            k = self.shapes[metric.name].categories
+            counts = olh_support_counts(seeds, values, k, self.olh_range[metric.name])
+            partial.add_support_counts(counts, int(seeds.size))
+        elif isinstance(first, RapporColumns):
+            cohorts = np.concatenate([c.cohorts for c in columns])[ok]  # type: ignore[union-attr]
+            packed = np.concatenate([c.bits for c in columns])[ok]  # type: ignore[union-attr]
+            partial.add_rappor(cohorts, np.unpackbits(packed, axis=1, count=first.k))
+        elif isinstance(first, RegressionColumns):
+            if not isinstance(metric, RegressionMetric):
+                raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be regression for (x, y) reports")
+            x = np.concatenate([c.x for c in columns])[ok]  # type: ignore[union-attr]
+            y = np.concatenate([c.y for c in columns])[ok]  # type: ignore[union-attr]
+            partial.add_points(x, y, self.shapes[metric.name])
+        return int(ok.sum())
+
+
+def local_measurement(metric: AnyMetric, protocol: Protocol | None) -> Any:
+    """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``).
+
+    bool: boolean RR; categorical: k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``; keyed:
+    the boolean RR of the value. ``None`` for regression (no local randomization).
+    """
+    if isinstance(metric, BoolMetric):
+        return make_randomized_response_bool(metric.resolved_prob())
+    if isinstance(metric, KeyedMetric):
+        return make_randomized_response_bool(metric.value.resolved_prob())
+    if isinstance(metric, CategoricalMetric):
+        cats = range(metric.k)
+        if protocol == "krr":
+            if metric.prob is not None:
+                return make_randomized_response(cats, float(metric.prob))
+            return make_randomized_response_from_epsilon(cats, float(metric.resolved_epsilon()))
+        if protocol == "oue":
+            return make_optimized_unary_encoding(cats, float(metric.resolved_epsilon()))
+        if protocol == "olh":
+            return make_optimized_local_hashing(cats, float(metric.resolved_epsilon()))
+        raise ConfigurationError(f"protocol of {metric.name}", protocol, "must be one of krr, oue, olh")
+    return None

@@ -1,0 +1,133 @@
+"""The privacy ledger of one metric: every release's loss, and the spec's budget over the retention horizon.
+
+The spec's ``budget`` holds per metric over the horizon ``window.retention_s``: a release of the window
+starting at ``s`` is charged together with every earlier release whose window starts in
+``(s - retention, s]`` (basic sequential composition, :class:`mechanisms.accountant.PrivacyAccountant`),
+and refused -- nothing spent, nothing released -- when the sum would exceed the budget. A metric
+without a budget is recorded but not capped.
+
+``(ε, δ)`` budgets accept pure ε releases (δ = 0) and approximate ones; ``(ρ, δ)`` budgets accept zCDP
+releases and pure ε ones (ε-DP implies ε²/2-zCDP), as the accountant defines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.errors import BudgetError, StateError
+from mechanisms.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
+from mechanisms.errors import CompositionError
+from schemas.releases import LedgerEntry as LedgerSummary
+from schemas.spec import BudgetSpec
+
+
+def budget_of(spec: BudgetSpec) -> PrivacyBudget:
+    """The accountant budget of a spec budget: ``(ε, δ)`` -> approximate DP, ``(ρ, δ)`` -> approximate zCDP."""
+    if spec.epsilon is not None:
+        return PrivacyBudget.approx(float(spec.epsilon), float(spec.delta))
+    return PrivacyBudget.approx_zcdp(float(spec.rho), float(spec.delta))  # type: ignore[arg-type]
+
+
+@dataclass
+class MetricLedger:
+    """Charged releases of one metric (within the horizon) against its budget."""
+
+    metric: str
+    budget: BudgetSpec | None
+    retention_ms: int
+    #: ``{"id", "start", "measure", "loss"}`` per charged release, oldest first.
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def _accountant(self, entries: list[dict[str, Any]]) -> PrivacyAccountant | None:
+        if self.budget is None:
+            return None
+        acc = PrivacyAccountant(budget_of(self.budget))
+        for e in entries:
+            acc.charge(e["id"], _loss(e["loss"]), e["measure"], timestamp=e["start"] / 1000.0)
+        return acc
+
+    def charge(self, release_id: str, window_start_ms: int, loss: Loss, measure: str) -> LedgerSummary:
+        """Charge a release; :class:`BudgetError` (spending nothing) if the horizon's budget would be exceeded."""
+        live = [e for e in self.entries if e["start"] > window_start_ms - self.retention_ms]
+        acc = self._accountant(live)
+        if acc is not None:
+            try:
+                acc.charge(release_id, loss, measure, timestamp=window_start_ms / 1000.0)
+            except ReleaseRefusedError as err:
+                raise BudgetError(f"{self.metric}: {err}") from err
+            except CompositionError as err:
+                raise BudgetError(f"{self.metric}: {err}") from err
+        if not any(e["id"] == release_id for e in live):
+            live.append({"id": release_id, "start": int(window_start_ms), "measure": measure, "loss": _plain(loss)})
+        self.entries = live
+        return self.summary(acc)
+
+    def summary(self, acc: PrivacyAccountant | None = None) -> LedgerSummary:
+        """What the release record shows: spent within the horizon and the cap."""
+        if self.budget is None:
+            eps = sum(_first(e["loss"]) for e in self.entries if "zero_concentrated" not in e["measure"].lower())
+            rho = sum(_first(e["loss"]) for e in self.entries if "zero_concentrated" in e["measure"].lower())
+            delta = sum(_delta(e["loss"]) for e in self.entries)
+            return LedgerSummary(
+                measure="none",
+                spent_epsilon=eps,
+                spent_rho=rho or None,
+                spent_delta=delta,
+                releases=len(self.entries),
+            )
+        acc = acc or self._accountant(self.entries)
+        if acc is None:
+            raise StateError(f"ledger of {self.metric}: a budget without an accountant")
+        spent = acc.spent
+        first, delta = spent if isinstance(spent, tuple) else (spent, 0.0)
+        if self.budget.epsilon is not None:
+            return LedgerSummary(
+                measure="approx_dp",
+                spent_epsilon=first,
+                spent_delta=delta,
+                budget_epsilon=float(self.budget.epsilon),
+                budget_delta=float(self.budget.delta),
+                releases=len(self.entries),
+            )
+        return LedgerSummary(
+            measure="approx_zcdp",
+            spent_rho=first,
+            spent_delta=delta,
+            budget_rho=float(self.budget.rho),  # type: ignore[arg-type]
+            budget_delta=float(self.budget.delta),
+            releases=len(self.entries),
+        )
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"metric": self.metric, "entries": self.entries}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, template: MetricLedger) -> MetricLedger:
+        """Entries from ``data``; budget and horizon from ``template`` (the current spec)."""
+        try:
+            doc = json.loads(data)
+            entries = [
+                {"id": str(e["id"]), "start": int(e["start"]), "measure": str(e["measure"]), "loss": e["loss"]}
+                for e in doc["entries"]
+            ]
+        except (ValueError, KeyError, TypeError) as err:
+            raise StateError(f"ledger of {template.metric}: {err}") from err
+        return cls(template.metric, template.budget, template.retention_ms, entries)
+
+
+def _plain(loss: Loss) -> Any:
+    return [float(loss[0]), float(loss[1])] if isinstance(loss, tuple) else float(loss)
+
+
+def _loss(v: Any) -> Loss:
+    return (float(v[0]), float(v[1])) if isinstance(v, list | tuple) else float(v)
+
+
+def _first(v: Any) -> float:
+    return float(v[0]) if isinstance(v, list | tuple) else float(v)
+
+
+def _delta(v: Any) -> float:
+    return float(v[1]) if isinstance(v, list | tuple) else 0.0

@@ -1,0 +1,348 @@
+"""The release of one (metric, window): a pure function of the merged counts, the spec, the ledger and an rng.
+
+:func:`build_release` never touches Kafka. Per metric kind (every estimator and mechanism comes from
+:mod:`mechanisms`; nothing is re-implemented here):
+
+- **bool / categorical** (local DP): the support counts ``C_j`` of ``n`` reports are debiased with the
+  device mechanism's support probabilities ``(p*, q*)``: ``ĉ_j = (C_j - n·q*) / (p* - q*)`` with its
+  analytic variance (:mod:`mechanisms.frequency_estimation`); estimates with SE and CI; released keys are
+  the categories significantly above zero at the spec's confidence level.
+- **rappor**: per-cohort bit counts decoded against the candidates (:func:`mechanisms.rappor_estimation.decode`;
+  basic variants: :func:`estimate_basic_histogram`); released keys are the detected candidates.
+- **keyed** (central DP): after the contribution bounds of stage 1 (Δ0 = ``keys_per_window`` keys per
+  client, one report per key), the histogram over cells ``(key, reported bit)`` goes through the
+  thresholded Laplace or Gaussian mechanism (:mod:`mechanisms.threshold`). A client touches at most Δ0
+  cells, each by 1: ``(Δ0, Δ1, Δ∞) = (L0, L0, 1)`` (Gaussian: ``Δ2 = √L0``). A key is released when any
+  of its cells passes the threshold; its count is the sum of its released cells and, when both cells
+  passed, the RR-debiased number of reports whose value is true is post-processed from them.
+- **regression**: DP Theil-Sen (:func:`mechanisms.theil_sen.make_private_theil_sen`) on the window's
+  (x, y) points, ``d_in = reports_per_window`` (one client changes at most that many rows).
+
+Privacy spent: ``ε₁`` of one report and ``ε∞`` of one client's window (``reports_per_window`` fresh
+reports; RAPPOR: ``min(r·ε₁, ε∞)`` thanks to the memoized PRR) for local kinds; the central ``(ε, δ)``
+or ``(ρ, δ)`` of the mechanism for keyed and regression. The ledger is charged *before* any noise is
+drawn; a release the budget refuses is published as a record with ``refused`` set and no estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agents.errors import BudgetError, ReleaseError
+from agents.kinds import local_measurement, shape_of
+from agents.ledger import MetricLedger
+from agents.partials import Partial
+from agents.validation import AnyMetric, Protocol
+from mechanisms.errors import MechanismError
+from mechanisms.estimates import Estimate
+from mechanisms.frequency_estimation import estimate_counts
+from mechanisms.rng import RandomSource
+from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release, release_key
+from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+
+MAX_DIVERGENCE = "MaxDivergence"
+
+
+def build_release(
+    spec: CollectionSpec,
+    merged: Partial,
+    ledger: MetricLedger,
+    *,
+    partitions: int,
+    protocols: dict[str, Protocol],
+    rng: RandomSource | None = None,
+) -> Release:
+    """The release record of ``merged`` (all partitions' counts of one metric and window).
+
+    Never raises for a budget refusal or a mechanism failure: both give a record with ``refused`` set
+    (no estimates), so one bad window cannot block the releases of the following ones.
+    """
+    metric = spec.metric(merged.metric)
+    base: dict[str, Any] = {
+        "spec": spec.name,
+        "metric": metric.name,
+        "kind": metric.kind,
+        "window_start_ms": merged.window_start_ms,
+        "window_end_ms": merged.window_start_ms + spec.window.size_s * 1000,
+        "n": merged.n,
+        "over_bound": merged.over_bound,
+        "confidence": float(spec.confidence),
+        "partitions": partitions,
+    }
+    rid = release_key(metric.name, merged.window_start_ms)
+    try:
+        if isinstance(metric, BoolMetric | CategoricalMetric):
+            return _local_release(spec, metric, merged, ledger, rid, base, protocols.get(metric.name))
+        if isinstance(metric, RapporMetric):
+            return _rappor_release(spec, metric, merged, ledger, rid, base)
+        if isinstance(metric, KeyedMetric):
+            return _keyed_release(spec, metric, merged, ledger, rid, base, rng)
+        return _regression_release(metric, merged, ledger, rid, base, rng)
+    except BudgetError as err:
+        reason = f"budget exhausted: {err}"
+    except (MechanismError, ReleaseError) as err:
+        # a deterministic failure must not block every later window: publish the refusal instead (a loss
+        # already charged stays charged: the ledger errs on the safe side)
+        reason = f"mechanism failed: {err}"
+    return Release(
+        **base,
+        mechanism=_mechanism_name(metric, protocols.get(metric.name)),
+        privacy=PrivacySpent(),
+        ledger=ledger.summary(),
+        refused=reason,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# local kinds
+
+
+def _records(
+    labels: Sequence[str], est: Estimate, level: float, scale: float = 1.0, significant: Any = None
+) -> list[EstimateRecord]:
+    lo, hi = est.ci(level)
+    sig = est.significant(level) if significant is None else significant
+    return [
+        EstimateRecord(
+            label=str(label),
+            value=_finite(est.value[i] * scale),
+            se=_finite(est.se[i] * scale),
+            ci_low=_finite(lo[i] * scale),
+            ci_high=_finite(hi[i] * scale),
+            significant=bool(sig[i]),
+        )
+        for i, label in enumerate(labels)
+    ]
+
+
+def _finite(x: Any) -> float:
+    v = float(x)
+    return v if math.isfinite(v) else 0.0
+
+
+def _frequency_estimate(support: Any, n: int, p_star: float, q_star: float) -> Estimate:
+    """Debiased counts ``n·(S/n − q*)/(p* − q*)`` with their sample variance; zeros when ``n = 0``."""
+    s = np.asarray(support, dtype=np.int64)
+    if n == 0:
+        return Estimate.of(np.zeros(s.shape), np.zeros(s.shape))
+    return estimate_counts(s, n, p_star, q_star)
+
+
+def _local_release(
+    spec: CollectionSpec,
+    metric: BoolMetric | CategoricalMetric,
+    merged: Partial,
+    ledger: MetricLedger,
+    rid: str,
+    base: dict[str, Any],
+    protocol: Protocol | None,
+) -> Release:
+    m = local_measurement(metric, protocol)
+    eps1 = float(m.map(1))
+    r = metric.reports_per_window
+    eps_window = eps1 * r  # r fresh randomizations of one client in one window compose: ε = r·ε₁
+    entry = ledger.charge(rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
+    p_star, q_star = m.support_probabilities
+    level = float(spec.confidence)
+    n = merged.n
+    if isinstance(metric, BoolMetric):
+        est = _frequency_estimate(merged.counts[1:2], n, p_star, q_star)
+        records = _records(["true"], est, level)
+        if n > 0:
+            records += _records(["true_fraction"], est, level, scale=1.0 / n)
+        labels: Sequence[str] = ["true"]
+    else:
+        est = _frequency_estimate(merged.counts, n, p_star, q_star)
+        labels = metric.labels
+        records = _records(labels, est, level)
+    sig = est.significant(level)
+    released = [KeyRelease(key=str(labels[i]), count=_finite(est.value[i])) for i in range(len(labels)) if bool(sig[i])]
+    return Release(
+        **base,
+        estimates=tuple(records),
+        released_keys=tuple(released),
+        mechanism=_mechanism_name(metric, protocol),
+        privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
+        ledger=entry,
+    )
+
+
+def _rappor_release(
+    spec: CollectionSpec, metric: RapporMetric, merged: Partial, ledger: MetricLedger, rid: str, base: dict[str, Any]
+) -> Release:
+    from mechanisms.rappor_estimation import decode, estimate_basic_histogram
+
+    params = metric.params()
+    eps1, eps_inf = float(params.epsilon_one), float(params.epsilon_inf)
+    # r reports of one client in a window: r·ε₁ by composition, and never more than ε∞ (memoized PRR)
+    eps_window = min(eps1 * metric.reports_per_window, eps_inf)
+    entry = ledger.charge(rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
+    level = float(spec.confidence)
+    candidates = list(metric.candidates)
+    records: list[EstimateRecord]
+    if metric.variant in ("basic", "basic_one_time"):
+        est = estimate_basic_histogram(merged.counts.sum(axis=0), int(merged.cohort_n.sum()), params)
+        records = _records(candidates, est, level)
+        detected = est.significant(level)
+    else:
+        result = decode(merged.counts, merged.cohort_n, candidates, params, level=level)
+        detected = result.detected
+        records = [
+            EstimateRecord(
+                label=c,
+                value=_finite(result.estimate[i]),
+                se=None if not math.isfinite(result.se[i]) else float(result.se[i]),
+                ci_low=None if not math.isfinite(result.ci_low[i]) else float(result.ci_low[i]),
+                ci_high=None if not math.isfinite(result.ci_high[i]) else float(result.ci_high[i]),
+                significant=bool(detected[i]),
+            )
+            for i, c in enumerate(candidates)
+        ]
+    released = [KeyRelease(key=r.label, count=r.value) for r, d in zip(records, detected, strict=True) if bool(d)]
+    return Release(
+        **base,
+        estimates=tuple(records),
+        released_keys=tuple(released),
+        mechanism=_mechanism_name(metric, None),
+        privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
+        ledger=entry,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# central kinds
+
+
+def _noise_variance(distribution: str, scale: float) -> float:
+    """Variance of the integer noise: discrete Laplace ``2e^{-1/b}/(1 - e^{-1/b})²``; discrete Gaussian ``<= σ²``."""
+    if distribution == "laplace":
+        a = math.exp(-1.0 / scale)
+        return 2.0 * a / (1.0 - a) ** 2
+    return scale * scale
+
+
+def _keyed_release(
+    spec: CollectionSpec,
+    metric: KeyedMetric,
+    merged: Partial,
+    ledger: MetricLedger,
+    rid: str,
+    base: dict[str, Any],
+    rng: RandomSource | None,
+) -> Release:
+    from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
+
+    rel = metric.release
+    dtype = "i64" if rel.dtype == "int" else "f64"
+    threshold: Any = int(rel.threshold) if rel.dtype == "int" else float(rel.threshold)
+    make = make_laplace_threshold if rel.mechanism == "laplace" else make_gaussian_threshold
+    m = make(float(rel.scale), threshold, dtype=dtype, rng=rng)
+    l0 = metric.keys_per_window
+    # a client adds 1 to at most L0 cells (key, bit): Δ0 = L0, Δ∞ = 1, Δ1 = L0 (Laplace), Δ2 = √L0 (Gaussian)
+    d_in = (l0, l0, 1) if rel.mechanism == "laplace" else (l0, math.sqrt(l0), 1)
+    first, delta = m.map(d_in)
+    measure = "Approximate<MaxDivergence>" if rel.mechanism == "laplace" else "Approximate<ZeroConcentratedDivergence>"
+    entry = ledger.charge(rid, merged.window_start_ms, (float(first), float(delta)), measure)
+    keys = sorted(merged.keyed)  # a data-independent order for the mechanism's inputs
+    cells = np.array([[merged.keyed[k][0] - merged.keyed[k][1], merged.keyed[k][1]] for k in keys], np.int64)
+    values = cells.reshape(-1) if keys else np.zeros(0, np.int64)
+    if rel.dtype == "float":
+        values = values.astype(np.float64)
+    kept, noisy = m.release_arrays(np.arange(values.size), values, rng)
+    released_cells: dict[int, dict[int, float]] = {}
+    for idx, v in zip(kept.tolist(), noisy.tolist(), strict=True):
+        released_cells.setdefault(idx // 2, {})[idx % 2] = float(v)
+    value_rr = local_measurement(metric, None)
+    p = float(value_rr.support_probabilities[0])
+    level = float(spec.confidence)
+    var_noise = _noise_variance(rel.mechanism, float(rel.scale))
+    released: list[KeyRelease] = []
+    records: list[EstimateRecord] = []
+    for key_index in sorted(released_cells, key=lambda i: keys[i]):
+        got = released_cells[key_index]
+        count = sum(got.values())
+        count_est = Estimate.of([count], [var_noise * len(got)])
+        records += _records([keys[key_index]], count_est, level)
+        value_true = None
+        if len(got) == 2:
+            # reports with true value: T̂ = (p·c1 − (1−p)·c0) / (2p − 1) (debiased RR on the noisy cells)
+            c0, c1 = got[0], got[1]
+            t_hat = (p * c1 - (1 - p) * c0) / (2 * p - 1)
+            var = (max(count, 0.0) * p * (1 - p) + (p * p + (1 - p) ** 2) * var_noise) / (2 * p - 1) ** 2
+            value_true = _records(["true"], Estimate.of([t_hat], [var]), level)[0]
+        released.append(KeyRelease(key=keys[key_index], count=float(count), value_true=value_true))
+    eps1 = float(value_rr.map(1))
+    privacy = (
+        PrivacySpent(epsilon_1=eps1, central_epsilon=float(first), central_delta=float(delta))
+        if rel.mechanism == "laplace"
+        else PrivacySpent(epsilon_1=eps1, central_rho=float(first), central_delta=float(delta))
+    )
+    return Release(
+        **base,
+        estimates=tuple(records),
+        released_keys=tuple(released),
+        mechanism=_mechanism_name(metric, None),
+        privacy=privacy,
+        ledger=entry,
+    )
+
+
+def _regression_release(
+    metric: RegressionMetric,
+    merged: Partial,
+    ledger: MetricLedger,
+    rid: str,
+    base: dict[str, Any],
+    rng: RandomSource | None,
+) -> Release:
+    from mechanisms.theil_sen import make_private_theil_sen
+
+    m = make_private_theil_sen(
+        (float(metric.x_bounds[0]), float(metric.x_bounds[1])),
+        (float(metric.y_bounds[0]), float(metric.y_bounds[1])),
+        float(metric.scale),
+        runs=metric.runs,
+        output_measure=metric.measure,
+        candidates_count=metric.candidates,
+        rng=rng,
+    )
+    loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
+    measure = MAX_DIVERGENCE if metric.measure == "max_divergence" else "ZeroConcentratedDivergence"
+    entry: LedgerEntry = ledger.charge(rid, merged.window_start_ms, loss, measure)
+    x, y = merged.points(shape_of(metric))
+    slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
+    privacy = (
+        PrivacySpent(central_epsilon=loss, central_delta=0.0)
+        if metric.measure == "max_divergence"
+        else PrivacySpent(central_rho=loss, central_delta=0.0)
+    )
+    return Release(
+        **base,
+        estimates=(
+            EstimateRecord(label="slope", value=_finite(slope)),
+            EstimateRecord(label="intercept", value=_finite(intercept)),
+        ),
+        mechanism=_mechanism_name(metric, None),
+        privacy=privacy,
+        ledger=entry,
+    )
+
+
+def _mechanism_name(metric: AnyMetric, protocol: Protocol | None) -> str:
+    if isinstance(metric, BoolMetric):
+        return f"boolean randomized response (p={metric.resolved_prob():.6g})"
+    if isinstance(metric, CategoricalMetric):
+        name = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}.get(protocol or "krr", str(protocol))
+        return f"{name} (k={metric.k}, ε={metric.resolved_epsilon():.6g})"
+    if isinstance(metric, RapporMetric):
+        m = metric
+        return f"RAPPOR {m.variant} (k={m.bits}, h={m.h}, m={m.m}, f={m.f}, p={m.p}, q={m.q})"
+    if isinstance(metric, KeyedMetric):
+        r = metric.release
+        cells = f"scale={r.scale}, τ={r.threshold}, Δ0={metric.keys_per_window}"
+        return f"thresholded {r.mechanism} on (key, RR bit) cells ({cells})"
+    return f"DP Theil-Sen (scale={metric.scale}, runs={metric.runs}, {metric.candidates} candidates, {metric.measure})"

@@ -1,0 +1,297 @@
+"""Stage 1, one source partition: validate, window, bound, aggregate, watermark, close -- without Kafka.
+
+:class:`PartitionState` is everything stage 1 knows about one source partition ``p``; the Kafka driver
+(:mod:`agents.ingest`) feeds it batches of :class:`SourceRecord` and writes what it returns -- dead
+letters, changed state records, the hand-over of closed windows -- in one transaction with the offset.
+
+State records (compacted topic ``<group>.stage1-state``, partition ``p``):
+
+- key ``b"p<p>/wm"`` -> JSON ``{"wm": w_p, "cb": closed_before_p, "rejected": {reason: [records, reports]}}``;
+- key ``b"p<p>/w/<metric>/<window_start>"`` -> :meth:`Partial.to_bytes`, the counts (tombstone once handed over).
+
+The per-client contribution maps are not persisted: they are a deterministic function of the window's
+records in offset order, so after :meth:`PartitionState.restore` the driver replays the source partition
+from :meth:`PartitionState.replay_from` up to the committed offset through :meth:`PartitionState.rebuild_clients`.
+A window still open now was open when each of its records arrived (windows close monotonically), so the
+replay re-admits exactly the records that were admitted, in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.errors import StateError
+from agents.kinds import Aggregator
+from agents.partials import Partial
+from agents.validation import Accepted, Rejection, Validator
+from agents.watermarks import IdlePolicy, advance
+from agents.windows import WindowSpec
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One record of the reports topic, as stage 1 needs it."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A rejected record: the original record, the reason and a detail for people."""
+
+    record: SourceRecord
+    reason: str
+    detail: str
+    reports: int
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Closed windows of one partition, for stage 2: the new mark and the partials (counts only)."""
+
+    partition: int
+    closed_before_ms: int
+    partials: tuple[Partial, ...]
+
+    def to_bytes(self) -> bytes:
+        """``JSON header line`` + ``\\n`` + the concatenated partials (lengths in the header)."""
+        blobs = [p.to_bytes() for p in self.partials]
+        head = {"v": 1, "partition": self.partition, "cb": self.closed_before_ms, "lengths": [len(b) for b in blobs]}
+        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(blobs)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Handover:
+        """Inverse of :meth:`to_bytes`; :class:`StateError` if malformed."""
+        try:
+            line, _, rest = data.partition(b"\n")
+            head = json.loads(line)
+            partials = []
+            offset = 0
+            for length in head["lengths"]:
+                partials.append(Partial.from_bytes(rest[offset : offset + int(length)]))
+                offset += int(length)
+            if offset != len(rest):
+                raise StateError("hand-over: trailing bytes")
+            return cls(int(head["partition"]), int(head["cb"]), tuple(partials))
+        except StateError:
+            raise
+        except (ValueError, KeyError, TypeError) as err:
+            raise StateError(f"hand-over: cannot decode ({err})") from err
+
+
+@dataclass
+class BatchResult:
+    """What one batch produced: dead letters and the number of reports counted."""
+
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    counted: int = 0
+
+
+def watermark_key(partition: int) -> bytes:
+    return f"p{partition}/wm".encode()
+
+
+def partial_key(partition: int, metric: str, window_start_ms: int) -> bytes:
+    return f"p{partition}/w/{metric}/{window_start_ms}".encode()
+
+
+class PartitionState:
+    """Stage-1 state of one source partition and the pure logic that evolves it."""
+
+    def __init__(
+        self,
+        partition: int,
+        window: WindowSpec,
+        validator: Validator,
+        aggregator: Aggregator,
+        idle: IdlePolicy | None = None,
+    ) -> None:
+        self.partition = partition
+        self.window = window
+        self.validator = validator
+        self.aggregator = aggregator
+        self.idle = idle or IdlePolicy()
+        #: ``w_p``: max broker timestamp seen (or idle advance); ``None`` before anything.
+        self.watermark_ms: int | None = None
+        #: First window start still open on this partition (monotone); ``None`` before anything.
+        self.closed_before_ms: int | None = None
+        #: Open windows: (metric, window start) -> partial counts.
+        self.partials: dict[tuple[str, int], Partial] = {}
+        #: reason -> [records, reports] rejected on this partition since the start of the group.
+        self.rejected: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._dirty: set[tuple[str, int]] = set()
+        self._removed: set[tuple[str, int]] = set()
+        self._mark_dirty = False
+        self._last_handover_cb: int | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # processing
+
+    def process(self, records: Sequence[SourceRecord]) -> BatchResult:
+        """Validate, window and aggregate one batch of records (in offset order)."""
+        out = BatchResult()
+        if not records:
+            return out
+        groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
+        first_offsets: dict[tuple[str, int], int] = {}
+        for rec in records:
+            verdict = self.validator.check(rec.value)
+            start = self.window.start_of(rec.timestamp_ms)
+            if isinstance(verdict, Rejection):
+                self._reject(out, rec, verdict.reason, verdict.detail, verdict.reports)
+            elif self.closed_before_ms is not None and start < self.closed_before_ms:
+                # late against the watermark *before* this record (w_p is a running max over the batch)
+                detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
+                self._reject(out, rec, "late", detail, verdict.reports)
+            else:
+                groups[(verdict.metric.name, start)].append(verdict)
+                first_offsets.setdefault((verdict.metric.name, start), rec.offset)
+            self._observe(rec.timestamp_ms)  # broker time is trustworthy even when the content is not
+        for (name, start), accepted in groups.items():
+            partial = self._partial(name, start, first_offsets[(name, start)])
+            out.counted += self.aggregator.add(partial, accepted)
+            self._dirty.add((name, start))
+        return out
+
+    def _observe(self, ts_ms: int) -> None:
+        self.watermark_ms = advance(self.watermark_ms, ts_ms)
+        cb = self.window.closed_before(self.watermark_ms)
+        if self.closed_before_ms is None or cb > self.closed_before_ms:
+            self.closed_before_ms = cb
+            self._mark_dirty = True
+
+    def _reject(self, out: BatchResult, rec: SourceRecord, reason: str, detail: str, reports: int) -> None:
+        out.dead_letters.append(DeadLetter(rec, reason, detail, reports))
+        counter = self.rejected[reason]
+        counter[0] += 1
+        counter[1] += reports
+        self._mark_dirty = True
+
+    def _partial(self, metric: str, start: int, first_offset: int) -> Partial:
+        partial = self.partials.get((metric, start))
+        if partial is None:
+            partial = self.partials[(metric, start)] = self.aggregator.empty(metric, start)
+            partial.first_offset = first_offset
+        return partial
+
+    def advance_idle(self, now_wall_ms: int, last_activity_wall_ms: int, caught_up: bool, fetch_wall_ms: int) -> bool:
+        """Advance an idle partition's watermark to ``t_fetch - skew``; whether it moved."""
+        if not self.idle.is_idle(now_wall_ms, last_activity_wall_ms, caught_up):
+            return False
+        target = self.idle.safe_watermark(fetch_wall_ms)
+        if self.watermark_ms is not None and target <= self.watermark_ms:
+            return False
+        before = self.closed_before_ms
+        self._observe(target)
+        return self.closed_before_ms != before
+
+    # ------------------------------------------------------------------------------------------
+    # closing and persistence
+
+    def take_closed(self) -> Handover | None:
+        """Remove the windows closed at the current mark and return them (``None`` if the mark has not moved
+        since the last hand-over and nothing closed)."""
+        if self.closed_before_ms is None:
+            return None
+        cb = self.closed_before_ms
+        closed = sorted(k for k in self.partials if k[1] < cb)
+        if not closed and self._last_handover_cb == cb:
+            return None
+        partials = tuple(self.partials.pop(k).counts_only() for k in closed)
+        for k in closed:
+            self._dirty.discard(k)
+            self._removed.add(k)
+        self._last_handover_cb = cb
+        return Handover(self.partition, cb, partials)
+
+    def state_records(self) -> list[tuple[bytes, bytes | None]]:
+        """Changed state records since the last call (partials, tombstones, the watermark record)."""
+        out: list[tuple[bytes, bytes | None]] = []
+        for metric, start in sorted(self._dirty):
+            out.append((partial_key(self.partition, metric, start), self.partials[(metric, start)].to_bytes()))
+        for metric, start in sorted(self._removed):
+            out.append((partial_key(self.partition, metric, start), None))
+        if self._mark_dirty or self._dirty or self._removed:
+            out.append((watermark_key(self.partition), self._mark_bytes()))
+        self._dirty.clear()
+        self._removed.clear()
+        self._mark_dirty = False
+        return out
+
+    def _mark_bytes(self) -> bytes:
+        doc: dict[str, Any] = {
+            "wm": self.watermark_ms,
+            "cb": self.closed_before_ms,
+            "handed": self._last_handover_cb,
+            "rejected": {r: list(v) for r, v in sorted(self.rejected.items())},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def restore(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Rebuild from the state topic (records in log order; the last value per key wins)."""
+        self.watermark_ms = self.closed_before_ms = self._last_handover_cb = None
+        self.partials.clear()
+        self.rejected.clear()
+        latest: dict[bytes, bytes | None] = {}
+        for key, value in records:
+            latest[key] = value
+        prefix = f"p{self.partition}/".encode()
+        for key, value in latest.items():
+            if not key.startswith(prefix) or value is None:
+                continue
+            if key == watermark_key(self.partition):
+                try:
+                    doc = json.loads(value)
+                    self.watermark_ms = None if doc["wm"] is None else int(doc["wm"])
+                    self.closed_before_ms = None if doc["cb"] is None else int(doc["cb"])
+                    if doc.get("handed") is not None:
+                        self._last_handover_cb = int(doc["handed"])
+                    for reason, (recs, reps) in doc["rejected"].items():
+                        self.rejected[str(reason)] = [int(recs), int(reps)]
+                except (ValueError, KeyError, TypeError) as err:
+                    raise StateError(f"watermark record of partition {self.partition}: {err}") from err
+            else:
+                partial = Partial.from_bytes(value)
+                self.partials[(partial.metric, partial.window_start_ms)] = partial
+        self._dirty.clear()
+        self._removed.clear()
+        self._mark_dirty = False
+
+    def replay_from(self) -> int | None:
+        """The source offset from which :meth:`rebuild_clients` must replay (``None``: no open window)."""
+        offsets = [p.first_offset for p in self.partials.values() if p.first_offset >= 0]
+        return min(offsets) if offsets else None
+
+    def rebuild_clients(self, records: Iterable[SourceRecord]) -> int:
+        """Re-admit the reports of already-counted records (offsets in ``[replay_from, committed)``, in order)
+        to rebuild the open windows' client maps after :meth:`restore`; counts are not touched.
+
+        Returns the number of reports re-admitted.
+        """
+        groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
+        for rec in records:
+            verdict = self.validator.check(rec.value)
+            if isinstance(verdict, Rejection):
+                continue
+            key = (verdict.metric.name, self.window.start_of(rec.timestamp_ms))
+            partial = self.partials.get(key)
+            if partial is not None and rec.offset >= partial.first_offset:
+                groups[key].append(verdict)
+        readmitted = 0
+        for key, accepted in groups.items():
+            partial = self.partials[key]
+            over_bound = partial.over_bound
+            readmitted += self.aggregator.admit(partial, accepted)
+            partial.over_bound = over_bound  # restored from the counts record already
+        return readmitted
+
+    def rejected_total(self) -> dict[str, tuple[int, int]]:
+        """reason -> (records, reports) rejected on this partition."""
+        return {r: (v[0], v[1]) for r, v in self.rejected.items()}

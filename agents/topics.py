@@ -1,0 +1,141 @@
+"""Every topic a worker reads or writes, created explicitly and checked at start-up.
+
+Source and outputs come from the spec (``spec.topics``); the internal topics are named after the worker
+group so that two deployments on one cluster never share state:
+
+==========================  ==============  ===========  ==================================================
+topic                       partitions      cleanup      holds
+==========================  ==============  ===========  ==================================================
+``reports``                 P (spec)        delete       reports; ``message.timestamp.type=LogAppendTime``
+``dead_letter``             P               delete       rejected records, original bytes + reason
+``releases``                1               delete       one release record per (metric, window), keyed
+``<group>.stage1-state``    P               compact      stage-1 partials and watermark per source partition
+``<group>.partials``        1               delete       stage-1 hand-overs: closed partials + marks
+``<group>.stage2-state``    1               compact      stage-2 pending merges, released set, ledgers
+==========================  ==============  ===========  ==================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from agents.errors import BrokerError, TopicError
+from schemas.spec import CollectionSpec
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """One topic: name, partitions and the configs it must be created with."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str]
+    #: Configs that an existing topic must already have (a mismatch is a :class:`TopicError`).
+    required: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class WorkerTopics:
+    """Names of every topic of one worker group."""
+
+    reports: str
+    dead_letter: str
+    releases: str
+    stage1_state: str
+    partials: str
+    stage2_state: str
+    partitions: int
+    replication_factor: int
+
+    @classmethod
+    def for_spec(cls, spec: CollectionSpec, group: str) -> WorkerTopics:
+        """The topics of worker group ``group`` for ``spec``."""
+        return cls(
+            reports=spec.topics.reports,
+            dead_letter=spec.topics.dead_letter,
+            releases=spec.topics.releases,
+            stage1_state=f"{group}.stage1-state",
+            partials=f"{group}.partials",
+            stage2_state=f"{group}.stage2-state",
+            partitions=spec.topics.partitions,
+            replication_factor=spec.topics.replication_factor,
+        )
+
+    def plans(self) -> list[TopicPlan]:
+        """Creation plans of all six topics."""
+        log_append = {"message.timestamp.type": "LogAppendTime"}
+        big = {"max.message.bytes": str(16 << 20)}  # a state record holds a whole window's counts
+        compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
+        return [
+            TopicPlan(self.reports, self.partitions, log_append, log_append),
+            TopicPlan(self.dead_letter, self.partitions, {}, {}),
+            TopicPlan(self.releases, 1, {}, {}),
+            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
+            TopicPlan(self.partials, 1, big, {}),
+            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}),
+        ]
+
+
+async def ensure_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float = 30.0) -> None:
+    """Create every missing topic; check partition counts and required configs of existing ones.
+
+    Raises :class:`TopicError` on a mismatch (e.g. a reports topic without LogAppendTime, whose timestamps a
+    client could forge), :class:`BrokerError` if the broker cannot be reached.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await admin.start()
+        plans = topics.plans()
+        existing = set(await admin.list_topics())
+        missing = [p for p in plans if p.name not in existing]
+        if missing:
+            rf = topics.replication_factor
+            new = [NewTopic(p.name, p.partitions, rf, topic_configs=dict(p.configs)) for p in missing]
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker of the group was first
+                await admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
+        await _wait_for_metadata(admin, [p.name for p in plans], timeout_s)
+        await _check(admin, plans)
+    except KafkaError as err:
+        raise BrokerError(f"cannot ensure topics on {bootstrap}: {err!r}") from err
+    finally:
+        await admin.close()
+
+
+async def _wait_for_metadata(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        if set(names) <= set(await admin.list_topics()):
+            return
+        if loop.time() > deadline:
+            raise TopicError(f"topics {sorted(set(names) - set(await admin.list_topics()))} did not appear")
+        await asyncio.sleep(0.2)
+
+
+async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
+    described = await admin.describe_topics([p.name for p in plans])
+    counts = {d["topic"]: len(d["partitions"]) for d in described}
+    for p in plans:
+        if counts.get(p.name) != p.partitions:
+            raise TopicError(f"topic {p.name} has {counts.get(p.name)} partitions, the spec needs {p.partitions}")
+    needs = [p for p in plans if p.required]
+    if not needs:
+        return
+    resources = [ConfigResource(ConfigResourceType.TOPIC, p.name) for p in needs]
+    responses = await admin.describe_configs(resources)
+    actual: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for _code, _msg, _rtype, name, entries in response.resources:
+            actual[name] = {e[0]: e[1] for e in entries}
+    for p in needs:
+        for key, want in p.required.items():
+            got = actual.get(p.name, {}).get(key)
+            if got != want:
+                raise TopicError(f"topic {p.name} has {key}={got}, it must be {want}")

@@ -1,0 +1,367 @@
+"""The worker: one consumer-group member running stage 1 for its source partitions and stage 2 if it owns
+the partials partition -- every batch in one Kafka transaction with its input offset (exactly once).
+
+Lifecycle: ``await worker.start()``, ``await worker.run()`` (until :meth:`stop`), ``await worker.close()``;
+or ``async with worker: await worker.run()``. On partition assignment the worker first starts the
+partition's transactional producer -- which fences a previous owner and aborts its open transaction --
+then restores the partition's state from its state topic (read committed) and seeks to the committed
+offset; on revocation it drops both. Any failure inside a transaction aborts it and stops the worker
+with the error: a restart resumes from the last committed transaction (crash-only recovery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+
+from agents.changelog import read_range, read_to_end, start_transactional_producer
+from agents.errors import AgentError
+from agents.kinds import Aggregator
+from agents.ledger import MetricLedger
+from agents.partials import Partial
+from agents.stage1 import DeadLetter, Handover, PartitionState, SourceRecord
+from agents.stage2 import ReleaserState
+from agents.topics import WorkerTopics
+from agents.validation import Protocol, Validator
+from agents.watermarks import IdlePolicy
+from agents.windows import WindowSpec
+from schemas.releases import Release
+from schemas.spec import CollectionSpec
+
+log = logging.getLogger(__name__)
+
+#: ``(merged partial, ledger) -> release`` (see :func:`agents.release.build_release`).
+Builder = Callable[[Partial, MetricLedger], Release]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker talks to Kafka and how it treats idle partitions."""
+
+    bootstrap: str
+    group: str
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    #: Records per partition per transaction (at most).
+    max_batch: int = 2_000
+    poll_timeout_ms: int = 100
+    session_timeout_ms: int = 10_000
+
+
+@dataclass
+class WorkerStats:
+    """Running totals of this worker process (not persisted)."""
+
+    records: int = 0
+    reports_counted: int = 0
+    dead_letters: int = 0
+    handovers: int = 0
+    releases: int = 0
+    transactions: int = 0
+    #: (release key, wall ms of its commit) of the latest releases (bounded: a worker runs for months).
+    release_wall_ms: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=10_000))
+    #: ``time.perf_counter()`` when the first source record was taken up, and after the latest stage-1 commit.
+    first_record_s: float | None = None
+    last_commit_s: float | None = None
+
+
+@dataclass
+class _Stage1Slot:
+    state: PartitionState
+    producer: AIOKafkaProducer
+    last_activity_ms: int
+    #: Offset the next record must have at least (records fetched before a re-assignment are dropped).
+    next_offset: int
+
+
+@dataclass
+class _Stage2Slot:
+    state: ReleaserState
+    producer: AIOKafkaProducer
+    next_offset: int
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Worker:
+    """One worker process of a group (see module docstring)."""
+
+    def __init__(
+        self,
+        spec: CollectionSpec,
+        settings: WorkerSettings,
+        *,
+        protocols: dict[str, Protocol],
+        olh_range: dict[str, int],
+        builder: Builder,
+        on_release: Callable[[Release], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.topics = WorkerTopics.for_spec(spec, settings.group)
+        self.window = WindowSpec(spec.window.size_s, spec.window.grace_s)
+        self.validator = Validator(spec, protocols, olh_range)
+        self.aggregator = Aggregator(spec, olh_range)
+        self.builder = builder
+        self.on_release = on_release
+        self.stats = WorkerStats()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._stage1: dict[int, _Stage1Slot] = {}
+        self._stage2: _Stage2Slot | None = None
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+
+    async def start(self) -> None:
+        """Join the group (topics must exist: :func:`agents.topics.ensure_topics`)."""
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap,
+            group_id=self.settings.group,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, self.settings.session_timeout_ms // 5),
+            max_partition_fetch_bytes=8 << 20,
+        )
+        await self._consumer.start()
+        self._consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
+
+    async def run(self) -> None:
+        """Process until :meth:`stop`; re-raises the error that stopped the worker, if any."""
+        if self._consumer is None:
+            raise AgentError("Worker.run() before start()")
+        consumer = self._consumer
+        while not self._stopping.is_set():
+            batches = await consumer.getmany(
+                timeout_ms=self.settings.poll_timeout_ms, max_records=self.settings.max_batch
+            )
+            async with self._lock:
+                try:
+                    # partitions are independent (own state, own transactional producer): their transactions
+                    # overlap, while the CPU work of each batch runs before its first await
+                    await asyncio.gather(
+                        *(
+                            self._stage1_batch(tp, records)
+                            for tp, records in batches.items()
+                            if records and tp.topic == self.topics.reports and tp.partition in self._stage1
+                        )
+                    )
+                    for tp, records in batches.items():
+                        if records and tp.topic == self.topics.partials and self._stage2 is not None:
+                            await self._stage2_batch(tp, records)
+                    await self._idle_tick(consumer, {tp.partition for tp, r in batches.items() if r})
+                except BaseException as err:
+                    self._failure = err
+                    raise
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current batch."""
+        self._stopping.set()
+
+    async def close(self) -> None:
+        """Leave the group and stop every producer (idempotent)."""
+        self._stopping.set()
+        async with self._lock:
+            for slot in list(self._stage1.values()):
+                await slot.producer.stop()
+            self._stage1.clear()
+            if self._stage2 is not None:
+                await self._stage2.producer.stop()
+                self._stage2 = None
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------------------------
+    # assignment
+
+    async def _assign(self, tps: set[TopicPartition]) -> None:
+        async with self._lock:
+            # partitions are independent: fence, restore and seek them concurrently
+            await asyncio.gather(
+                *(self._assign_stage1(tp) for tp in tps if tp.topic == self.topics.reports),
+                *(self._assign_stage2(tp) for tp in tps if tp.topic == self.topics.partials),
+            )
+
+    async def _revoke(self, tps: set[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in tps:
+                if tp.topic == self.topics.reports and tp.partition in self._stage1:
+                    await self._stage1.pop(tp.partition).producer.stop()
+                elif tp.topic == self.topics.partials and self._stage2 is not None:
+                    await self._stage2.producer.stop()
+                    self._stage2 = None
+
+    async def _seek_committed(self, tp: TopicPartition) -> int:
+        consumer = self._consumer
+        if consumer is None:
+            raise AgentError("partition assigned to a stopped worker")
+        committed = await consumer.committed(tp)
+        if committed is None:
+            await consumer.seek_to_beginning(tp)
+            return 0
+        consumer.seek(tp, committed)
+        return int(committed)
+
+    async def _assign_stage1(self, tp: TopicPartition) -> None:
+        p = tp.partition
+        producer = await start_transactional_producer(self.settings.bootstrap, f"{self.settings.group}.stage1.{p}")
+        state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle)
+        state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage1_state, p)))
+        offset = await self._seek_committed(tp)
+        replay = state.replay_from()
+        readmitted = 0
+        if replay is not None:  # rebuild the open windows' client maps from the source log
+            records = await read_range(self.settings.bootstrap, tp, replay, offset)
+            readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records)
+        self._stage1[p] = _Stage1Slot(state, producer, _now_ms(), offset)
+        log.info(
+            "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",
+            p,
+            offset,
+            state.watermark_ms,
+            len(state.partials),
+            readmitted,
+        )
+
+    async def _assign_stage2(self, tp: TopicPartition) -> None:
+        producer = await start_transactional_producer(self.settings.bootstrap, f"{self.settings.group}.stage2")
+        retention_ms = self.spec.window.retention_s * 1000
+        ledgers = {m.name: MetricLedger(m.name, m.budget, retention_ms) for m in self.spec.metrics}
+        state = ReleaserState(self.topics.partitions, ledgers, retention_ms)
+        state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage2_state, 0)))
+        offset = await self._seek_committed(tp)
+        self._stage2 = _Stage2Slot(state, producer, offset)
+        log.info("stage 2 took the partials partition (%d windows pending)", len(state.pending))
+
+    # ------------------------------------------------------------------------------------------
+    # stage 1
+
+    async def _stage1_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
+        slot = self._stage1[tp.partition]
+        records = [r for r in records if r.offset >= slot.next_offset]
+        if not records:
+            return
+        slot.next_offset = records[-1].offset + 1
+        if self.stats.first_record_s is None:
+            self.stats.first_record_s = time.perf_counter()
+        source = [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records]
+        # CPU work off the event loop: the fetcher keeps fetching, and numpy releases the GIL in its kernels
+        result = await asyncio.to_thread(slot.state.process, source)
+        slot.last_activity_ms = _now_ms()
+        await self._stage1_commit(slot, tp, result.dead_letters, next_offset=records[-1].offset + 1)
+        self.stats.records += len(records)
+        self.stats.reports_counted += result.counted
+        self.stats.dead_letters += len(result.dead_letters)
+
+    async def _stage1_commit(
+        self, slot: _Stage1Slot, tp: TopicPartition, dead: list[DeadLetter], next_offset: int | None
+    ) -> None:
+        state, producer, p = slot.state, slot.producer, tp.partition
+        handover = state.take_closed()
+        changes = state.state_records()
+        if next_offset is None and handover is None and not changes:
+            return
+        async with producer.transaction():
+            for d in dead:
+                await producer.send(
+                    self.topics.dead_letter,
+                    d.record.value or b"",
+                    key=d.record.key,
+                    partition=p,
+                    headers=_dead_letter_headers(d, self.topics.reports, p),
+                )
+            for key, value in changes:
+                await producer.send(self.topics.stage1_state, value, key=key, partition=p)
+            if handover is not None:
+                await producer.send(self.topics.partials, handover.to_bytes(), key=f"p{p}".encode(), partition=0)
+                self.stats.handovers += 1
+            if next_offset is not None:
+                await producer.send_offsets_to_transaction({tp: next_offset}, self.settings.group)
+        self.stats.transactions += 1
+        self.stats.last_commit_s = time.perf_counter()
+
+    async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
+        now = _now_ms()
+        for p, slot in self._stage1.items():
+            if p in active:
+                continue
+            tp = TopicPartition(self.topics.reports, p)
+            end = consumer.last_stable_offset(tp)
+            caught_up = end is not None and await consumer.position(tp) >= end
+            if slot.state.advance_idle(now, slot.last_activity_ms, caught_up, now):
+                await self._stage1_commit(slot, tp, [], next_offset=None)
+
+    # ------------------------------------------------------------------------------------------
+    # stage 2
+
+    async def _stage2_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
+        slot = self._stage2
+        if slot is None:
+            return
+        records = [r for r in records if r.offset >= slot.next_offset]
+        if not records:
+            return
+        slot.next_offset = records[-1].offset + 1
+        for r in records:
+            if r.value is not None:
+                slot.state.apply(Handover.from_bytes(r.value))
+        releases = slot.state.release(self.builder)
+        changes = slot.state.state_records()
+        producer = slot.producer
+        async with producer.transaction():
+            for rel in releases:
+                await producer.send(self.topics.releases, rel.to_bytes(), key=rel.key.encode(), partition=0)
+            for key, value in changes:
+                await producer.send(self.topics.stage2_state, value, key=key, partition=0)
+            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.settings.group)
+        self.stats.transactions += 1
+        self.stats.releases += len(releases)
+        now = _now_ms()
+        for rel in releases:
+            self.stats.release_wall_ms.append((rel.key, now))
+            if self.on_release is not None:
+                self.on_release(rel)
+
+
+def _dead_letter_headers(d: DeadLetter, topic: str, partition: int) -> list[tuple[str, bytes]]:
+    return [
+        ("ptel.reason", d.reason.encode()),
+        ("ptel.detail", d.detail.encode("utf-8", "replace")[:1000]),
+        ("ptel.source", f"{topic}/{partition}/{d.record.offset}".encode()),
+        ("ptel.timestamp_ms", str(d.record.timestamp_ms).encode()),
+        ("ptel.reports", str(d.reports).encode()),
+    ]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.worker._revoke(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.worker._assign(set(assigned))

@@ -1,0 +1,301 @@
+"""Benchmark: end-to-end agents throughput per worker, beside the bare aiokafka consumer, and release latency.
+
+Phase 1 (throughput), on two preloaded topics of 4 partitions each (LogAppendTime):
+
+- *batch*: ``--batches`` messages of ``--batch-size`` boolean-RR reports each (columnar ``ReportBatch``);
+- *single*: ``--singles`` one-report messages.
+
+For each topic, in the same run: the bare aiokafka consumer rate (read every message from the beginning,
+no decoding: messages/s, and reports/s = messages/s × reports per message), then one agents worker
+(in this process) counting the same topic -- decode, validate, window, bound, aggregate, and one Kafka
+transaction per partition batch with the state and offsets -- timed from its first record to its last.
+The ratio worker/bare is in reports/s (the target is >= 0.5 for batch messages).
+
+Phase 2 (latency): a worker runs while reports of ``--metrics`` metrics are produced continuously for
+``--live`` seconds in 2 s windows (1 s grace); release latency = wall time of the release transaction
+minus (window end + grace), median and p99 over the windows that closed while reports were flowing.
+
+    .venv/bin/python bench/agent_throughput.py [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
+
+Uses the broker at ``--bootstrap``, else the local broker on $PTEL_KAFKA_PORT/9092 (started if needed, with a
+lease). Writes bench/results/agent_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import Worker, WorkerSettings
+from ptel.kafka_broker import LocalKafka, default_port
+from schemas.spec import CollectionSpec, parse_spec
+from schemas.wire import BoolColumns, BoolPayload, Report, ReportBatch, encode_batch, encode_report, partition_key
+
+RESULTS = Path(__file__).resolve().parent / "results" / "agent_throughput.json"
+PARTITIONS = 4
+
+
+def make_spec(tag: str, metrics: int = 1, size_s: int = 2, grace_s: int = 1) -> CollectionSpec:
+    return parse_spec(
+        {
+            "name": f"bench{tag}",
+            "topics": {
+                "reports": f"ptel-bench-{tag}.reports",
+                "releases": f"ptel-bench-{tag}.releases",
+                "dead_letter": f"ptel-bench-{tag}.dead-letter",
+                "partitions": PARTITIONS,
+            },
+            "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": 3600},
+            "metrics": [{"name": f"m{i}", "kind": "bool", "prob": 0.75} for i in range(metrics)],
+        }
+    )
+
+
+async def preload(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+        enable_idempotence=True,
+    )
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, v, key=k) for k, v in messages]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def bare_consume(bootstrap: str, topic: str, total: int) -> float:
+    """Seconds from the first fetch to the last of ``total`` messages read by a plain consumer (no decoding)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=64 << 20,
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen = 0
+        first = time.perf_counter()
+        while seen < total:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=2000)
+            for recs in batch.values():
+                seen += len(recs)
+        return time.perf_counter() - first
+    finally:
+        await consumer.stop()
+
+
+async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int) -> tuple[float, Worker]:
+    """Seconds from a fresh worker's first record to the commit of its ``total``-th (the worker's own clocks)."""
+    settings = WorkerSettings(
+        bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000
+    )
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        while worker.stats.records < total:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        first, last = worker.stats.first_record_s, worker.stats.last_commit_s
+        if first is None or last is None:
+            raise RuntimeError("the worker recorded no processing times")
+        return last - first, worker
+    finally:
+        worker.stop()
+        await task
+        await worker.close()
+
+
+async def throughput(bootstrap: str, label: str, messages: list[tuple[bytes, bytes]], reports: int) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    spec = make_spec(tag)
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    await preload(bootstrap, spec.topics.reports, messages)
+    bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
+    worker_s, worker = await worker_consume(bootstrap, spec, len(messages))
+    if worker.stats.reports_counted != reports:
+        raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
+    out = {
+        "messages": len(messages),
+        "reports": reports,
+        "bare_messages_per_s": len(messages) / bare_s,
+        "bare_reports_per_s": reports / bare_s,
+        "worker_messages_per_s": len(messages) / worker_s,
+        "worker_reports_per_s": reports / worker_s,
+        "worker_transactions": worker.stats.transactions,
+        "ratio_reports_per_s": (reports / worker_s) / (reports / bare_s),
+    }
+    await delete(bootstrap, spec, f"{spec.name}-g")
+    return out
+
+
+async def latency(bootstrap: str, live_s: float, metrics: int, rate: int) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    spec = make_spec(tag, metrics=metrics)
+    settings = WorkerSettings(bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500))
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    fps = {m.name: m.fingerprint for m in spec.metrics}
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=True)
+    await producer.start()
+    await asyncio.sleep(3.0)  # let the worker join
+    pseudonym = 0
+    started = time.time()
+    try:
+        while time.time() - started < live_s:
+            futures = []
+            for _ in range(rate // 20):
+                pseudonym += 1
+                name = f"m{pseudonym % metrics}"
+                value = encode_report(Report(name, fps[name], pseudonym, 0, BoolPayload(pseudonym % 3 == 0)))
+                futures.append(await producer.send(spec.topics.reports, value, key=partition_key(name, pseudonym % 64)))
+            await asyncio.gather(*futures)
+            await asyncio.sleep(0.05)
+        stopped = time.time()
+        await asyncio.sleep(spec.window.size_s + spec.window.grace_s + 4.0)
+    finally:
+        await producer.stop()
+        worker.stop()
+        await task
+        await worker.close()
+    size_ms, grace_ms = spec.window.size_s * 1000, spec.window.grace_s * 1000
+    lat = []
+    for key, wall_ms in worker.stats.release_wall_ms:
+        start_ms = int(key.rsplit("|", 1)[1])
+        due = start_ms + size_ms + grace_ms
+        if due < stopped * 1000 and start_ms >= started * 1000:  # closed while reports were flowing
+            lat.append((wall_ms - due) / 1000.0)
+    await delete(bootstrap, spec, settings.group)
+    lat.sort()
+    return {
+        "windows_s": spec.window.size_s,
+        "grace_s": spec.window.grace_s,
+        "metrics": metrics,
+        "releases_measured": len(lat),
+        "latency_median_s": statistics.median(lat) if lat else None,
+        "latency_p99_s": lat[min(len(lat) - 1, int(np.ceil(0.99 * len(lat))) - 1)] if lat else None,
+        "latency_max_s": lat[-1] if lat else None,
+    }
+
+
+async def delete(bootstrap: str, spec: CollectionSpec, group: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        await admin.delete_topics([p.name for p in WorkerTopics.for_spec(spec, group).plans()])
+    except Exception:  # cleanup only
+        pass
+    finally:
+        await admin.close()
+
+
+def batch_messages(batches: int, size: int) -> list[tuple[bytes, bytes]]:
+    spec = make_spec("fp")  # metric m0: the fingerprint depends only on name, kind and prob
+    fp = spec.metrics[0].fingerprint
+    out = []
+    for b in range(batches):
+        ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64)
+        batch = ReportBatch("m0", fp, ids, np.zeros(size, np.uint32), BoolColumns(ids % 4 == 0))
+        out.append((partition_key("m0", b % 64), encode_batch(batch)))
+    return out
+
+
+def single_messages(n: int) -> list[tuple[bytes, bytes]]:
+    fp = make_spec("fp").metrics[0].fingerprint
+    return [
+        (partition_key("m0", i % 64), encode_report(Report("m0", fp, i, 0, BoolPayload(i % 4 == 0)))) for i in range(n)
+    ]
+
+
+async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+    print(f"preloading {args.batches} batch messages x {args.batch_size} reports ...", flush=True)
+    batch = await throughput(
+        bootstrap, "batch", batch_messages(args.batches, args.batch_size), args.batches * args.batch_size
+    )
+    print(
+        f"batch:  bare {batch['bare_reports_per_s']:,.0f} reports/s ({batch['bare_messages_per_s']:,.0f} msg/s); "
+        f"worker {batch['worker_reports_per_s']:,.0f} reports/s; ratio {batch['ratio_reports_per_s']:.2f}",
+        flush=True,
+    )
+    print(f"preloading {args.singles} single-report messages ...", flush=True)
+    single = await throughput(bootstrap, "single", single_messages(args.singles), args.singles)
+    print(
+        f"single: bare {single['bare_reports_per_s']:,.0f} reports/s; worker {single['worker_reports_per_s']:,.0f} "
+        f"reports/s; ratio {single['ratio_reports_per_s']:.2f}",
+        flush=True,
+    )
+    print(f"latency: producing {args.rate} reports/s of {args.metrics} metrics for {args.live} s ...", flush=True)
+    lat = await latency(bootstrap, args.live, args.metrics, args.rate)
+    print(
+        f"latency after window end + grace: median {lat['latency_median_s']:.2f} s, p99 {lat['latency_p99_s']:.2f} s "
+        f"({lat['releases_measured']} releases)",
+        flush=True,
+    )
+    return {"batch": batch, "single": single, "latency": lat}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--singles", type=int, default=50_000)
+    parser.add_argument("--live", type=float, default=20.0)
+    parser.add_argument("--metrics", type=int, default=4)
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    broker = None
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+    else:
+        broker = LocalKafka(port=default_port())
+        bootstrap = broker.acquire()
+    try:
+        results = asyncio.run(run(args, bootstrap))
+    finally:
+        if broker is not None:
+            broker.release()
+    doc = {
+        "benchmark": "agent_throughput",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "parameters": {k: v for k, v in vars(args).items() if k != "output"} | {"partitions": PARTITIONS},
+        **results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

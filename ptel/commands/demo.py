@@ -1,0 +1,227 @@
+"""``ptel demo``: the whole pipeline in one command, in about a minute and a half.
+
+1. starts the local Apache Kafka broker (or uses ``--bootstrap``);
+2. creates this run's topics (the spec's names with a run suffix, so runs never mix);
+3. starts an agents worker in this process;
+4. simulates ``--clients`` devices reporting every metric of the spec (every kind: boolean RR, k-RR,
+   OUE, RAPPOR, keyed with thresholded noise, DP Theil-Sen) once per window for ``--windows`` windows,
+   privatized on the "device" and sent as batch messages;
+5. prints each release beside the true values as it arrives;
+6. writes ``out/demo-releases.png`` (estimates with CIs against the truth), ``out/demo-truth.json`` and
+   ``out/demo-releases.jsonl``;
+7. stops the worker, deletes the run's topics and stops the broker it started; exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from tqdm import tqdm
+
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
+from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_port, probe_metadata
+from schemas.releases import Release
+from schemas.spec import CollectionSpec, SpecError, load_spec, parse_spec
+
+DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the end-to-end demo against a local Kafka broker",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument(
+        "--bootstrap", default=None, help="use this running Kafka instead of starting the local broker (host:port)"
+    )
+    parser.add_argument("--port", type=int, default=None, help="local broker port (default: $PTEL_KAFKA_PORT or 9092)")
+    parser.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
+    parser.add_argument(
+        "--spec", type=Path, default=DEFAULT_SPEC, help="collection spec (default: examples/demo-spec.yaml)"
+    )
+    parser.add_argument("--clients", type=int, default=2000, help="simulated devices (default 2000)")
+    parser.add_argument("--windows", type=int, default=3, help="windows to simulate (default 3)")
+    parser.add_argument("--batch-size", type=int, default=256, help="reports per batch message (0: single reports)")
+    parser.add_argument("--seed", type=int, default=1, help="simulation seed (raw values only; noise is the CSPRNG)")
+    parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")
+    parser.add_argument("--keep-topics", action="store_true", help="do not delete this run's topics")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        base = load_spec(args.spec)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    broker: LocalKafka | None = None
+    started_here = False
+    try:
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+            asyncio.run(probe_metadata(bootstrap, timeout=10.0, node_id=None))
+            print(f"[1/7] Kafka at {bootstrap} answers metadata requests.", flush=True)
+        else:
+            broker = LocalKafka(port=args.port if args.port is not None else default_port())
+            started_here = broker.running_pid() is None
+            print(
+                f"[1/7] starting Apache Kafka {KAFKA_VERSION} (jars are fetched with Maven on first use) ...",
+                flush=True,
+            )
+            t0 = time.monotonic()
+            bootstrap = broker.start() if args.keep_broker else broker.acquire()
+            how = f"started in {time.monotonic() - t0:.1f} s" if started_here else "already running"
+            print(f"      broker {how} at {bootstrap}", flush=True)
+    except (BrokerError, ValueError) as exc:
+        print(f"ptel demo: {exc}", file=sys.stderr)
+        return 1
+    try:
+        code = asyncio.run(_demo(base, bootstrap, args))
+    finally:
+        if broker is not None and not args.keep_broker:
+            if broker.release():
+                print("[7/7] stopped the broker this demo started", flush=True)
+            elif started_here:
+                print("[7/7] the broker is still used by another session; it stops when that ends", flush=True)
+    return code
+
+
+def _run_spec(base: CollectionSpec, tag: str) -> CollectionSpec:
+    doc = base.model_dump(mode="json")
+    for field in ("reports", "releases", "dead_letter"):
+        doc["topics"][field] = f"{doc['topics'][field]}.{tag}"
+    return parse_spec(doc, f"{base.name} (run {tag})")
+
+
+async def _demo(base: CollectionSpec, bootstrap: str, args: argparse.Namespace) -> int:
+    from producers.client_secret import ClientSecret
+    from producers.edge_client import EdgeClient
+    from producers.ground_truth import GroundTruth
+    from producers.simulate import Population
+
+    tag = uuid.uuid4().hex[:6]
+    spec = _run_spec(base, tag)
+    group = f"ptel-agents.{spec.name}.{tag}"
+    topics = WorkerTopics.for_spec(spec, group)
+    await ensure_topics(bootstrap, topics)
+    print(
+        f"[2/7] created topics {spec.topics.reports} ({spec.topics.partitions} partitions, LogAppendTime), "
+        f"{spec.topics.releases}, {spec.topics.dead_letter} and 3 internal ones",
+        flush=True,
+    )
+
+    size = spec.window.size_s
+    truth = GroundTruth(spec, source="ptel demo", meta={"clients": args.clients, "seed": args.seed})
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    releases: dict[str, Release] = {}
+    expected = args.windows * len(spec.metrics)
+    bar: tqdm[Any] | None = None
+
+    def on_release(rel: Release) -> None:
+        releases.setdefault(rel.key, rel)
+        text = format_release(rel, Truth(truth.to_json()), rows=8)
+        (bar.write if bar is not None else print)(text + "\n")
+        if bar is not None:
+            bar.update(1)
+
+    settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=1000))
+    worker = build_worker(spec, settings, on_release=on_release)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    print(f"[3/7] worker started (group {group}); windows of {size} s, grace {spec.window.grace_s} s", flush=True)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=10, max_request_size=8 << 20
+    )
+    await producer.start()
+    sent_reports = 0
+    try:
+        population = Population(spec, args.clients, seed=args.seed, master=ClientSecret.generate())
+        sink = _Sink(producer, spec.topics.reports)
+        client = EdgeClient(spec, sink, batch_size=args.batch_size)  # CSPRNG privatization, as on a device
+        print(
+            f"[4/7] simulating {args.clients} devices x {len(spec.metrics)} metrics for {args.windows} windows",
+            flush=True,
+        )
+        for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout):
+            now = time.time()
+            start = (int(now) // size + 1) * size
+            await asyncio.sleep(start + 0.2 - now)
+            for ev in population.round():
+                await client.send_many(
+                    ev.metric, ev.values, secrets=population.secrets_of(ev.clients), client_times=start
+                )
+                truth.add(ev.metric, start // size, ev.values, ev.indices)
+                sent_reports += len(ev.values)
+            await producer.flush()
+        truth.write(out_dir / "demo-truth.json")
+        print(f"      sent {sent_reports} reports in {client.stats.messages} messages", flush=True)
+        print(
+            f"[5/7] waiting for {expected} releases (window end + {spec.window.grace_s} s grace + idle timeout)",
+            flush=True,
+        )
+        bar = tqdm(total=expected, initial=len(releases), desc="      releases", unit="release", file=sys.stdout)
+        deadline = time.monotonic() + size + spec.window.grace_s + 60
+        while len(releases) < expected and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.2)
+        bar.close()
+        bar = None
+    finally:
+        await producer.stop()
+        worker.stop()
+        with contextlib.suppress(Exception):
+            await task
+        await worker.close()
+    if task.done() and task.exception() is not None:
+        print(f"ptel demo: the worker failed: {task.exception()}", file=sys.stderr)
+        return 1
+    final_truth = Truth(truth.to_json())
+    with (out_dir / "demo-releases.jsonl").open("w", encoding="utf-8") as fh:
+        for rel in sorted(releases.values(), key=lambda r: (r.window_start_ms, r.metric)):
+            fh.write(rel.to_bytes().decode() + "\n")
+    plot = plot_releases(releases.values(), final_truth, out_dir / "demo-releases.png")
+    print(
+        f"[6/7] {len(releases)} releases; wrote {plot}, {out_dir / 'demo-truth.json'}, "
+        f"{out_dir / 'demo-releases.jsonl'}",
+        flush=True,
+    )
+    if not args.keep_topics:
+        await _delete_topics(bootstrap, [p.name for p in topics.plans()])
+    if len(releases) < expected:
+        print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
+        return 1
+    return 0
+
+
+class _Sink:
+    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        await self.producer.send(self.topic, value, key=key)
+
+
+async def _delete_topics(bootstrap: str, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        await admin.delete_topics(names)
+    except Exception as err:  # cleanup only: the demo's results are already written
+        print(f"      (could not delete the run's topics: {err})", flush=True)
+    finally:
+        await admin.close()

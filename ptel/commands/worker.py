@@ -1,0 +1,127 @@
+"""``ptel worker``: run one agents worker for a collection spec until SIGINT/SIGTERM.
+
+The worker joins the consumer group of the spec (``--group``, default ``ptel-agents.<spec name>``),
+creates and checks every topic it needs, runs stage 1 (decode, validate, window, count) for the
+source partitions it is assigned and stage 2 (merge, release) if it owns the partials partition, and
+prints one line per release. Start several with the same spec and group to scale out; a killed worker
+is replaced by restarting it (its partitions resume from their last committed transaction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.app import build_worker, default_group
+from agents.errors import AgentError
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
+from schemas.releases import Release
+from schemas.spec import SpecError, load_spec
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "worker",
+        help="run an agents worker for a spec (windowed counts, releases)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
+    )
+    p.add_argument(
+        "--group", default=None, help="consumer group and internal-topic prefix (default: ptel-agents.<spec>)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a caught-up partition may stay silent before its watermark advances (default 5)",
+    )
+    p.add_argument(
+        "--clock-skew",
+        type=float,
+        default=1.0,
+        help="bound on how far the broker clock may lag this host, seconds (default 1)",
+    )
+    p.add_argument("--max-batch", type=int, default=2000, help="records per partition per transaction (default 2000)")
+    p.add_argument("--insecure-noise-seed", default=None, help=argparse.SUPPRESS)  # tests only: predictable noise
+    p.add_argument("--quiet", action="store_true", help="do not print releases")
+    p.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    p.set_defaults(func=run)
+
+
+def release_line(rel: Release) -> str:
+    """One line per release: metric, window, n, released keys, privacy."""
+    eps = rel.privacy.central_epsilon if rel.privacy.central_epsilon is not None else rel.privacy.epsilon_inf
+    keys = ", ".join(k.key for k in rel.released_keys[:6]) + (" ..." if len(rel.released_keys) > 6 else "")
+    if rel.refused:
+        return f"release {rel.key}: n={rel.n} REFUSED ({rel.refused})"
+    return f"release {rel.key}: n={rel.n} keys=[{keys}] ε={eps if eps is not None else '-'} ({rel.mechanism})"
+
+
+def run(args: Any) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    settings = WorkerSettings(
+        bootstrap=args.bootstrap,
+        group=args.group or default_group(spec),
+        idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
+        max_batch=args.max_batch,
+    )
+    try:
+        return asyncio.run(_main(spec, settings, args))
+    except AgentError as err:
+        print(f"worker failed: {err}", file=sys.stderr)
+        return 1
+
+
+async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
+    if args.insecure_noise_seed is not None:
+        print(
+            "WARNING: --insecure-noise-seed makes every central noise draw predictable: releases are NOT "
+            "private. Tests only.",
+            file=sys.stderr,
+            flush=True,
+        )
+    await ensure_topics(settings.bootstrap, WorkerTopics.for_spec(spec, settings.group))
+
+    def show(rel: Release) -> None:
+        if not args.quiet:
+            print(release_line(rel), flush=True)
+
+    worker = build_worker(spec, settings, insecure_noise_seed=args.insecure_noise_seed, on_release=show)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    print(
+        f"worker of group {settings.group} on {settings.bootstrap}: {len(spec.metrics)} metrics, "
+        f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
+        flush=True,
+    )
+    async with worker:
+        await worker.run()
+    s = worker.stats
+    print(
+        f"worker stopped: {s.records} records, {s.reports_counted} reports counted, {s.dead_letters} dead letters, "
+        f"{s.releases} releases",
+        flush=True,
+    )
+    return 0

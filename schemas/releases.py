@@ -1,0 +1,164 @@
+"""The release record: what the agents publish, once, per (metric, window).
+
+A :class:`Release` is a frozen, versioned pydantic model. It is published to the spec's ``releases``
+topic with the Kafka key :attr:`Release.key` (``"<metric>|<window_start_ms>"``), so a consumer can
+deduplicate by key; the agents never publish two different releases for one key. The schema grows by
+addition only: a new field gets a default and the meaning of an existing field never changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, model_validator
+
+__all__ = [
+    "RELEASE_SCHEMA_VERSION",
+    "EstimateRecord",
+    "KeyRelease",
+    "LedgerEntry",
+    "PrivacySpent",
+    "Release",
+    "release_key",
+]
+
+#: Version of the release record written by this module.
+RELEASE_SCHEMA_VERSION: Literal[1] = 1
+
+Real = StrictFloat | StrictInt
+
+
+def release_key(metric: str, window_start_ms: int) -> str:
+    """The deduplication key of the release of ``metric`` for the window starting at ``window_start_ms``."""
+    return f"{metric}|{int(window_start_ms)}"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EstimateRecord(_Frozen):
+    """One estimated quantity with its standard error and two-sided confidence interval.
+
+    ``se``, ``ci_low`` and ``ci_high`` are ``None`` when the mechanism gives no analytic variance
+    (DP Theil-Sen coefficients).
+    """
+
+    #: What is estimated: a category, a RAPPOR candidate, a key, ``"true_fraction"``, ``"slope"``...
+    label: StrictStr
+    #: Debiased point estimate (counts, or a fraction in [0, 1] for ``true_fraction`` labels).
+    value: Real
+    #: Standard error sqrt(Var) of ``value``.
+    se: Real | None = None
+    ci_low: Real | None = None
+    ci_high: Real | None = None
+    #: Whether the estimate is significantly above zero at the release's confidence level.
+    significant: bool | None = None
+
+    @model_validator(mode="after")
+    def _finite(self) -> EstimateRecord:
+        for name in ("value", "se", "ci_low", "ci_high"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {v}")
+        if self.se is not None and self.se < 0:
+            raise ValueError(f"se must not be negative, got {self.se}")
+        return self
+
+
+class KeyRelease(_Frozen):
+    """A key that passed the release rule (threshold for central keys, significance for LDP ones)."""
+
+    key: StrictStr
+    #: The released (noisy, for central mechanisms) count of reports with this key.
+    count: Real
+    #: For keyed metrics: debiased number of reports whose RR-privatized value is true, with its SE.
+    value_true: EstimateRecord | None = None
+
+
+class PrivacySpent(_Frozen):
+    """The privacy this release spent.
+
+    ``epsilon_1``/``epsilon_inf`` describe the local guarantee of each report (the first report of a
+    client, and the worst case over any number of reports of the same memoized value); ``central_epsilon``
+    / ``central_delta`` (or ``central_rho`` for zCDP) the central mechanism applied at release, if any.
+    """
+
+    epsilon_1: Real | None = None
+    epsilon_inf: Real | None = None
+    central_epsilon: Real | None = None
+    central_delta: Real | None = None
+    central_rho: Real | None = None
+
+
+class LedgerEntry(_Frozen):
+    """The metric's budget ledger after this release: spent so far (over the retention horizon) and the cap."""
+
+    measure: Literal["approx_dp", "approx_zcdp", "none"]
+    spent_epsilon: Real | None = None
+    spent_rho: Real | None = None
+    spent_delta: Real = 0.0
+    budget_epsilon: Real | None = None
+    budget_rho: Real | None = None
+    budget_delta: Real = 0.0
+    releases: Annotated[StrictInt, Field(ge=0)] = 0
+
+
+class Release(_Frozen):
+    """One release of one metric for one window."""
+
+    schema_version: Literal[1] = RELEASE_SCHEMA_VERSION
+    #: Name of the collection spec (``CollectionSpec.name``).
+    spec: StrictStr
+    metric: StrictStr
+    kind: Literal["bool", "categorical", "rappor", "keyed", "regression"]
+    #: Window bounds ``[start, end)`` in ms since the epoch (broker LogAppendTime).
+    window_start_ms: StrictInt
+    window_end_ms: StrictInt
+    #: Reports counted (after validation, lateness and contribution bounds).
+    n: Annotated[StrictInt, Field(ge=0)]
+    #: Reports of this metric that were valid but beyond the per-client contribution bounds (not counted).
+    over_bound: Annotated[StrictInt, Field(ge=0)] = 0
+    #: Confidence level of every interval in ``estimates``.
+    confidence: Real
+    estimates: tuple[EstimateRecord, ...] = ()
+    #: Keys released (keyed: above the noisy threshold; LDP kinds: significant estimates).
+    released_keys: tuple[KeyRelease, ...] = ()
+    #: Human-readable mechanism, e.g. ``"k-RR (k=4, ε=1.0)"``, ``"thresholded Laplace (scale=2, τ=40)"``.
+    mechanism: StrictStr
+    privacy: PrivacySpent
+    ledger: LedgerEntry
+    #: Set when nothing could be released for this window (e.g. ``"budget exhausted: ..."``); then
+    #: ``estimates`` and ``released_keys`` are empty and no privacy was spent.
+    refused: StrictStr | None = None
+    #: Number of source partitions whose partial counts were merged (always all of them).
+    partitions: Annotated[StrictInt, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _window(self) -> Release:
+        if self.window_end_ms <= self.window_start_ms:
+            raise ValueError("window_end_ms must be after window_start_ms")
+        return self
+
+    @property
+    def key(self) -> str:
+        """Deduplication key ``"<metric>|<window_start_ms>"`` (the Kafka record key)."""
+        return release_key(self.metric, self.window_start_ms)
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (UTF-8, sorted keys): equal releases serialize to equal bytes."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Release:
+        """Parse a record written by :meth:`to_bytes` (raises ``pydantic.ValidationError`` / ``ValueError``)."""
+        return cls.model_validate_json(data)
+
+    def estimate(self, label: str) -> EstimateRecord:
+        """The estimate labelled ``label`` (``KeyError`` if absent)."""
+        for e in self.estimates:
+            if e.label == label:
+                return e
+        raise KeyError(label)

@@ -1,0 +1,226 @@
+"""Helpers for the agents' integration tests: specs, worker processes, window alignment, reading outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.releases import Release
+from schemas.spec import CollectionSpec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_spec(
+    tmp: Path, metrics: list[dict[str, Any]], *, partitions: int = 4, size_s: int = 4, grace_s: int = 1
+) -> tuple[CollectionSpec, Path]:
+    """A spec with unique topic names, written to ``tmp/spec.yaml`` for worker processes."""
+    tag = uuid.uuid4().hex[:8]
+    doc = {
+        "version": 1,
+        "name": f"it{tag}",
+        "topics": {
+            "reports": f"ptel-test-ag-{tag}.reports",
+            "releases": f"ptel-test-ag-{tag}.releases",
+            "dead_letter": f"ptel-test-ag-{tag}.dead-letter",
+            "partitions": partitions,
+        },
+        "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": 3600},
+        "confidence": 0.95,
+        "metrics": metrics,
+    }
+    path = tmp / f"spec-{tag}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return parse_spec(doc), path
+
+
+async def wait_for_window_start(size_s: int, margin_s: float = 0.3) -> int:
+    """Sleep until ``margin_s`` after the next window boundary; return that window's start in ms."""
+    now = time.time()
+    start = (int(now) // size_s + 1) * size_s
+    await asyncio.sleep(start + margin_s - now)
+    return start * 1000
+
+
+async def send_all(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes]]) -> None:
+    """Publish ``(key, value)`` messages and wait for every acknowledgement."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value, key=key) for key, value in messages]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    partitions: int,
+    until: Callable[[list[Any]], bool],
+    timeout_s: float,
+    settle_s: float = 0.0,
+) -> list[Any]:
+    """Read committed records of ``topic`` from the beginning until ``until(records)`` (then ``settle_s`` more)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout_s
+        while not until(records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s with {len(records)} records of {topic}")
+            batch = await consumer.getmany(timeout_ms=500)
+            for recs in batch.values():
+                records.extend(recs)
+        end = time.monotonic() + settle_s
+        while time.monotonic() < end:
+            batch = await consumer.getmany(timeout_ms=500)
+            for recs in batch.values():
+                records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
+
+
+def releases_of(records: list[Any]) -> list[Release]:
+    return [Release.from_bytes(r.value) for r in records]
+
+
+class WorkerProcess:
+    """``ptel worker`` in a subprocess (so that it can be killed with SIGKILL)."""
+
+    def __init__(self, spec_path: Path, bootstrap: str, log: Path, *extra: str) -> None:
+        self.args = [
+            sys.executable,
+            "-m",
+            "ptel.cli",
+            "worker",
+            "--spec",
+            str(spec_path),
+            "--bootstrap",
+            bootstrap,
+            "--idle-timeout",
+            "1.5",
+            "--clock-skew",
+            "0.5",
+            "--quiet",
+            "--log-level",
+            "INFO",
+            *extra,
+        ]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        fh = self.log.open("ab")
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        fh.close()
+        return self
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        return self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class _RecordingSink:
+    """A :class:`producers.edge_client.MessageSink` that keeps each send's future (for its LogAppendTime)."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.futures: list[Any] = []
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        self.futures.append(await self.producer.send(self.topic, value, key=key))
+
+
+async def produce_rounds(
+    bootstrap: str, spec: CollectionSpec, *, clients: int, rounds: int, batch_sizes: list[int], seed: int
+) -> dict[int, list[Any]]:
+    """One simulated round per window (``producers.simulate.Population``, privatized with a *seeded* rng):
+    each round starts just after a window boundary and must be acknowledged inside that window.
+
+    Returns window start (ms) -> the round's raw events (``MetricEvents`` per metric).
+    """
+    from mechanisms.rng import SeededRandom
+    from producers.client_secret import ClientSecret
+    from producers.edge_client import EdgeClient
+    from producers.simulate import Population
+
+    population = Population(spec, clients, seed=seed, master=ClientSecret(b"\x01" * 32))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=10, max_request_size=8 << 20
+    )
+    await producer.start()
+    out: dict[int, list[Any]] = {}
+    try:
+        for r in range(rounds):
+            sink = _RecordingSink(producer, spec.topics.reports)
+            client = EdgeClient(
+                spec, sink, batch_size=batch_sizes[r % len(batch_sizes)], rng=SeededRandom(f"privatize/{seed}/{r}")
+            )
+            start_ms = await wait_for_window_start(spec.window.size_s, margin_s=0.2)
+            events = population.round()
+            client_time = start_ms // 1000 + 1
+            for ev in events:
+                await client.send_many(
+                    ev.metric, ev.values, secrets=population.secrets_of(ev.clients), client_times=client_time
+                )
+            metas = await asyncio.gather(*sink.futures)
+            windows = {m.timestamp // (spec.window.size_s * 1000) * spec.window.size_s * 1000 for m in metas}
+            if windows != {start_ms}:
+                raise AssertionError(f"round {r} straddled windows {sorted(windows)} (machine too slow?)")
+            out[start_ms] = events
+    finally:
+        await producer.stop()
+    return out
+
+
+async def delete_worker_topics(bootstrap: str, spec: CollectionSpec, *groups: str) -> None:
+    """Delete the spec's topics and each group's internal topics (best effort: cleanup only)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from agents.topics import WorkerTopics
+
+    names = sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()})
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        await admin.delete_topics(names)
+    except Exception:  # the broker may be gone; nothing to assert here
+        pass
+    finally:
+        await admin.close()

@@ -1,0 +1,114 @@
+"""Exactly once against the real broker: kill -9 a worker mid-stream, restart it, and the released counts equal
+the produced counts exactly (contribution bounds included), with no duplicate release."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from agents.topics import WorkerTopics, ensure_topics
+from schemas.wire import BoolPayload, KeyedPayload, Report, encode_report, partition_key
+from tests.integration.agents_support import WorkerProcess, delete_worker_topics, make_spec, read_topic, releases_of
+
+METRICS = [
+    {"name": "crashed", "kind": "bool", "prob": 0.75},
+    {
+        "name": "errors",
+        "kind": "keyed",
+        "keys_per_window": 1,
+        "reports_per_window": 1,
+        "value": {"prob": 0.75},
+        "release": {"scale": 1.0, "threshold": 10},
+    },
+]
+
+
+async def _produce(
+    bootstrap: str, spec: Any, seconds: float, rate: int
+) -> tuple[Counter[tuple[str, int]], Counter[tuple[str, int]]]:
+    """Single-report messages at ``rate``/s for ``seconds``. One report in ten repeats the pseudonym of a report
+    sent about a second earlier (beyond the bound of 1 per window if the broker window is the same).
+
+    Returns, per (metric, broker window): the distinct pseudonyms (reports within the bound) and all reports.
+    """
+    fp = {m.name: m.fingerprint for m in spec.metrics}
+    size_ms = spec.window.size_s * 1000
+    distinct: dict[tuple[str, int], set[int]] = {}
+    sent: Counter[tuple[str, int]] = Counter()
+    history: list[list[int]] = []
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
+    await producer.start()
+    try:
+        fresh = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            chunk: list[int] = []
+            futures = []
+            for i in range(rate // 10):
+                if i % 10 == 0 and len(history) >= 10:
+                    pseudonym = history[-10][i % len(history[-10])]  # a repeat from ~1 s ago
+                else:
+                    fresh += 1
+                    pseudonym = fresh
+                chunk.append(pseudonym)
+                metric = "crashed" if pseudonym % 3 else "errors"
+                payload: Any = BoolPayload(pseudonym % 4 == 0) if metric == "crashed" else KeyedPayload("k", True)
+                value = encode_report(Report(metric, fp[metric], pseudonym, 0, payload))
+                fut = await producer.send(spec.topics.reports, value, key=partition_key(metric, pseudonym % 64))
+                futures.append((metric, pseudonym, fut))
+            history.append(chunk)
+            for metric, pseudonym, fut in futures:
+                meta = await fut
+                window = meta.timestamp // size_ms * size_ms  # LogAppendTime: the broker's window
+                sent[(metric, window)] += 1
+                distinct.setdefault((metric, window), set()).add(pseudonym)
+            await asyncio.sleep(0.1)
+    finally:
+        await producer.stop()
+    return Counter({k: len(v) for k, v in distinct.items()}), sent
+
+
+async def test_kill9_and_restart_releases_exact_counts_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    spec, spec_path = make_spec(tmp_path, METRICS, partitions=4, size_s=3, grace_s=1)
+    group = f"ptel-agents.{spec.name}"
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
+    log = tmp_path / "worker.log"
+    first = WorkerProcess(spec_path, kafka_bootstrap, log).start()
+    second: WorkerProcess | None = None
+    try:
+        production = asyncio.create_task(_produce(kafka_bootstrap, spec, seconds=14.0, rate=1500))
+        await asyncio.sleep(7.0)  # mid-stream, with transactions in flight
+        assert first.alive(), log.read_text()
+        first.kill9()
+        await asyncio.sleep(1.0)
+        second = WorkerProcess(spec_path, kafka_bootstrap, log).start()
+        within_bound, sent = await production
+        expected = dict(within_bound)
+        keys = {f"{m}|{w}" for m, w in expected}
+
+        def complete(records: list[Any]) -> bool:
+            return keys <= {r.key.decode() for r in records}
+
+        records = await read_topic(
+            kafka_bootstrap, spec.topics.releases, partitions=1, until=complete, timeout_s=120, settle_s=4.0
+        )
+        released_keys = [r.key.decode() for r in records]
+        assert len(released_keys) == len(set(released_keys)), "a window was released twice"
+        released = releases_of(records)
+        got = {(rel.metric, rel.window_start_ms): rel.n for rel in released}
+        assert got == expected, (got, expected)
+        # the contribution bound held across the crash: every repeat beyond it was dropped, exactly once
+        over = {(rel.metric, rel.window_start_ms): rel.over_bound for rel in released}
+        assert over == {k: sent[k] - expected[k] for k in expected}
+        assert sum(expected.values()) > 10_000 and sum(over.values()) > 500
+        assert second.alive(), log.read_text()[-3000:]
+    finally:
+        first.kill9()
+        if second is not None:
+            second.stop()
+        await delete_worker_topics(kafka_bootstrap, spec, group)

@@ -1,0 +1,244 @@
+"""Release logic without Kafka: estimates against truth at fixed seeds, keyed thresholds, ledger, stage 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.errors import StateError
+from agents.kinds import Aggregator, local_measurement, resolve_protocols, shape_of
+from agents.ledger import MetricLedger
+from agents.partials import Partial, merge
+from agents.release import build_release
+from agents.stage1 import Handover
+from agents.stage2 import ReleaserState
+from mechanisms.rappor import encode_batch_packed
+from mechanisms.rng import SeededRandom
+from schemas.releases import Release
+from schemas.spec import BudgetSpec, CategoricalMetric, RapporMetric, parse_spec
+
+SPEC = parse_spec(
+    {
+        "name": "unit",
+        "window": {"size_s": 10, "grace_s": 2, "retention_s": 30},
+        "confidence": 0.95,
+        "metrics": [
+            {"name": "crashed", "kind": "bool", "prob": 0.75},
+            {
+                "name": "theme",
+                "kind": "categorical",
+                "categories": ["a", "b", "c", "d"],
+                "protocol": "krr",
+                "prob": 0.75,
+            },
+            {
+                "name": "bins",
+                "kind": "categorical",
+                "bins": {"lo": 0, "hi": 10, "count": 20},
+                "protocol": "oue",
+                "epsilon": 2.0,
+            },
+            {"name": "olh", "kind": "categorical", "categories": ["x", "y", "z"], "protocol": "olh", "epsilon": 1.5},
+            {
+                "name": "home",
+                "kind": "rappor",
+                "k": 16,
+                "h": 2,
+                "m": 4,
+                "f": 0.25,
+                "p": 0.25,
+                "q": 0.75,
+                "candidates": ["u1", "u2", "u3", "u4", "u5", "u6"],
+            },
+            {
+                "name": "errors",
+                "kind": "keyed",
+                "keys_per_window": 2,
+                "reports_per_window": 2,
+                "value": {"prob": 0.75},
+                "release": {"mechanism": "laplace", "scale": 2.0, "threshold": 30},
+                "budget": {"epsilon": 3.0, "delta": 1e-4},
+            },
+            {
+                "name": "lat",
+                "kind": "regression",
+                "x_bounds": [0, 10],
+                "y_bounds": [0, 100],
+                "scale": 1.0,
+                "candidates": 201,
+                "budget": {"epsilon": 100.0},
+            },
+        ],
+    }
+)
+PROTOCOLS = resolve_protocols(SPEC)
+
+
+def _ledger(name: str) -> MetricLedger:
+    return MetricLedger(name, SPEC.metric(name).budget, SPEC.window.retention_s * 1000)
+
+
+def _release(p: Partial, seed: int = 1, ledger: MetricLedger | None = None) -> Release:
+    return build_release(
+        SPEC, p, ledger or _ledger(p.metric), partitions=4, protocols=PROTOCOLS, rng=SeededRandom(seed)
+    )
+
+
+def _covers(rel: Release, truth: dict[str, float]) -> int:
+    covered = 0
+    for k, v in truth.items():
+        e = rel.estimate(k)
+        assert e.ci_low is not None and e.ci_high is not None
+        covered += int(e.ci_low <= v <= e.ci_high)
+    return covered
+
+
+def test_bool_release_covers_truth() -> None:
+    # Seed 000 setting: Bernoulli(0.23) answers through RR with p = 0.75, n = 20 000; fixed seed.
+    rng = SeededRandom(2024)
+    n = 20_000
+    truth = np.asarray(rng.uniform(n) < 0.23)
+    reported = local_measurement(SPEC.metric("crashed"), None).randomize(truth, rng=rng)
+    p = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 10_000)
+    p.add_bool(reported)
+    rel = _release(p)
+    assert rel.key == "crashed|10000" and rel.window_end_ms == 20_000 and rel.n == n
+    # each interval covers with probability 0.95; at this seed it does (false-failure rate 5% per draw)
+    assert _covers(rel, {"true": float(truth.sum()), "true_fraction": float(truth.mean())}) == 2
+    assert rel.privacy.epsilon_1 == pytest.approx(np.log(3))
+    assert rel.ledger.measure == "none" and rel.ledger.releases == 1
+    assert Release.from_bytes(rel.to_bytes()) == rel
+
+
+@pytest.mark.parametrize("name", ["theme", "bins", "olh"])
+def test_categorical_release_covers_truth(name: str) -> None:
+    metric = SPEC.metric(name)
+    assert isinstance(metric, CategoricalMetric)
+    rng = SeededRandom(7)
+    k = shape_of(metric).categories
+    n = 30_000
+    probs = np.linspace(1, 2, k)
+    probs /= probs.sum()
+    truth = np.searchsorted(np.cumsum(probs), rng.uniform(n), side="right").clip(0, k - 1)
+    m = local_measurement(metric, PROTOCOLS[name])
+    p = Partial.empty(name, shape_of(metric), 0)
+    agg = Aggregator(SPEC, olh_range={"olh": getattr(m, "g", 0)})
+    if PROTOCOLS[name] == "krr":
+        p.add_categories(m.randomize_indices(truth, rng=rng))
+    elif PROTOCOLS[name] == "oue":
+        from mechanisms.unary_encoding import unary_support_counts
+
+        packed = m.randomize_indices(truth, rng=rng)
+        p.add_support_counts(unary_support_counts(packed, k), n)
+    else:
+        from mechanisms.local_hashing import olh_support_counts
+
+        seeds, ys = m.randomize_indices(truth, rng=rng)
+        p.add_support_counts(olh_support_counts(seeds, ys, k, agg.olh_range["olh"]), n)
+    rel = _release(p)
+    counts = np.bincount(truth, minlength=k)
+    covered = _covers(rel, {lab: float(c) for lab, c in zip(metric.labels, counts, strict=True)})
+    # k intervals at 95%: P(at most 2 miss) >= 0.92 for k = 20 (binomial), 1.0 for k <= 3 draws of 2 misses...
+    assert covered >= k - 2
+    assert {r.key for r in rel.released_keys} <= set(metric.labels)
+
+
+def test_rappor_release_detects_candidates() -> None:
+    metric = SPEC.metric("home")
+    assert isinstance(metric, RapporMetric)
+    params = metric.params()
+    rng = SeededRandom(11)
+    n = 20_000
+    values = np.array(["u1", "u2", "u3"])[np.searchsorted([0.5, 0.8], rng.uniform(n))]
+    secrets = [rng.bytes(32) for _ in range(n)]
+    cohorts = rng.integers_below(4, n)
+    packed = encode_batch_packed(params, secrets, list(values), cohorts, rng=rng)
+    p = Partial.empty("home", shape_of(metric), 0)
+    p.add_rappor(cohorts, np.unpackbits(packed, axis=1, count=16))
+    rel = _release(p)
+    assert {r.key for r in rel.released_keys} >= {"u1", "u2"}
+    assert "u6" not in {r.key for r in rel.released_keys}
+    assert rel.privacy.epsilon_1 == pytest.approx(params.epsilon_one)
+
+
+def test_keyed_release_thresholds_and_budget() -> None:
+    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
+    # 400 reports of "big" (300 with RR bit 1), 5 of "rare": "rare" stays below τ = 30 (δ-style guarantee)
+    p.add_keyed(["big"] * 400 + ["rare"] * 5, [1] * 300 + [0] * 100 + [1] * 5)
+    # a tighter budget than the spec's (the spec refuses to load a budget its horizon would exceed)
+    ledger = MetricLedger("errors", BudgetSpec(epsilon=2.5, delta=1e-4), SPEC.window.retention_s * 1000)
+    rel = _release(p, ledger=ledger)
+    assert [k.key for k in rel.released_keys] == ["big"]
+    big = rel.released_keys[0]
+    assert abs(big.count - 400) < 40  # Laplace(2) noise on two cells: |noise| < 20 each w.p. > 1 - 1e-4
+    assert big.value_true is not None and abs(big.value_true.value - 400) < 200
+    assert rel.privacy.central_epsilon == pytest.approx(1.0)  # Δ1 / scale = 2 / 2
+    assert rel.privacy.central_delta is not None and 0 < rel.privacy.central_delta < 1e-4
+    # budget (ε = 2.5 over 30 s): two windows fit, the third is refused, the fourth (after the horizon) fits again
+    second = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 10_000), ledger=ledger)
+    third = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 20_000), ledger=ledger)
+    assert second.refused is None and third.refused is not None and not third.released_keys
+    assert third.ledger.spent_epsilon == pytest.approx(2.0)
+    fourth = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 40_000), ledger=ledger)
+    assert fourth.refused is None
+
+
+def test_regression_release() -> None:
+    metric = SPEC.metric("lat")
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 10, 5_000)
+    y = 5 * x + 20 + rng.normal(0, 2, x.size)
+    p = Partial.empty("lat", shape_of(metric), 0)
+    p.add_points(x, y, shape_of(metric))
+    rel = _release(p)
+    assert abs(rel.estimate("slope").value - 5) < 1.5
+    assert abs(rel.estimate("intercept").value - 20) < 8
+    assert rel.privacy.central_epsilon == pytest.approx(2.0)
+
+
+def test_stage2_merges_all_partitions_and_releases_once() -> None:
+    ledgers = {m.name: _ledger(m.name) for m in SPEC.metrics}
+    st = ReleaserState(partitions=2, ledgers=ledgers, retention_ms=30_000)
+    a = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    a.add_bool([1, 1, 0])
+    b = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    b.add_bool([0, 0])
+    calls: list[Partial] = []
+
+    def build(p: Partial, ledger: MetricLedger) -> Release:
+        calls.append(p)
+        return build_release(SPEC, p, ledger, partitions=2, protocols=PROTOCOLS, rng=SeededRandom(0))
+
+    st.apply(Handover(0, 10_000, (a,)))
+    assert st.release(build) == []  # partition 1 has not closed the window yet
+    records = st.state_records()
+    st.apply(Handover(1, 10_000, (b,)))
+    (rel,) = st.release(build)
+    assert rel.n == 5 and calls[0].counts.tolist() == [3, 2]
+    assert st.release(build) == []
+    records += st.state_records()
+    restored = ReleaserState(partitions=2, ledgers={m.name: _ledger(m.name) for m in SPEC.metrics}, retention_ms=30_000)
+    restored.restore(records)
+    assert restored.released == {("crashed", 0): "crashed|0"} and not restored.pending
+    assert restored.ledgers["crashed"].entries == ledgers["crashed"].entries
+    # a stray hand-over for a released window is never released again
+    assert restored.apply(Handover(0, 20_000, (a,))).stale == 1
+    assert restored.release(build) == []
+    with pytest.raises(StateError):
+        ReleaserState(2, {}, 1).restore([(b"frontier", b"not json")])
+    assert merge([a, b]).n == 5
+
+
+def test_mechanism_failure_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mechanisms.threshold
+    from mechanisms.errors import ParameterError
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ParameterError("scale", -1, "must be positive")
+
+    monkeypatch.setattr(mechanisms.threshold, "make_laplace_threshold", broken)
+    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
+    p.add_keyed(["a"], [1])
+    rel = _release(p)
+    assert rel.refused is not None and rel.refused.startswith("mechanism failed")
+    assert not rel.estimates and not rel.released_keys and rel.n == 1

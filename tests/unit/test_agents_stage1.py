@@ -1,0 +1,272 @@
+"""Stage 1 on one partition without Kafka: validation reasons, lateness, bounds, closing, restore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.kinds import Aggregator, resolve_protocols
+from agents.partials import Partial, same_counts
+from agents.stage1 import Handover, PartitionState, SourceRecord
+from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
+from agents.watermarks import IdlePolicy
+from agents.windows import WindowSpec
+from schemas.spec import parse_spec
+from schemas.wire import (
+    BoolColumns,
+    BoolPayload,
+    CategoryPayload,
+    KeyedColumns,
+    RapporPayload,
+    RegressionPayload,
+    Report,
+    ReportBatch,
+    encode_batch,
+    encode_report,
+)
+
+SPEC = parse_spec(
+    {
+        "name": "unit",
+        "window": {"size_s": 10, "grace_s": 2},
+        "metrics": [
+            {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 2},
+            {"name": "theme", "kind": "categorical", "categories": ["a", "b", "c"], "protocol": "krr", "prob": 0.5},
+            {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"]},
+            {
+                "name": "errors",
+                "kind": "keyed",
+                "keys_per_window": 2,
+                "reports_per_window": 3,
+                "max_key_bytes": 8,
+                "value": {"prob": 0.75},
+                "release": {"scale": 1.0, "threshold": 5},
+            },
+            {"name": "lat", "kind": "regression", "x_bounds": [0, 1], "y_bounds": [0, 1], "scale": 1.0},
+        ],
+    }
+)
+FP = {m.name: m.fingerprint for m in SPEC.metrics}
+
+
+def _state(partition: int = 0) -> PartitionState:
+    protocols = resolve_protocols(SPEC)
+    return PartitionState(
+        partition,
+        WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
+        Validator(SPEC, protocols),
+        Aggregator(SPEC),
+        IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
+    )
+
+
+def _bool(pseudonym: int, bit: bool, metric: str = "crashed", fp: int | None = None) -> bytes:
+    return encode_report(Report(metric, FP.get(metric, 0) if fp is None else fp, pseudonym, 0, BoolPayload(bit)))
+
+
+def _rec(offset: int, ts: int, value: bytes | None) -> SourceRecord:
+    return SourceRecord(offset, ts, None, value)
+
+
+def test_counts_close_and_hand_over() -> None:
+    st = _state()
+    recs = [_rec(i, 1_000 + i, _bool(i, i % 3 == 0)) for i in range(9)]
+    res = st.process(recs)
+    assert res.counted == 9 and not res.dead_letters
+    assert st.take_closed() is not None  # first mark is handed over even with nothing closed
+    assert st.take_closed() is None
+    # watermark 12 s closes window [0, 10 s) (size 10 s + grace 2 s)
+    st.process([_rec(9, 12_000, _bool(100, True))])
+    h = st.take_closed()
+    assert h is not None and h.closed_before_ms == 10_000
+    (p,) = h.partials
+    assert (p.metric, p.window_start_ms, p.n, p.counts.tolist()) == ("crashed", 0, 9, [6, 3])
+    assert not len(p.clients)  # client maps never leave stage 1
+    round_trip = Handover.from_bytes(h.to_bytes())
+    assert round_trip.partition == 0 and same_counts(round_trip.partials[0], p)
+    assert ("crashed", 0) not in st.partials
+
+
+def test_bad_records_are_dead_lettered_with_reasons() -> None:
+    st = _state()
+    fp = FP["theme"]
+    corpus = {
+        "wire.empty": b"",
+        "wire.bad_version": b"\x00" + b"\x01" * 20,
+        "wire.truncated": _bool(1, True)[:-3],
+        "wire.bad_json": b"{not json",
+        "unknown_metric": _bool(1, True, metric="nosuch", fp=1),
+        "wrong_fingerprint": _bool(1, True, fp=FP["crashed"] ^ 1),
+        "wrong_kind": encode_report(Report("crashed", FP["crashed"], 1, 0, CategoryPayload(0))),
+        "category_out_of_range": encode_report(Report("theme", fp, 1, 0, CategoryPayload(3))),
+        "wrong_bit_length": encode_report(Report("home", FP["home"], 1, 0, RapporPayload(0, 16, b"\0\0"))),
+        "cohort_out_of_range": encode_report(Report("home", FP["home"], 1, 0, RapporPayload(4, 8, b"\0"))),
+        "key_too_long": encode_batch(
+            ReportBatch(
+                "errors",
+                FP["errors"],
+                np.array([1, 2], np.uint64),
+                np.zeros(2, np.uint32),
+                KeyedColumns(("ok", "much-too-long"), np.array([True, False])),
+            )
+        ),
+    }
+    recs = [_rec(i, 1_000, v) for i, v in enumerate(corpus.values())] + [_rec(99, 1_000, None)]
+    res = st.process(recs)
+    assert res.counted == 0
+    reasons = [d.reason for d in res.dead_letters]
+    assert reasons == [*corpus.keys(), "wire.empty"]
+    assert set(reasons) <= REJECTION_REASONS
+    assert [d.record.value for d in res.dead_letters[:-1]] == list(corpus.values())  # original bytes kept
+    assert st.rejected_total()["key_too_long"] == (1, 2)  # a batch counts all its reports
+    assert st.rejected_total()["wire.empty"] == (2, 2)
+    assert not st.partials
+
+
+def test_late_reports_are_not_counted() -> None:
+    st = _state()
+    st.process([_rec(0, 21_000, _bool(1, True))])  # closes every window before [10 s, 20 s)
+    res = st.process([_rec(1, 9_999, _bool(2, True)), _rec(2, 10_000, _bool(3, True))])
+    assert [d.reason for d in res.dead_letters] == ["late"]
+    assert res.counted == 1
+    assert st.rejected_total() == {"late": (1, 1)}
+
+
+def test_contribution_bound_per_client_and_window() -> None:
+    st = _state()
+    batch = ReportBatch(
+        "crashed",
+        FP["crashed"],
+        np.array([5, 5, 5, 6], np.uint64),
+        np.zeros(4, np.uint32),
+        BoolColumns(np.array([True, True, True, False])),
+    )
+    res = st.process([_rec(0, 1_000, encode_batch(batch)), _rec(1, 2_000, _bool(5, True))])
+    assert res.counted == 3  # client 5 twice (reports_per_window = 2), client 6 once
+    p = st.partials[("crashed", 0)]
+    assert p.over_bound == 2 and p.counts.tolist() == [1, 2]
+    # a new window resets the bound (pseudonyms are per window anyway)
+    assert st.process([_rec(2, 11_000, _bool(5, True))]).counted == 1
+
+
+def test_every_kind_is_counted() -> None:
+    st = _state()
+    values = [
+        encode_report(Report("theme", FP["theme"], 1, 0, CategoryPayload(2))),
+        encode_report(Report("home", FP["home"], 1, 0, RapporPayload(3, 8, bytes([0b10100000])))),
+        encode_report(Report("lat", FP["lat"], 1, 0, RegressionPayload(0.5, 0.25))),
+        encode_batch(
+            ReportBatch(
+                "errors",
+                FP["errors"],
+                np.array([1, 1, 1], np.uint64),
+                np.zeros(3, np.uint32),
+                KeyedColumns(("a", "b", "c"), np.array([True, False, True])),
+            )
+        ),
+    ]
+    res = st.process([_rec(i, 1_000, v) for i, v in enumerate(values)])
+    assert res.counted == 1 + 1 + 1 + 2
+    assert st.partials[("theme", 0)].counts.tolist() == [0, 0, 1]
+    home = st.partials[("home", 0)]
+    assert home.cohort_n.tolist() == [0, 0, 0, 1] and home.counts[3].tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
+    assert st.partials[("errors", 0)].keyed == {"a": [1, 1], "b": [1, 0]}
+    assert st.partials[("lat", 0)].n == 1
+
+
+def test_idle_partition_advances_and_state_restores() -> None:
+    st = _state(partition=3)
+    st.process([_rec(0, 1_000, _bool(1, True)), _rec(1, 1_500, b"junk")])
+    records = st.state_records()
+    st.take_closed()
+    records += st.state_records()
+    # not idle while lagging, nor before the timeout
+    assert not st.advance_idle(now_wall_ms=50_000, last_activity_wall_ms=49_500, caught_up=True, fetch_wall_ms=50_000)
+    assert not st.advance_idle(now_wall_ms=50_000, last_activity_wall_ms=0, caught_up=False, fetch_wall_ms=50_000)
+    restored = _state(partition=3)
+    restored.restore(records)
+    assert restored.watermark_ms == 1_500 and restored.closed_before_ms == st.closed_before_ms
+    assert same_counts(restored.partials[("crashed", 0)], st.partials[("crashed", 0)])
+    assert not len(restored.partials[("crashed", 0)].clients)  # rebuilt by replaying the source log:
+    source = [_rec(0, 1_000, _bool(1, True)), _rec(1, 1_500, b"junk")]
+    assert restored.replay_from() == 0
+    assert restored.rebuild_clients(source) == 1
+    assert restored.partials[("crashed", 0)].clients.as_dict() == {1: 1}
+    assert same_counts(restored.partials[("crashed", 0)], st.partials[("crashed", 0)])  # counts untouched
+    assert restored.rejected_total() == st.rejected_total()
+    assert st.advance_idle(now_wall_ms=50_000, last_activity_wall_ms=0, caught_up=True, fetch_wall_ms=50_000)
+    assert st.watermark_ms == 49_500
+    h = st.take_closed()
+    assert h is not None and h.closed_before_ms == 40_000 and [p.window_start_ms for p in h.partials] == [0]
+    later = st.state_records()
+    assert (b"p3/w/crashed/0", None) in later  # tombstone for the handed-over window
+    restored.restore(records + later)
+    assert not restored.partials
+
+
+def test_garbage_handover_raises() -> None:
+    from agents.errors import StateError
+
+    with pytest.raises(StateError):
+        Handover.from_bytes(b'{"v":1}\n')
+    with pytest.raises(StateError):
+        Handover.from_bytes(b'{"v":1,"partition":0,"cb":0,"lengths":[3]}\nabc')
+    assert isinstance(Partial, type)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_validator_never_raises_on_arbitrary_bytes(data: bytes) -> None:
+    validator = Validator(SPEC, resolve_protocols(SPEC))
+    verdict = validator.check(data)
+    assert isinstance(verdict, Rejection | Accepted)
+    if isinstance(verdict, Rejection):
+        assert verdict.reason in REJECTION_REASONS
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 3))
+def test_report_bound_matches_a_reference_count(clients: list[int], bound: int) -> None:
+    # reference: the j-th report of a client (in order) is admitted iff j < bound, across two batches
+    seen: dict[int, int] = {}
+    expected = []
+    for c in clients:
+        expected.append(seen.get(c, 0) < bound)
+        seen[c] = seen.get(c, 0) + (1 if expected[-1] else 0)
+    p = Partial.empty("crashed", Aggregator(SPEC).shapes["crashed"], 0)
+    half = len(clients) // 2
+    got = (
+        p.admit(np.array(clients[:half], np.uint64), bound).tolist()
+        + p.admit(np.array(clients[half:], np.uint64), bound).tolist()
+    )
+    assert got == expected
+    assert p.over_bound == expected.count(False)
+
+
+def test_release_record_schema() -> None:
+    from pydantic import ValidationError
+
+    from schemas.releases import LedgerEntry, PrivacySpent, Release
+
+    rel = Release(
+        spec="s",
+        metric="m",
+        kind="bool",
+        window_start_ms=0,
+        window_end_ms=10,
+        n=1,
+        confidence=0.95,
+        mechanism="x",
+        privacy=PrivacySpent(),
+        ledger=LedgerEntry(measure="none"),
+        partitions=2,
+    )
+    assert rel.key == "m|0" and Release.from_bytes(rel.to_bytes()) == rel
+    with pytest.raises(ValidationError):
+        Release.model_validate({**rel.model_dump(), "extra": 1})
+    with pytest.raises(ValidationError):
+        Release.model_validate({**rel.model_dump(), "window_end_ms": 0})
+    with pytest.raises(ValidationError):
+        rel.n = 2  # type: ignore[misc]  # frozen

@@ -1,0 +1,56 @@
+"""`ptel releases` formatting and plotting, without a broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.commands.worker import release_line
+from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+
+
+def _release(kind: str = "categorical", refused: str | None = None) -> Release:
+    return Release(
+        spec="demo",
+        metric="theme",
+        kind=kind,
+        window_start_ms=20_000,
+        window_end_ms=30_000,
+        n=100,
+        confidence=0.95,
+        estimates=(
+            EstimateRecord(label="A", value=30.5, se=4.0, ci_low=22.7, ci_high=38.3, significant=True),
+            EstimateRecord(label="B", value=-2.0, se=4.0, ci_low=-9.8, ci_high=5.8, significant=False),
+        ),
+        released_keys=(KeyRelease(key="A", count=30.5),),
+        mechanism="k-RR (k=2, ε=1)",
+        privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=1.0),
+        ledger=LedgerEntry(measure="none"),
+        partitions=4,
+        refused=refused,
+    )
+
+
+TRUTH = Truth(
+    {
+        "window_size_s": 10,
+        "metrics": {
+            "theme": {"kind": "categorical", "labels": ["A", "B"], "windows": {"2": {"n": 100, "counts": [31, 0]}}}
+        },
+    }
+)
+
+
+def test_format_release_shows_estimates_beside_truth() -> None:
+    text = format_release(_release(), TRUTH)
+    lines = text.splitlines()
+    assert "n=100 (truth 100)" in lines[0] and "ε₁=1" in lines[0]
+    assert lines[2].startswith(" *A") and lines[2].rstrip().endswith("31")  # released, truth beside
+    assert lines[3].startswith("  B")
+    assert "REFUSED" in format_release(_release(refused="budget exhausted"), TRUTH)
+    assert "theme|20000" in release_line(_release())
+
+
+def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
+    out = plot_releases([_release()], TRUTH, tmp_path / "r.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
