@@ -137,11 +137,22 @@ from mechanisms.rappor_estimation import (
     sum_bits as sum_rappor_bits,
 )
 from mechanisms.rng import CryptoRandom, RandomSource, SeededRandom, crypto_random
+from mechanisms.samplers import (
+    bernoulli_exp_neg,
+    bernoulli_rational,
+    sample_discrete_gaussian,
+    sample_discrete_laplace,
+)
 from mechanisms.theil_sen import (
     make_pairwise_predict,
     make_private_percentile_medians,
     make_private_theil_sen,
     make_select_column,
+)
+from mechanisms.threshold import (
+    ThresholdMeasurement,
+    make_gaussian_threshold,
+    make_laplace_threshold,
 )
 from mechanisms.unary_encoding import (
     UnaryEncoding,
@@ -151,6 +162,12 @@ from mechanisms.unary_encoding import (
     oue_probabilities,
     sue_probabilities,
     unary_support_counts,
+)
+from mechanisms.zcdp import (
+    ZCDPProfile,
+    cdp_delta,
+    cdp_epsilon,
+    make_zcdp_to_approxdp,
 )
 
 __all__ = [
@@ -193,14 +210,20 @@ __all__ = [
     "ReleaseConflictError",
     "ReleaseRefusedError",
     "SeededRandom",
+    "ThresholdMeasurement",
     "Transformation",
     "UnaryEncoding",
+    "ZCDPProfile",
     "advise_rappor",
     "approximate",
     "array2_domain",
     "atom_domain",
+    "bernoulli_exp_neg",
+    "bernoulli_rational",
     "bit_count_variance",
     "bloom_bits",
+    "cdp_delta",
+    "cdp_epsilon",
     "choose_protocol",
     "cohort_of",
     "count_categories",
@@ -228,6 +251,8 @@ __all__ = [
     "make_drop_null",
     "make_fix_delta",
     "make_frequency_oracle",
+    "make_gaussian_threshold",
+    "make_laplace_threshold",
     "make_local_hashing",
     "make_noisy_max",
     "make_optimized_local_hashing",
@@ -247,6 +272,7 @@ __all__ = [
     "make_unary_encoding",
     "make_user_measurement",
     "make_user_transformation",
+    "make_zcdp_to_approxdp",
     "new_client_secret",
     "norm_sub",
     "normal_quantile",
@@ -259,6 +285,8 @@ __all__ = [
     "prr_context",
     "randomized_response_epsilon",
     "randomized_response_prob",
+    "sample_discrete_gaussian",
+    "sample_discrete_laplace",
     "significance_decisions",
     "sue_probabilities",
     "sum_rappor_bits",
