@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from agents.errors import ConfigurationError
 from agents.partials import Partial, Shape
@@ -96,7 +97,7 @@ class Aggregator:
 
     def admit(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""
-        pseudonyms = np.concatenate([a.pseudonyms for a in accepted]).astype(np.uint64)
+        pseudonyms = _concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         metric = self.metrics[partial.metric]
         if isinstance(metric, KeyedMetric):
             keys = [k for a in accepted for k in a.columns.keys]  # type: ignore[union-attr]
@@ -108,7 +109,7 @@ class Aggregator:
     def add(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Bound and count ``accepted`` (all of ``partial``'s metric, in record order); the number counted."""
         metric = self.metrics[partial.metric]
-        pseudonyms = np.concatenate([a.pseudonyms for a in accepted]).astype(np.uint64)
+        pseudonyms = _concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         columns = [a.columns for a in accepted]
         first = columns[0]
         if isinstance(first, KeyedColumns):
@@ -116,34 +117,44 @@ class Aggregator:
                 raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be keyed for keyed reports")
             keys = [k for c in columns for k in c.keys]  # type: ignore[union-attr]
             ok = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
-            bits = np.concatenate([c.bits for c in columns])  # type: ignore[union-attr]
+            bits = _concat([c.bits for c in columns])  # type: ignore[union-attr]
             partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
             return int(ok.sum())
         ok = partial.admit(pseudonyms, metric.reports_per_window)
+        counted = int(np.count_nonzero(ok))
+        keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
+
+        def column(name: str) -> NDArray[Any]:
+            return _concat([getattr(c, name) for c in columns])[keep]
+
         if isinstance(first, BoolColumns):
-            partial.add_bool(np.concatenate([c.bits for c in columns])[ok])  # type: ignore[union-attr]
+            if counted == ok.size:  # all admitted: count the ones message by message, no concatenation
+                ones = sum(int(np.count_nonzero(c.bits)) for c in columns)  # type: ignore[union-attr]
+                partial.add_bool_counts(ones, counted)
+            else:
+                partial.add_bool(column("bits"))
         elif isinstance(first, CategoryColumns):
-            partial.add_categories(np.concatenate([c.indices for c in columns])[ok])  # type: ignore[union-attr]
+            partial.add_categories(column("indices"))
         elif isinstance(first, UnaryColumns):
-            packed = np.concatenate([c.bits for c in columns])[ok]  # type: ignore[union-attr]
+            packed = column("bits")
             partial.add_support_counts(unary_support_counts(packed, first.k), int(packed.shape[0]))
         elif isinstance(first, LocalHashColumns):
-            seeds = np.concatenate([c.seeds for c in columns])[ok]  # type: ignore[union-attr]
-            values = np.concatenate([c.values for c in columns])[ok]  # type: ignore[union-attr]
+            seeds, values = column("seeds"), column("values")
             k = self.shapes[metric.name].categories
             counts = olh_support_counts(seeds, values, k, self.olh_range[metric.name])
             partial.add_support_counts(counts, int(seeds.size))
         elif isinstance(first, RapporColumns):
-            cohorts = np.concatenate([c.cohorts for c in columns])[ok]  # type: ignore[union-attr]
-            packed = np.concatenate([c.bits for c in columns])[ok]  # type: ignore[union-attr]
-            partial.add_rappor(cohorts, np.unpackbits(packed, axis=1, count=first.k))
+            partial.add_rappor(column("cohorts"), np.unpackbits(column("bits"), axis=1, count=first.k))
         elif isinstance(first, RegressionColumns):
             if not isinstance(metric, RegressionMetric):
                 raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be regression for (x, y) reports")
-            x = np.concatenate([c.x for c in columns])[ok]  # type: ignore[union-attr]
-            y = np.concatenate([c.y for c in columns])[ok]  # type: ignore[union-attr]
-            partial.add_points(x, y, self.shapes[metric.name])
-        return int(ok.sum())
+            partial.add_points(column("x"), column("y"), self.shapes[metric.name])
+        return counted
+
+
+def _concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:
+    """``np.concatenate`` that returns a single array as it is (read-only views stay views: callers never write)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def local_measurement(metric: AnyMetric, protocol: Protocol | None) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,8 +59,9 @@ class Shape:
 class ClientCounts:
     """Reports counted per client pseudonym in one window: sorted ``ids`` (uint64) and ``counts`` (int64).
 
-    Vectorized: a batch is looked up with ``searchsorted`` and new clients are inserted in one
-    ``np.insert``, so the per-batch cost is O(batch · log N + N) memory moves, never a Python loop.
+    :meth:`admit` handles a whole batch with numpy, never a Python loop: one sort of the batch's
+    pseudonyms (:func:`sort_pseudonyms`), one ``searchsorted`` into ``ids``, and a linear merge of the
+    new clients -- O(n log n + N) for a batch of n reports into a window of N clients.
     """
 
     def __init__(self) -> None:
@@ -80,21 +82,98 @@ class ClientCounts:
 
     def update(self, uniq: NDArray[np.uint64], totals: NDArray[np.int64]) -> None:
         """Set the counts of sorted unique ``uniq`` to ``totals`` (inserting new clients)."""
-        if self.ids.size == 0:
-            self.ids, self.counts = uniq.copy(), totals.astype(np.int64)
-            return
         idx, found, _ = self.lookup(uniq)
-        self.counts[idx[found]] = totals[found]
-        new = ~found
-        if new.any():
-            # two sorted runs: a stable sort of their concatenation is a linear merge (timsort)
-            ids = np.concatenate([self.ids, uniq[new]])
-            order = np.argsort(ids, kind="stable")
-            self.ids = ids[order]
-            self.counts = np.concatenate([self.counts, totals[new]])[order]
+        self._store(uniq, totals, idx, found)
+
+    def _store(
+        self, uniq: NDArray[np.uint64], totals: NDArray[np.int64], idx: NDArray[np.intp], found: NDArray[np.bool_]
+    ) -> None:
+        """:meth:`update` with :meth:`lookup`'s answer for ``uniq`` already at hand (``uniq`` and ``totals``
+        may be kept: callers pass arrays of their own)."""
+        if found.any():
+            self.counts[idx[found]] = totals[found]
+            new = ~found
+            uniq, totals, idx = uniq[new], totals[new], idx[new]
+        m, size = uniq.size, self.ids.size
+        if m == 0:
+            return
+        if size == 0:
+            self.ids, self.counts = uniq, totals.astype(np.int64, copy=False)
+        elif idx[0] == size:  # every new client sorts after the known ones
+            self.ids, self.counts = np.concatenate((self.ids, uniq)), np.concatenate((self.counts, totals))
+        else:
+            # linear merge of two sorted runs: the j-th new client goes to (its insertion point) + j, and
+            # known client i moves up by the number of new clients inserted at or before it
+            at = idx + np.arange(m)
+            moved = np.arange(size) + np.cumsum(np.bincount(idx, minlength=size + 1)[:size])
+            ids = np.empty(size + m, np.uint64)
+            counts = np.empty(size + m, np.int64)
+            ids[at], counts[at] = uniq, totals
+            ids[moved], counts[moved] = self.ids, self.counts
+            self.ids, self.counts = ids, counts
+
+    def admit(self, pse: NDArray[np.uint64], limit: int) -> NDArray[np.bool_]:
+        """Mask of the reports within ``limit`` per client, in order: the ``j``-th report (0-based) of a client
+        in this window is admitted iff ``j < limit``. Admitted reports are counted against their client."""
+        n = pse.size
+        if n == 0:
+            return np.zeros(0, np.bool_)
+        ordered = sort_pseudonyms(pse)
+        if n < 2 or not bool((ordered[1:] == ordered[:-1]).any()):
+            # every client once in this batch: admitted iff its count so far is below the bound
+            idx, found, prior = self.lookup(ordered)
+            if int(prior.max()) < limit:  # all of them (the common case): no inverse permutation needed
+                self._store(ordered, prior + 1, idx, found)
+                return np.ones(n, np.bool_)
+        # general case: j = (count so far) + (earlier reports of the same client in this batch)
+        order = argsort_pseudonyms(pse)
+        s = pse[order]
+        head = np.empty(n, np.bool_)
+        head[0] = True
+        np.not_equal(s[1:], s[:-1], out=head[1:])
+        starts = np.flatnonzero(head)
+        group = np.cumsum(head) - 1  # client index of each sorted report
+        uniq = s[starts]
+        idx, found, prior = self.lookup(uniq)
+        rank = np.arange(n) - starts[group]  # earlier reports of the same client in this batch (stable order)
+        ok = np.empty(n, np.bool_)
+        ok[order] = prior[group] + rank < limit
+        sizes = np.diff(np.append(starts, n))
+        admitted = np.minimum(sizes, np.maximum(limit - prior, 0))
+        touched = admitted > 0
+        self._store(uniq[touched], (prior + admitted)[touched], idx[touched], found[touched])
+        return ok
 
     def as_dict(self) -> dict[int, int]:
         return {int(i): int(c) for i, c in zip(self.ids.tolist(), self.counts.tolist(), strict=True)}
+
+
+_TOP16 = np.uint64(48)
+
+
+def sort_pseudonyms(pse: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """``np.sort(pse)``, faster for PRF pseudonyms (uniform over 64 bits): a radix pass on the top 16 bits
+    (O(n)), then a stable sort that finds the array nearly sorted (runs of ~n/65536 to merge)."""
+    if pse.size < 4096:
+        return np.sort(pse)
+    bucketed = pse[np.argsort(_top16(pse), kind="stable")]
+    return np.sort(bucketed, kind="stable")
+
+
+def _top16(pse: NDArray[np.uint64]) -> NDArray[np.uint16]:
+    """The top 16 bits of each pseudonym (a strided view on little-endian hosts)."""
+    if pse.dtype.byteorder == "=" and sys.byteorder == "little" and pse.flags.c_contiguous:
+        return pse.view(np.uint16)[3::4]
+    return (pse >> _TOP16).astype(np.uint16)
+
+
+def argsort_pseudonyms(pse: NDArray[np.uint64]) -> NDArray[np.intp]:
+    """``np.argsort(pse, kind="stable")`` by the same two passes (both stable, so equal pseudonyms keep
+    their order: the composition is the stable argsort)."""
+    if pse.size < 4096:
+        return np.argsort(pse, kind="stable")
+    first = np.argsort(_top16(pse), kind="stable")
+    return first[np.argsort(pse[first], kind="stable")]
 
 
 @dataclass
@@ -150,29 +229,8 @@ class Partial:
         the others are counted in ``over_bound``.
         """
         pse = np.asarray(pseudonyms, dtype=np.uint64).ravel()
-        if pse.size == 0:
-            return np.zeros(0, np.bool_)
-        ordered = np.sort(pse)
-        if ordered.size < 2 or not np.any(ordered[1:] == ordered[:-1]):
-            # fast path: every client once in this batch (one sort, no inverse permutation)
-            _, _, prior = self.clients.lookup(ordered)
-            if int(prior.max(initial=0)) < reports_per_window:
-                self.clients.update(ordered, prior + 1)
-                return np.ones(pse.size, np.bool_)
-        uniq, inverse, counts = np.unique(pse, return_inverse=True, return_counts=True)
-        _, _, prior = self.clients.lookup(uniq)
-        if counts.max() == 1:
-            rank = np.zeros(pse.size, np.int64)  # every client once in this batch: j = 0
-        else:
-            order = np.argsort(inverse, kind="stable")
-            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            rank = np.empty(pse.size, np.int64)
-            rank[order] = np.arange(pse.size) - starts[inverse[order]]  # j: earlier reports of the same client
-        ok = prior[inverse] + rank < reports_per_window
-        admitted = np.bincount(inverse[ok], minlength=uniq.size)
-        touched = admitted > 0
-        self.clients.update(uniq[touched], (prior + admitted)[touched])
-        self.over_bound += int(pse.size - ok.sum())
+        ok = self.clients.admit(pse, reports_per_window)
+        self.over_bound += int(pse.size - np.count_nonzero(ok))
         return ok
 
     def admit_keyed(
@@ -202,10 +260,17 @@ class Partial:
 
     def add_bool(self, values: ArrayLike) -> None:
         """Add RR answers (0/1): ``counts += [#0, #1]``."""
-        v = np.asarray(values, dtype=np.int64).ravel()
-        ones = int(v.sum())
+        v = np.asarray(values).ravel()
+        ones = int(np.count_nonzero(v)) if v.dtype == np.bool_ else int(v.astype(np.int64).sum())
         self.counts += np.array([v.size - ones, ones], np.int64)
         self.n += int(v.size)
+
+    def add_bool_counts(self, ones: int, reports: int) -> None:
+        """Add ``reports`` RR answers of which ``ones`` are 1 (already counted): ``counts += [reports - ones, ones]``."""
+        if not 0 <= ones <= reports:
+            raise StateError(f"bool counts: {ones} ones of {reports} reports")
+        self.counts += np.array([reports - ones, ones], np.int64)
+        self.n += int(reports)
 
     def add_categories(self, indices: ArrayLike) -> None:
         """Add reported category indices (k-RR, or binned values): ``counts[j] += #{i: idx_i = j}``."""

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,9 @@ class Worker:
         self._stage1: dict[int, _Stage1Slot] = {}
         self._stage2: _Stage2Slot | None = None
         self._lock = asyncio.Lock()
+        #: One thread for stage-1 CPU work: partitions' batches run one after the other off the event loop, so
+        #: the loop (fetching, other partitions' transactions) competes for the GIL with one thread, not P.
+        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptel-stage1")
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
 
@@ -186,6 +190,7 @@ class Worker:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             await consumer.stop()
+        self._cpu.shutdown(wait=False)
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -268,8 +273,9 @@ class Worker:
         if self.stats.first_record_s is None:
             self.stats.first_record_s = time.perf_counter()
         source = [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records]
-        # CPU work off the event loop: the fetcher keeps fetching, and numpy releases the GIL in its kernels
-        result = await asyncio.to_thread(slot.state.process, source)
+        # CPU work off the event loop: the fetcher keeps fetching, earlier partitions' transactions proceed, and
+        # numpy releases the GIL in its kernels
+        result = await asyncio.get_running_loop().run_in_executor(self._cpu, slot.state.process, source)
         slot.last_activity_ms = _now_ms()
         await self._stage1_commit(slot, tp, result.dead_letters, next_offset=records[-1].offset + 1)
         self.stats.records += len(records)

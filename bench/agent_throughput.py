@@ -9,13 +9,18 @@ For each topic, in the same run: the bare aiokafka consumer rate (read every mes
 no decoding: messages/s, and reports/s = messages/s × reports per message), then one agents worker
 (in this process) counting the same topic -- decode, validate, window, bound, aggregate, and one Kafka
 transaction per partition batch with the state and offsets -- timed from its first record to its last.
-The ratio worker/bare is in reports/s (the target is >= 0.5 for batch messages).
+The ratio worker/bare is in reports/s (the target is >= 0.5 for batch messages). Each phase preloads its
+topic once, then repeats (bare consumer, then a fresh worker group) ``--repeat`` times on it; the summary
+is the median of the repetitions (every repetition is kept in the JSON), beside the load average.
+Pseudonyms are ``--pseudonyms random`` (uniform 64-bit, like the PRF outputs devices send; the default) or
+``sequential`` (``0, 1, 2, ...``: already sorted, the cheapest case for the contribution bound).
 
 Phase 2 (latency): a worker runs while reports of ``--metrics`` metrics are produced continuously for
 ``--live`` seconds in 2 s windows (1 s grace); release latency = wall time of the release transaction
 minus (window end + grace), median and p99 over the windows that closed while reports were flowing.
 
     .venv/bin/python bench/agent_throughput.py [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
+        [--repeat 3] [--pseudonyms random|sequential] [--phases batch,single,latency]
 
 Uses the broker at ``--bootstrap``, else the local broker on $PTEL_KAFKA_PORT/9092 (started if needed, with a
 lease). Writes bench/results/agent_throughput.json.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
@@ -108,11 +114,9 @@ async def bare_consume(bootstrap: str, topic: str, total: int) -> float:
         await consumer.stop()
 
 
-async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int) -> tuple[float, Worker]:
+async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int, group: str) -> tuple[float, Worker]:
     """Seconds from a fresh worker's first record to the commit of its ``total``-th (the worker's own clocks)."""
-    settings = WorkerSettings(
-        bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000
-    )
+    settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000)
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
     worker = build_worker(spec, settings)
     await worker.start()
@@ -132,27 +136,56 @@ async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int) -> tu
         await worker.close()
 
 
-async def throughput(bootstrap: str, label: str, messages: list[tuple[bytes, bytes]], reports: int) -> dict[str, Any]:
+async def throughput(
+    bootstrap: str, label: str, messages: list[tuple[bytes, bytes]], reports: int, repeat: int
+) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     spec = make_spec(tag)
-    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g0"))
     await preload(bootstrap, spec.topics.reports, messages)
-    bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
-    worker_s, worker = await worker_consume(bootstrap, spec, len(messages))
-    if worker.stats.reports_counted != reports:
-        raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
-    out = {
+    runs = []
+    for i in range(repeat):  # same topic, same run: the bare consumer, then a fresh worker group
+        bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
+        group = f"{spec.name}-g{i}"
+        worker_s, worker = await worker_consume(bootstrap, spec, len(messages), group)
+        if worker.stats.reports_counted != reports:
+            raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
+        runs.append(
+            {
+                "bare_s": bare_s,
+                "worker_s": worker_s,
+                "bare_reports_per_s": reports / bare_s,
+                "worker_reports_per_s": reports / worker_s,
+                "worker_transactions": worker.stats.transactions,
+                "ratio_reports_per_s": bare_s / worker_s,
+                "load_average_1min": os.getloadavg()[0],
+            }
+        )
+        print(
+            f"  {label} run {i + 1}/{repeat}: bare {reports / bare_s:,.0f} reports/s, worker "
+            f"{reports / worker_s:,.0f} reports/s, ratio {bare_s / worker_s:.2f} (load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+        if i + 1 < repeat:  # keep the reports topic for the next repetition
+            topics = WorkerTopics.for_spec(spec, group)
+            await delete_topics(bootstrap, [topics.stage1_state, topics.partials, topics.stage2_state])
+    await delete(bootstrap, spec, f"{spec.name}-g{repeat - 1}")
+    bare_med = statistics.median(r["bare_s"] for r in runs)
+    worker_med = statistics.median(r["worker_s"] for r in runs)
+    return {
         "messages": len(messages),
         "reports": reports,
-        "bare_messages_per_s": len(messages) / bare_s,
-        "bare_reports_per_s": reports / bare_s,
-        "worker_messages_per_s": len(messages) / worker_s,
-        "worker_reports_per_s": reports / worker_s,
-        "worker_transactions": worker.stats.transactions,
-        "ratio_reports_per_s": (reports / worker_s) / (reports / bare_s),
+        "repetitions": repeat,
+        "bare_messages_per_s": len(messages) / bare_med,
+        "bare_reports_per_s": reports / bare_med,
+        "worker_messages_per_s": len(messages) / worker_med,
+        "worker_reports_per_s": reports / worker_med,
+        "worker_transactions": statistics.median(r["worker_transactions"] for r in runs),
+        "ratio_reports_per_s": statistics.median(r["ratio_reports_per_s"] for r in runs),
+        "ratio_min": min(r["ratio_reports_per_s"] for r in runs),
+        "ratio_max": max(r["ratio_reports_per_s"] for r in runs),
+        "runs": runs,
     }
-    await delete(bootstrap, spec, f"{spec.name}-g")
-    return out
 
 
 async def latency(bootstrap: str, live_s: float, metrics: int, rate: int) -> dict[str, Any]:
@@ -207,22 +240,30 @@ async def latency(bootstrap: str, live_s: float, metrics: int, rate: int) -> dic
 
 
 async def delete(bootstrap: str, spec: CollectionSpec, group: str) -> None:
+    await delete_topics(bootstrap, [p.name for p in WorkerTopics.for_spec(spec, group).plans()])
+
+
+async def delete_topics(bootstrap: str, names: list[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         await admin.start()
-        await admin.delete_topics([p.name for p in WorkerTopics.for_spec(spec, group).plans()])
+        await admin.delete_topics(names)
     except Exception:  # cleanup only
         pass
     finally:
         await admin.close()
 
 
-def batch_messages(batches: int, size: int) -> list[tuple[bytes, bytes]]:
+def batch_messages(batches: int, size: int, pseudonyms: str = "sequential") -> list[tuple[bytes, bytes]]:
     spec = make_spec("fp")  # metric m0: the fingerprint depends only on name, kind and prob
     fp = spec.metrics[0].fingerprint
+    gen = np.random.default_rng(20261121)  # bench data only: stands in for the devices' PRF pseudonyms
     out = []
     for b in range(batches):
-        ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64)
+        if pseudonyms == "random":
+            ids = gen.integers(0, 1 << 64, size, dtype=np.uint64, endpoint=False)
+        else:
+            ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64)
         batch = ReportBatch("m0", fp, ids, np.zeros(size, np.uint32), BoolColumns(ids % 4 == 0))
         out.append((partition_key("m0", b % 64), encode_batch(batch)))
     return out
@@ -236,30 +277,43 @@ def single_messages(n: int) -> list[tuple[bytes, bytes]]:
 
 
 async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
-    print(f"preloading {args.batches} batch messages x {args.batch_size} reports ...", flush=True)
-    batch = await throughput(
-        bootstrap, "batch", batch_messages(args.batches, args.batch_size), args.batches * args.batch_size
-    )
-    print(
-        f"batch:  bare {batch['bare_reports_per_s']:,.0f} reports/s ({batch['bare_messages_per_s']:,.0f} msg/s); "
-        f"worker {batch['worker_reports_per_s']:,.0f} reports/s; ratio {batch['ratio_reports_per_s']:.2f}",
-        flush=True,
-    )
-    print(f"preloading {args.singles} single-report messages ...", flush=True)
-    single = await throughput(bootstrap, "single", single_messages(args.singles), args.singles)
-    print(
-        f"single: bare {single['bare_reports_per_s']:,.0f} reports/s; worker {single['worker_reports_per_s']:,.0f} "
-        f"reports/s; ratio {single['ratio_reports_per_s']:.2f}",
-        flush=True,
-    )
-    print(f"latency: producing {args.rate} reports/s of {args.metrics} metrics for {args.live} s ...", flush=True)
-    lat = await latency(bootstrap, args.live, args.metrics, args.rate)
-    print(
-        f"latency after window end + grace: median {lat['latency_median_s']:.2f} s, p99 {lat['latency_p99_s']:.2f} s "
-        f"({lat['releases_measured']} releases)",
-        flush=True,
-    )
-    return {"batch": batch, "single": single, "latency": lat}
+    phases = {p.strip() for p in args.phases.split(",")}
+    out: dict[str, Any] = {}
+    if "batch" in phases:
+        print(
+            f"preloading {args.batches} batch messages x {args.batch_size} reports ({args.pseudonyms} pseudonyms) ...",
+            flush=True,
+        )
+        messages = batch_messages(args.batches, args.batch_size, args.pseudonyms)
+        batch = out["batch"] = await throughput(
+            bootstrap, "batch", messages, args.batches * args.batch_size, args.repeat
+        )
+        print(
+            f"batch:  bare {batch['bare_reports_per_s']:,.0f} reports/s ({batch['bare_messages_per_s']:,.0f} msg/s); "
+            f"worker {batch['worker_reports_per_s']:,.0f} reports/s; ratio {batch['ratio_reports_per_s']:.2f} "
+            f"(median of {args.repeat}, range {batch['ratio_min']:.2f}-{batch['ratio_max']:.2f})",
+            flush=True,
+        )
+    if "single" in phases:
+        print(f"preloading {args.singles} single-report messages ...", flush=True)
+        single = out["single"] = await throughput(
+            bootstrap, "single", single_messages(args.singles), args.singles, args.repeat
+        )
+        print(
+            f"single: bare {single['bare_reports_per_s']:,.0f} reports/s; worker "
+            f"{single['worker_reports_per_s']:,.0f} reports/s; ratio {single['ratio_reports_per_s']:.2f} "
+            f"(median of {args.repeat}, range {single['ratio_min']:.2f}-{single['ratio_max']:.2f})",
+            flush=True,
+        )
+    if "latency" in phases:
+        print(f"latency: producing {args.rate} reports/s of {args.metrics} metrics for {args.live} s ...", flush=True)
+        lat = out["latency"] = await latency(bootstrap, args.live, args.metrics, args.rate)
+        print(
+            f"latency after window end + grace: median {lat['latency_median_s']:.2f} s, "
+            f"p99 {lat['latency_p99_s']:.2f} s ({lat['releases_measured']} releases)",
+            flush=True,
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,8 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=float, default=20.0)
     parser.add_argument("--metrics", type=int, default=4)
     parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each throughput phase (median)")
+    parser.add_argument("--pseudonyms", choices=("random", "sequential"), default="random")
+    parser.add_argument("--phases", default="batch,single,latency", help="comma-separated subset to run")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    load_before = os.getloadavg()
     broker = None
     if args.bootstrap:
         bootstrap = args.bootstrap
@@ -287,7 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "agent_throughput",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
+        },
         "parameters": {k: v for k, v in vars(args).items() if k != "output"} | {"partitions": PARTITIONS},
         **results,
     }

@@ -37,8 +37,8 @@ from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, uniform_below
 from mechanisms.category_set import CategorySet, index_dtype, withheld_value_message
-from mechanisms.conservative_math import div_up, ln_up, mul_up, sub_down
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.directed import div_up, ln_up, mul_up, sub_down
 from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
 from mechanisms.rng import RandomSource, probability_threshold, resolve
 

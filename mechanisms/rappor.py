@@ -79,8 +79,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.category_set import withheld_value_message
-from mechanisms.conservative_math import ln_up, mul_up
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.directed import ln_up, mul_up
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.randomized_response import check_distance
 from mechanisms.rng import RandomSource, probability_threshold, resolve

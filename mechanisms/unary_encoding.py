@@ -35,8 +35,8 @@ from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, threshold_at_least
 from mechanisms.category_set import CategorySet, withheld_value_message
-from mechanisms.conservative_math import ln_up
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.directed import ln_up
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.randomized_response import check_distance
 from mechanisms.rng import RandomSource, probability_threshold, resolve

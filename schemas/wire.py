@@ -505,7 +505,8 @@ def _validate_columns(columns: BatchColumns, n: int) -> BatchColumns:
 class ReportBatch:
     """Many reports of one metric, columnar: ``pseudonyms[i]``, ``client_times[i]`` and ``columns`` row i.
 
-    Arrays are read-only copies. ``list(batch.reports())`` gives the equivalent single reports and
+    Arrays are read-only: copies when built by the constructor, views on the message bytes when decoded
+    (the decoder checks every value as it reads it). ``list(batch.reports())`` gives the equivalent single reports and
     :meth:`from_reports` builds a batch from them (all of one metric, fingerprint and kind).
     """
 
@@ -536,6 +537,25 @@ class ReportBatch:
         object.__setattr__(self, "pseudonyms", _frozen_array(pse, np.uint64, "pseudonyms", n))
         object.__setattr__(self, "client_times", _frozen_array(times, np.uint32, "client_times", n))
         object.__setattr__(self, "columns", _validate_columns(self.columns, n))
+
+    @classmethod
+    def _trusted(
+        cls,
+        metric: str,
+        fingerprint: int,
+        pseudonyms: NDArray[np.uint64],
+        client_times: NDArray[np.uint32],
+        columns: BatchColumns,
+    ) -> ReportBatch:
+        """A batch of arrays the decoder has already checked (read-only, schema dtypes and shapes, values in
+        range): no validation, no copy. Only this module's decoder may call it."""
+        batch = object.__new__(cls)
+        object.__setattr__(batch, "metric", metric)
+        object.__setattr__(batch, "fingerprint", fingerprint)
+        object.__setattr__(batch, "pseudonyms", pseudonyms)
+        object.__setattr__(batch, "client_times", client_times)
+        object.__setattr__(batch, "columns", columns)
+        return batch
 
     def __len__(self) -> int:
         return int(self.pseudonyms.shape[0])
@@ -780,6 +800,9 @@ def encode_batch(batch: ReportBatch, *, format: WireFormat = DEFAULT_FORMAT) -> 
     return out
 
 
+_DTYPES = {name: np.dtype(name) for name in ("u1", "<u2", "<u4", "<u8", "<f8")}
+
+
 class _Reader:
     """Bounds-checked cursor over a message; every short read is ``WireError('truncated')``."""
 
@@ -798,11 +821,29 @@ class _Reader:
         return out
 
     def unpack(self, s: struct.Struct, what: str) -> tuple[Any, ...]:
-        return s.unpack(self.take(s.size, what))
+        end = self.pos + s.size
+        if end > len(self.data):
+            raise WireError(
+                "truncated", f"{what}: needs {s.size} bytes at offset {self.pos}, message has {len(self.data)}"
+            )
+        out = s.unpack_from(self.data, self.pos)
+        self.pos = end
+        return out
 
     def array(self, dtype: str, n: int, what: str) -> NDArray[Any]:
-        dt = np.dtype(dtype)
-        return np.frombuffer(self.take(dt.itemsize * n, what), dtype=dt).astype(dt.newbyteorder("="))
+        """``n`` items of ``dtype`` as a read-only view on the message bytes (zero-copy on little-endian hosts)."""
+        dt = _DTYPES.get(dtype) or np.dtype(dtype)
+        end = self.pos + dt.itemsize * n
+        if n < 0 or end > len(self.data):
+            raise WireError(
+                "truncated", f"{what}: needs {dt.itemsize * n} bytes at offset {self.pos}, message has {len(self.data)}"
+            )
+        arr = np.frombuffer(self.data, dtype=dt, count=n, offset=self.pos)  # read-only: ``bytes`` are immutable
+        self.pos = end
+        if not dt.isnative:  # big-endian host: one converting copy, frozen like the views
+            arr = arr.astype(dt.newbyteorder("="))
+            arr.flags.writeable = False
+        return arr
 
 
 def _decode_payload(r: _Reader, kind: PayloadKind) -> Payload:
@@ -833,6 +874,8 @@ def _decode_payload(r: _Reader, kind: PayloadKind) -> Payload:
 
 
 def _utf8(raw: bytes, what: str) -> str:
+    if raw.isascii():
+        return raw.decode("ascii")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -840,15 +883,20 @@ def _utf8(raw: bytes, what: str) -> str:
 
 
 def _unpack_bits(packed: NDArray[np.uint8], n: int, what: str) -> NDArray[np.bool_]:
-    _check_padding(packed, n, what)
-    return np.unpackbits(packed, count=n).astype(np.bool_)
+    if n & 7:
+        _check_padding(packed, n, what)
+    bits = np.unpackbits(packed, count=n).view(np.bool_)  # 0/1 bytes: a bool view, no second copy
+    bits.flags.writeable = False
+    return bits
 
 
 def _decode_columns(r: _Reader, kind: PayloadKind, n: int) -> BatchColumns:
     if kind == PayloadKind.BOOL:
         return BoolColumns(_unpack_bits(r.array("u1", _packed_len(n), "bits"), n, "bits"))
     if kind == PayloadKind.CATEGORY:
-        return CategoryColumns(r.array("<u2", n, "indices"))
+        indices = r.array("<u2", n, "indices")
+        _check(int(indices.max()) < _U16, "bad_value", "indices must be integers in [0, 65534]")
+        return CategoryColumns(indices)
     if kind in (PayloadKind.UNARY, PayloadKind.RAPPOR):
         (k,) = r.unpack(_U16S, "k")
         _check(k >= 1, "bad_value", "k must be at least 1")
@@ -856,6 +904,7 @@ def _decode_columns(r: _Reader, kind: PayloadKind, n: int) -> BatchColumns:
         width = _packed_len(k)
         _check(width * n <= MAX_MESSAGE_BYTES, "truncated", "bit columns longer than any message")
         bits = r.array("u1", width * n, "bits").reshape(n, width)
+        _check_padding(bits, k, "bits")
         if cohorts is None:
             return UnaryColumns(k, bits)
         return RapporColumns(k, cohorts, bits)
@@ -877,17 +926,27 @@ def _decode_columns(r: _Reader, kind: PayloadKind, n: int) -> BatchColumns:
             keys = tuple(_utf8(blob[s:e], "key") for s, e in zip(starts.tolist(), ends.tolist(), strict=True))
         bits = _unpack_bits(r.array("u1", _packed_len(n), "bits"), n, "bits")
         return KeyedColumns(keys, bits)
-    return RegressionColumns(r.array("<f8", n, "x"), r.array("<f8", n, "y"))
+    x, y = r.array("<f8", n, "x"), r.array("<f8", n, "y")
+    _check(bool(np.isfinite(x).all() and np.isfinite(y).all()), "bad_value", "x and y must be finite")
+    return RegressionColumns(x, y)
+
+
+_KIND_OF_BYTE = {int(k): k for k in PayloadKind}
 
 
 def _decode_binary(data: bytes) -> Report | ReportBatch:
+    # hot path (one call per Kafka record): checks are plain ``if``s so that details are formatted on failure only
     r = _Reader(data)
     version, mtype, kind_b, flags, fingerprint, name_len = r.unpack(_HEADER, "header")
-    _check(version >= 1, "bad_version", "version 0 is never written")
-    _check(mtype in (MessageType.REPORT, MessageType.BATCH), "bad_message_type", f"unknown message type {mtype}")
-    _check(kind_b in _JSON_KIND, "bad_kind", f"unknown payload kind {kind_b}")
-    _check(version > 1 or flags == 0, "bad_flags", f"flags must be 0 in version 1, not {flags:#04x}")
-    kind = PayloadKind(kind_b)
+    if version < 1:
+        raise WireError("bad_version", "version 0 is never written")
+    if mtype != 1 and mtype != 2:  # MessageType.REPORT, MessageType.BATCH
+        raise WireError("bad_message_type", f"unknown message type {mtype}")
+    kind = _KIND_OF_BYTE.get(kind_b)
+    if kind is None:
+        raise WireError("bad_kind", f"unknown payload kind {kind_b}")
+    if flags and version == 1:
+        raise WireError("bad_flags", f"flags must be 0 in version 1, not {flags:#04x}")
     metric = _check_metric(_utf8(r.take(name_len, "metric"), "metric"))
     out: Report | ReportBatch
     if mtype == MessageType.REPORT:
@@ -895,17 +954,17 @@ def _decode_binary(data: bytes) -> Report | ReportBatch:
         out = Report(metric, fingerprint, pseudonym, client_time, _decode_payload(r, kind))
     else:
         (n,) = r.unpack(_U32S, "count")
-        _check(1 <= n <= MAX_BATCH_REPORTS, "bad_value", f"count {n} outside [1, {MAX_BATCH_REPORTS}]")
-        _check(n * 12 <= len(data), "truncated", f"count {n} needs more bytes than the message has")
+        if not 1 <= n <= MAX_BATCH_REPORTS:
+            raise WireError("bad_value", f"count {n} outside [1, {MAX_BATCH_REPORTS}]")
+        if n * 12 > len(data):
+            raise WireError("truncated", f"count {n} needs more bytes than the message has")
         pseudonyms = r.array("<u8", n, "pseudonyms")
         times = r.array("<u4", n, "client_times")
-        out = ReportBatch(metric, fingerprint, pseudonyms, times, _decode_columns(r, kind, n))
+        # every value was checked above as it was read (the dtypes bound the rest): views, not copies
+        out = ReportBatch._trusted(metric, fingerprint, pseudonyms, times, _decode_columns(r, kind, n))
     # Addition-only evolution: a newer version appends fields we do not know; ours must end here.
-    _check(
-        version > WIRE_VERSION or r.pos == len(data),
-        "trailing_bytes",
-        f"{len(data) - r.pos} bytes after the last field",
-    )
+    if r.pos != len(data) and version <= WIRE_VERSION:
+        raise WireError("trailing_bytes", f"{len(data) - r.pos} bytes after the last field")
     return out
 
 

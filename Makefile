@@ -1,0 +1,49 @@
+# private-telemetry developer commands. `make demo` and `make test` are the two commands of README.md.
+#   make setup  -- .venv (python3 -m venv), pip install -e ".[test]" -c constraints.txt, Maven fetch of Kafka 3.9.1
+#   make demo   -- setup, then the end-to-end demo (`ptel demo`)
+#   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
+#   make lint   -- ruff check + mypy
+#   make bench  -- benchmarks under bench/ (results in bench/results/)
+#   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
+# Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
+# Maven fetch is skipped when the jars are cached.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.ptel-installed
+
+.PHONY: setup demo test lint bench broker-start broker-stop clean
+
+setup: $(INSTALLED)
+	@$(BIN)/ptel broker fetch
+
+$(INSTALLED): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
+	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing private-telemetry and its test extra into $(VENV) (pinned by constraints.txt)"
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]" -c constraints.txt
+	@touch $@
+
+demo: setup
+	$(BIN)/ptel demo
+
+test: setup
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy .
+
+bench: setup
+	$(BIN)/python bench/kafka_roundtrip.py
+
+broker-start: setup
+	$(BIN)/ptel broker start
+
+broker-stop:
+	@if [ -x $(BIN)/ptel ]; then $(BIN)/ptel broker stop; fi
+
+clean:
+	@if [ -x $(BIN)/ptel ]; then $(BIN)/ptel broker stop --all; fi
+	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist
