@@ -3,7 +3,7 @@
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
 #   make lint   -- ruff check + mypy
-#   make bench  -- benchmarks under bench/ (results in bench/results/)
+#   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
 # Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
 # Maven fetch is skipped when the jars are cached.
@@ -36,7 +36,13 @@ lint: setup
 	$(BIN)/mypy .
 
 bench: setup
-	$(BIN)/python bench/kafka_roundtrip.py
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,bench]" -c constraints.txt
+	$(BIN)/python -m bench.kafka_roundtrip
+	$(BIN)/python -m bench.ldp_throughput
+	$(BIN)/python -m bench.rappor_throughput
+	$(BIN)/python -m bench.threshold_throughput
+	$(BIN)/python -m bench.producer_throughput
+	$(BIN)/python -m bench.agent_throughput
 
 broker-start: setup
 	$(BIN)/ptel broker start

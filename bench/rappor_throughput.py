@@ -79,7 +79,7 @@ def bench_ours(params: RapporParams, n: int, repeats: int, *, unpacked: bool = F
 def bench_pure_ldp(n: int) -> dict[str, Any] | None:
     try:
         import xxhash  # type: ignore[import-not-found, unused-ignore]
-        from pure_ldp.frequency_oracles.rappor import RAPPORClient  # type: ignore[import-untyped]
+        from pure_ldp.frequency_oracles.rappor import RAPPORClient
     except ImportError:
         return None
     d = 1000

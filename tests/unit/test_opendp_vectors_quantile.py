@@ -6,11 +6,8 @@ so they must also never fall below it (checked against an exact closed form with
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,17 +15,11 @@ import pytest
 from mechanisms.errors import ParameterError
 from mechanisms.quantile import make_private_quantile
 from mechanisms.theil_sen import make_private_theil_sen
-
-VECTORS = Path(
-    os.environ.get("OPENDP_VECTORS", Path(__file__).resolve().parents[3] / "shared" / "vectors" / "opendp_public.json")
-)
+from tests.opendp_vectors import records
 
 
 def _records(mechanism: str) -> list[dict[str, Any]]:
-    records = [r for r in json.loads(VECTORS.read_text()) if r["mechanism"] == mechanism]
-    if not records:
-        raise RuntimeError(f"no {mechanism} records in {VECTORS}")
-    return records
+    return records(mechanism)
 
 
 QUANTILE = _records("private_quantile")

@@ -7,10 +7,7 @@ random probabilities against the installed OpenDP (a test-only dependency).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 import opendp.prelude as opendp
@@ -20,15 +17,11 @@ from hypothesis import strategies as st
 
 from mechanisms.errors import ParameterError
 from mechanisms.randomized_response import make_randomized_response, make_randomized_response_bool
-
-VECTORS = Path(  # shared/ sits beside the repository
-    os.environ.get("OPENDP_VECTORS", Path(__file__).resolve().parents[3] / "shared" / "vectors" / "opendp_public.json")
-)
+from tests.opendp_vectors import records
 
 
 def _records() -> list[dict[str, Any]]:
-    records = json.loads(VECTORS.read_text())
-    return [r for r in records if r["mechanism"] in ("randomized_response_bool", "randomized_response")]
+    return records("randomized_response_bool", "randomized_response")
 
 
 RECORDS = _records()

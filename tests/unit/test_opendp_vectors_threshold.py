@@ -7,9 +7,7 @@ mpmath in test_threshold.py). Error records must be rejected with a message nami
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +16,7 @@ from mechanisms.core import Measurement, make_fix_delta
 from mechanisms.errors import MechanismError
 from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
 from mechanisms.zcdp import cdp_delta, cdp_epsilon, make_zcdp_to_approxdp
-
-VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "opendp_public.json"
-if not VECTORS.exists():  # the work tree may sit elsewhere; the shared folder is fixed
-    VECTORS = Path("/work/shared/vectors/opendp_public.json")
+from tests.opendp_vectors import records
 
 MECHANISMS = (
     "laplace_threshold_float",
@@ -38,8 +33,7 @@ MECHANISMS = (
 
 
 def _records() -> list[dict[str, Any]]:
-    data = json.loads(VECTORS.read_text(), strict=False)
-    return [r for r in data if r["mechanism"] in MECHANISMS]
+    return records(*MECHANISMS)
 
 
 RECORDS = _records()
