@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
+from hypothesis import settings
 
 from ptel.kafka_broker import (
     PORT_ENV,
@@ -33,6 +34,12 @@ from ptel.kafka_broker import (
 from tests.kafka_helpers import create_topic, delete_topics, unique_topic_name
 
 _INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+
+# Property-based tests: no per-example deadline (these machines are shared and noisy); under CI the examples are
+# derandomized, so a CI failure reproduces exactly and a green run is not luck of the draw.
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
