@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from mechanisms import directed as rd
 from mechanisms.core import (
     APPROX_MAX_DIVERGENCE,
     APPROX_ZERO_CONCENTRATED_DIVERGENCE,
@@ -69,22 +70,6 @@ def parse_measure(measure: str | Measure) -> Measure:
     raise ParameterError(
         "measure", str(measure), f"must be one of {sorted(_ALIASES)} (or their Measure constants)"
     )
-
-
-def _float_up(q: Fraction) -> float:
-    try:
-        f = float(q)
-    except OverflowError:
-        return math.inf
-    return math.nextafter(f, math.inf) if Fraction(f) < q else f
-
-
-def _float_down(q: Fraction) -> float:
-    try:
-        f = float(q)
-    except OverflowError:
-        return math.inf if q > 0 else -math.inf
-    return math.nextafter(f, -math.inf) if Fraction(f) > q else f
 
 
 def _exact_loss(loss: object, measure: Measure, name: str = "loss") -> tuple[Fraction, Fraction]:
@@ -261,7 +246,9 @@ class PrivacyAccountant:
     # --- figures -------------------------------------------------------------------------------
 
     def _as_loss(self, pair: tuple[Fraction, Fraction], up: bool) -> Loss:
-        r = _float_up if up else _float_down
+        def r(q: Fraction) -> float:
+            return (rd.up(q) if up else rd.down(q)) + 0.0  # + 0.0: an exhausted budget reads 0.0, not -0.0
+
         return (r(pair[0]), r(pair[1])) if is_approximate(self.budget.measure) else r(pair[0])
 
     @property

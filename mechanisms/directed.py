@@ -249,7 +249,8 @@ def ln_up(x: Exact) -> float:
 
     Evaluated with 60 significant decimal digits and moved up past that evaluation's error bound, so
     the result is never below the true logarithm; it is the correctly rounded upward value unless
-    ``ln(x)`` lies within 10^-55 (relative) below a float, where it may be one ulp above.
+    ``ln(x)`` lies within ``10^-55·|ln x| + 10^-58`` below a float (e.g. ``x = 1 + 2^-96``), where it
+    is one ulp above.
     """
     if isinstance(x, float) and not math.isfinite(x):
         raise _not_finite(f"({x}).inf_ln()")
@@ -277,7 +278,7 @@ def _ln1p_bounds(x: float) -> tuple[Fraction, Fraction]:
 
 
 def ln1p_up(x: float) -> float:
-    """Smallest float >= ln(1 + x), x > -1."""
+    """Smallest float >= ln(1 + x), x > -1 (one ulp above it where ln(1 + x) is within 10^-38 of a float)."""
     if x == 0:
         return 0.0
     if not x > -1 or not math.isfinite(x):
@@ -286,7 +287,7 @@ def ln1p_up(x: float) -> float:
 
 
 def ln1p_down(x: float) -> float:
-    """Largest float <= ln(1 + x), x > -1."""
+    """Largest float <= ln(1 + x), x > -1 (one ulp below it where ln(1 + x) is within 10^-38 of a float)."""
     if x == 0:
         return 0.0
     if not x > -1 or not math.isfinite(x):

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mechanisms import directed as rd
 from mechanisms.core import (
     INSERT_DELETE_DISTANCE,
     MAX_DIVERGENCE,
@@ -87,15 +88,6 @@ def parse_input_metric(input_metric: str | Metric) -> Metric:
     if isinstance(input_metric, str) and input_metric in _METRIC_NAMES:
         return _METRIC_NAMES[input_metric]
     raise ParameterError("input_metric", str(input_metric), "must be 'symmetric_distance' or 'insert_delete_distance'")
-
-
-def _float_up(q: Fraction) -> float:
-    """The smallest float ``>= q`` (privacy losses round toward the safe side)."""
-    try:
-        f = float(q)  # int / int true division: correctly rounded
-    except OverflowError:
-        return math.inf
-    return math.nextafter(f, math.inf) if Fraction(f) < q else f
 
 
 def _check_distance(d_in: object) -> int:
@@ -297,8 +289,8 @@ def make_noisy_max(
         if s == 0:
             return math.inf
         if measure == MAX_DIVERGENCE:
-            return _float_up(Fraction(d_range) / s)  # ε = Δ_range / scale (exact, rounded up)
-        return _float_up((Fraction(d_range) / s) ** 2 / 8)  # ρ = (Δ_range / scale)^2 / 8 (exact, rounded up)
+            return rd.up(Fraction(d_range) / s)  # ε = Δ_range / scale (exact, rounded up)
+        return rd.up((Fraction(d_range) / s) ** 2 / 8)  # ρ = (Δ_range / scale)^2 / 8 (exact, rounded up)
 
     return Measurement(
         vector_domain(atom_domain("u64"), num_candidates),
