@@ -18,7 +18,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "usage: ptel" in out
-    for command in ("broker", "demo"):
+    for command in ("broker", "demo", "monitor"):
         assert command in out
 
 
@@ -34,7 +34,7 @@ def test_no_command_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]
     assert "usage: ptel" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["broker", "demo"])
+@pytest.mark.parametrize("command", ["broker", "demo", "monitor"])
 def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])
@@ -44,7 +44,7 @@ def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_every_existing_command_module_registers() -> None:
     loaded = {m.__name__.rsplit(".", 1)[1] for m in load_command_modules()}
-    assert {"broker", "demo"} <= loaded <= set(COMMAND_MODULES)
+    assert {"broker", "demo", "monitor"} <= loaded <= set(COMMAND_MODULES)
     parser = build_parser()
     choices = next(a for a in parser._actions if a.dest == "command").choices
     assert choices is not None and set(choices) == loaded

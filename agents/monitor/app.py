@@ -1,0 +1,102 @@
+"""Builds the monitor's ``faust.App`` for a spec; nothing else lives here.
+
+Topics are in :mod:`agents.monitor.topics`, tables in :mod:`agents.monitor.tables`, the stream processors
+in :mod:`agents.monitor.agents`, the web views in :mod:`agents.monitor.views`; :mod:`agents.monitor.service`
+puts them together.
+
+``processing_guarantee="at_least_once"`` is exact here. After a crash Faust re-delivers the events after
+the last committed offset, while the tables (restored from their changelogs, which Faust flushes before
+every offset commit) may already hold their effects. Every update is therefore idempotent and monotone:
+
+- ``latest_release[metric]`` is a *max* by ``(window_start_ms, releases-topic offset)``;
+- ``release_history["metric|window_start"]`` is an *overwrite* keyed by the release's own deduplication
+  key, taken only from a larger releases-topic offset (the same release twice is one write, then none);
+- ``dead_letters[source partition]`` adds a dead letter only if its source offset is above the *max*
+  source offset already counted for that partition (the agents write one partition's dead letters in
+  source-offset order), so a re-delivered dead letter is never counted twice.
+
+Faust's ``exactly_once`` is not needed (and is unsound for the agents' own topology, see docs/agents.md).
+The consumer reads ``read_committed`` (:mod:`agents.monitor.transport`): the agents write both source topics
+in transactions, and an aborted release must never be shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+
+from agents.errors import ConfigurationError
+from agents.monitor.transport import ReadCommittedTransport
+from schemas.spec import CollectionSpec
+
+__all__ = ["MonitorSettings", "create_app", "default_app_id"]
+
+
+def default_app_id(spec: CollectionSpec) -> str:
+    """Faust app id (consumer group and changelog-topic prefix) of a spec's monitor: ``ptel-monitor.<spec>``."""
+    return f"ptel-monitor.{spec.name}"
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """Where the monitor connects and serves."""
+
+    #: Kafka bootstrap servers, ``host:port[,host:port...]``.
+    bootstrap: str
+    #: Port of the JSON web views.
+    web_port: int = 6066
+    #: Interface the web server binds to (loopback by default).
+    web_bind: str = "127.0.0.1"
+    #: Faust app id (default :func:`default_app_id`).
+    app_id: str | None = None
+
+    def __post_init__(self) -> None:
+        servers = [s.strip() for s in self.bootstrap.split(",")]
+        if not servers or any(not s or ":" not in s for s in servers):
+            raise ConfigurationError("bootstrap", self.bootstrap, "must be host:port[,host:port...]")
+        if isinstance(self.web_port, bool) or not isinstance(self.web_port, int) or not 1 <= self.web_port <= 65535:
+            raise ConfigurationError("web_port", self.web_port, "must be an integer in [1, 65535]")
+        if not self.web_bind:
+            raise ConfigurationError("web_bind", self.web_bind, "must be a host name or address")
+        if self.app_id is not None and not self.app_id.strip():
+            raise ConfigurationError("app_id", self.app_id, "must not be empty")
+
+    def broker_urls(self) -> list[str]:
+        """The bootstrap servers as Faust broker URLs (``kafka://host:port``)."""
+        return [f"kafka://{s.strip()}" for s in self.bootstrap.split(",")]
+
+
+class _MonitorApp(faust.App):
+    """``faust.App`` whose consumer reads ``read_committed`` (see :mod:`agents.monitor.transport`)."""
+
+    def _new_transport(self) -> Any:
+        return ReadCommittedTransport(self.conf.broker_consumer, self)
+
+
+def create_app(spec: CollectionSpec, settings: MonitorSettings) -> Any:
+    """The monitor's ``faust.App`` for ``spec`` (no topics, tables, agents or views yet)."""
+    extra: dict[str, Any] = {}
+    if settings.web_bind not in ("0.0.0.0", "::"):
+        extra["web_host"] = settings.web_bind  # the canonical URL other workers would route requests to
+    return _MonitorApp(
+        settings.app_id or default_app_id(spec),
+        broker=settings.broker_urls(),
+        # Tables live in memory and are rebuilt from their compacted changelogs at start-up: the state is
+        # O(metrics x retained windows + source partitions), small enough to restore in seconds.
+        store="memory://",
+        processing_guarantee="at_least_once",
+        autodiscover=False,
+        # Internal topics (changelogs, the assignor's leader topic) are created by Faust with the spec's
+        # partition count and replication factor; the source topics are created and checked beforehand
+        # (agents.monitor.topics.ensure_source_topics), never declared by Faust.
+        topic_allow_declare=True,
+        topic_partitions=spec.topics.partitions,
+        topic_replication_factor=spec.topics.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=True,
+        web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        **extra,
+    )

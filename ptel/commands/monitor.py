@@ -1,0 +1,79 @@
+"""``ptel monitor``: serve a spec's releases and dead-letter counts as JSON, live, until SIGINT/SIGTERM.
+
+A faust-streaming worker (app id ``ptel-monitor.<spec name>``) consumes the spec's releases and dead-letter
+topics into Faust tables with changelogs -- the newest release per metric, the release history within the
+spec's retention, dead-letter counts by reason, exact under redelivery -- and serves them at
+``http://HOST:PORT/metrics/``, ``/metrics/<metric>/latest/``, ``/metrics/<metric>/history/`` and
+``/dead-letters/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from agents.errors import AgentError
+from agents.monitor.app import MonitorSettings, default_app_id
+from agents.monitor.service import build_monitor
+from agents.monitor.topics import ensure_source_topics
+from schemas.spec import SpecError, load_spec
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "monitor",
+        help="serve releases and dead-letter counts as JSON (faust-streaming tables + web views)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
+    )
+    p.add_argument("--web-port", type=int, default=6066, help="port of the JSON views (default 6066)")
+    p.add_argument("--web-bind", default="127.0.0.1", help="interface the web server listens on (default 127.0.0.1)")
+    p.add_argument("--app-id", default=None, help="Faust app id / consumer group (default: ptel-monitor.<spec>)")
+    p.add_argument("--log-level", default="warning", help="log level of the Faust worker (default warning)")
+    p.set_defaults(func=run)
+
+
+def run(args: Any) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    try:
+        settings = MonitorSettings(
+            bootstrap=args.bootstrap, web_port=args.web_port, web_bind=args.web_bind, app_id=args.app_id
+        )
+    except AgentError as err:
+        print(err, file=sys.stderr)
+        return 2
+    # One event loop for the topic check and the Faust worker (Faust binds its services to the current loop).
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(ensure_source_topics(settings.bootstrap, spec))
+    except AgentError as err:
+        print(f"monitor failed: {err}", file=sys.stderr)
+        loop.close()
+        return 1
+    app = build_monitor(spec, settings)
+    print(
+        f"monitor {settings.app_id or default_app_id(spec)} on {settings.bootstrap}: "
+        f"http://{settings.web_bind}:{settings.web_port}/metrics/ and /dead-letters/",
+        flush=True,
+    )
+    worker = faust.Worker(app, loglevel=args.log_level, loop=loop, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0

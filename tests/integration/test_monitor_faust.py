@@ -1,0 +1,337 @@
+"""``ptel monitor`` (a faust-streaming worker in a subprocess) against the real broker: the JSON views show
+exact dead-letter counts and the newest releases, with duplicated records, aborted transactions and a restart
+(Faust redelivery) in the input; and the same views over a real agents worker's dead letters and release."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
+from ptel.kafka_broker import free_port
+from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+from schemas.wire import BoolPayload, Report, encode_report, partition_key
+from tests.conftest import TopicFactory
+from tests.integration.agents_support import (
+    delete_worker_topics,
+    make_spec,
+    read_topic,
+    releases_of,
+    send_all,
+    wait_for_window_start,
+)
+from tests.kafka_helpers import delete_topics
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 3
+WINDOW_MS = 10_000
+T0 = 1_700_000_000_000  # a window start (ms), aligned to WINDOW_MS
+VIEW_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 45.0
+
+
+def _release(spec: str, metric: str, kind: str, start: int, n: int, value: float) -> Release:
+    estimates: tuple[EstimateRecord, ...] = ()
+    keys: tuple[KeyRelease, ...] = ()
+    if kind == "bool":
+        estimates = (
+            EstimateRecord(label="true_fraction", value=value, se=0.01, ci_low=value - 0.02, ci_high=value + 0.02),
+        )
+    else:
+        keys = (KeyRelease(key="a", count=n * value),)
+    return Release(
+        spec=spec,
+        metric=metric,
+        kind=kind,
+        window_start_ms=start,
+        window_end_ms=start + WINDOW_MS,
+        n=n,
+        confidence=0.95,
+        estimates=estimates,
+        released_keys=keys,
+        mechanism="test",
+        privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=1.0),
+        ledger=LedgerEntry(measure="none"),
+        partitions=PARTITIONS,
+    )
+
+
+def _dead_headers(reports_topic: str, partition: int, offset: int, reason: str, reports: int = 1) -> list[Any]:
+    return [
+        ("ptel.reason", reason.encode()),
+        ("ptel.detail", b"test"),
+        ("ptel.source", f"{reports_topic}/{partition}/{offset}".encode()),
+        ("ptel.timestamp_ms", str(T0).encode()),
+        ("ptel.reports", str(reports).encode()),
+    ]
+
+
+async def _publish(
+    bootstrap: str, records: list[tuple[str, int, bytes | None, bytes, list[Any]]], *, abort: bool
+) -> None:
+    """Publish ``(topic, partition, key, value, headers)`` in one transaction, committed or aborted."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"ptel-test-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for topic, partition, key, value, headers in records:
+            await producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
+        if abort:
+            await producer.abort_transaction()
+        else:
+            await producer.commit_transaction()
+    finally:
+        await producer.stop()
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+async def _wait_view(
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    url: str,
+    ok: Callable[[int, Any], bool],
+    timeout_s: float = VIEW_TIMEOUT_S,
+) -> Any:
+    """Poll ``url`` until ``ok(status, body)``; fail with the monitor's log on timeout or exit."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"monitor exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            status, body = await asyncio.to_thread(_get, url)
+            last = (status, body)
+            if ok(status, body):
+                return body
+        except (OSError, ValueError) as err:
+            last = repr(err)
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{url} never matched; last: {last}\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def _start(spec_path: Path, bootstrap: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    out = log.open("ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap", bootstrap]
+    cmd += ["--web-port", str(port), "--log-level", "warning"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise AssertionError("the monitor did not stop within 45 s of SIGINT") from None
+    return proc.returncode
+
+
+async def _delete_app_topics(bootstrap: str, app_id: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(app_id)]
+    finally:
+        await admin.close()
+    await delete_topics(bootstrap, names)
+
+
+async def test_monitor_views_show_exact_counts_and_newest_releases(
+    kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    releases_topic = await new_topic(1, hint="monitor-releases")
+    dead_topic = await new_topic(PARTITIONS, hint="monitor-dead-letter")
+    tag = uuid.uuid4().hex[:8]
+    reports_topic = f"ptel-test-mon-{tag}.reports"  # never read by the monitor
+    name = f"mon{tag}"
+    doc = {
+        "version": 1,
+        "name": name,
+        "topics": {"reports": reports_topic, "releases": releases_topic, "dead_letter": dead_topic, "partitions": 3},
+        "window": {"size_s": WINDOW_MS // 1000, "grace_s": 1, "retention_s": 3600},
+        "metrics": [
+            {"name": "crashed", "kind": "bool", "prob": 0.75},
+            {"name": "theme", "kind": "categorical", "categories": ["a", "b"], "protocol": "krr", "prob": 0.6},
+        ],
+    }
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    app_id = f"ptel-monitor.{name}"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "monitor.log"
+
+    crashed0 = _release(name, "crashed", "bool", T0, 100, 0.25)
+    crashed1 = _release(name, "crashed", "bool", T0 + WINDOW_MS, 120, 0.5)
+    theme0 = _release(name, "theme", "categorical", T0, 80, 0.5)
+    aborted = _release(name, "crashed", "bool", T0 + 2 * WINDOW_MS, 999, 0.9)
+
+    def rel(r: Release) -> tuple[str, int, bytes | None, bytes, list[Any]]:
+        return (releases_topic, 0, r.key.encode(), r.to_bytes(), [])
+
+    def dead(p: int, offset: int, reason: str, reports: int = 1) -> tuple[str, int, bytes | None, bytes, list[Any]]:
+        return (dead_topic, p, None, b"original bytes", _dead_headers(reports_topic, p, offset, reason, reports))
+
+    proc = _start(spec_path, kafka_bootstrap, port, log)
+    try:
+        # committed: a duplicated release (the same record twice), a newer window, another metric; dead letters
+        # from two source partitions, one of them delivered twice.
+        await _publish(kafka_bootstrap, [rel(crashed0), rel(theme0), rel(crashed0)], abort=False)
+        await _publish(
+            kafka_bootstrap,
+            [dead(0, 5, "wire.truncated"), dead(0, 7, "late"), dead(1, 3, "unknown_metric", reports=4)],
+            abort=False,
+        )
+        await _publish(kafka_bootstrap, [dead(0, 5, "wire.truncated"), rel(crashed1)], abort=False)
+        # aborted: never shown (a newer window that would otherwise win, and a dead letter that would count)
+        await _publish(kafka_bootstrap, [rel(aborted), dead(2, 9, "late")], abort=True)
+        # a committed marker after the aborted transaction: once it is counted, everything before it was read
+        await _publish(kafka_bootstrap, [dead(2, 11, "wrong_kind")], abort=False)
+
+        want_records = {"late": 1, "unknown_metric": 1, "wire.truncated": 1, "wrong_kind": 1}
+        body = await _wait_view(
+            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
+        )
+        assert body["records"] == want_records
+        assert body["reports"] == {"late": 1, "unknown_metric": 4, "wire.truncated": 1, "wrong_kind": 1}
+        assert body["total_records"] == 4 and body["total_reports"] == 7
+        assert body["sources"] == {
+            f"{reports_topic}/0": {"offset": 7, "records": 2},
+            f"{reports_topic}/1": {"offset": 3, "records": 1},
+            f"{reports_topic}/2": {"offset": 11, "records": 1},
+        }
+
+        latest = await _wait_view(
+            proc,
+            log,
+            f"{base}/metrics/crashed/latest/",
+            lambda s, b: s == 200 and b["window_start_ms"] == T0 + WINDOW_MS,
+        )
+        assert latest["n"] == 120 and latest["key"] == crashed1.key and latest["window_end_ms"] == T0 + 2 * WINDOW_MS
+        assert latest["estimates"][0]["label"] == "true_fraction" and latest["estimates"][0]["value"] == 0.5
+        assert latest["privacy"]["epsilon_inf"] == 1.0
+        history = await _wait_view(proc, log, f"{base}/metrics/crashed/history/", lambda s, b: s == 200)
+        assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
+        assert history["releases"][0]["source_offset"] == 2  # the duplicate's offset: one entry, same content
+        index = await _wait_view(proc, log, f"{base}/metrics/", lambda s, b: s == 200)
+        assert [(m["metric"], m["kind"], m["latest"]["key"]) for m in index["metrics"]] == [
+            ("crashed", "bool", crashed1.key),
+            ("theme", "categorical", theme0.key),
+        ]
+        theme = await _wait_view(proc, log, f"{base}/metrics/theme/latest/", lambda s, b: s == 200)
+        assert theme["released_keys"] == [{"key": "a", "count": 40.0, "value_true": None}]
+        status, body = await asyncio.to_thread(_get, f"{base}/metrics/nosuch/latest/")
+        assert status == 404 and "unknown metric" in body["error"]
+        assert _stop(proc) == 0
+
+        # restart: tables come back from their changelogs, Faust re-delivers whatever was not committed;
+        # then more input, including a re-delivered dead letter and a re-published old release.
+        proc = _start(spec_path, kafka_bootstrap, port, log)
+        await _publish(
+            kafka_bootstrap,
+            [dead(1, 3, "unknown_metric", reports=4), dead(1, 8, "late"), rel(crashed0), rel(theme0)],
+            abort=False,
+        )
+        body = await _wait_view(
+            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
+        )
+        assert body["records"] == {**want_records, "late": 2}
+        assert body["total_reports"] == 8
+        crashed = await _wait_view(proc, log, f"{base}/metrics/crashed/latest/", lambda s, b: s == 200)
+        assert crashed["key"] == crashed1.key and crashed["n"] == 120  # an old window re-published is not newer
+        history = await _wait_view(
+            proc,
+            log,
+            f"{base}/metrics/crashed/history/",
+            lambda s, b: s == 200 and b["releases"] and b["releases"][0]["source_offset"] > 2,
+        )
+        assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        await _delete_app_topics(kafka_bootstrap, app_id)
+
+
+async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The agents' own dead letters (their real headers) and release, as the monitor shows them."""
+    spec, spec_path = make_spec(tmp_path, [{"name": "crashed", "kind": "bool", "prob": 0.75}], partitions=2, size_s=3)
+    fp = spec.metrics[0].fingerprint
+    settings = WorkerSettings(kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1500, clock_skew_ms=500))
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    port = free_port()
+    log = tmp_path / "monitor.log"
+    proc = _start(spec_path, kafka_bootstrap, port, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        good = [
+            (partition_key("crashed", i % 64), encode_report(Report("crashed", fp, i, 0, BoolPayload(i % 4 == 0))))
+            for i in range(50)
+        ]
+        bad = [
+            (b"a", b""),
+            (b"b", b""),
+            (b"c", encode_report(Report("nosuch", fp, 1, 0, BoolPayload(True)))),
+            (b"d", encode_report(Report("crashed", fp ^ 0xFF, 2, 0, BoolPayload(True)))),
+        ]
+        start_ms = await wait_for_window_start(spec.window.size_s)
+        await send_all(kafka_bootstrap, spec.topics.reports, bad + good)
+
+        body = await _wait_view(
+            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
+        )
+        assert body["records"] == {"unknown_metric": 1, "wire.empty": 2, "wrong_fingerprint": 1}
+        assert body["total_reports"] == 4
+        latest = await _wait_view(proc, log, f"{base}/metrics/crashed/latest/", lambda s, b: s == 200)
+        records = await read_topic(
+            kafka_bootstrap, spec.topics.releases, partitions=1, until=lambda r: len(r) >= 1, timeout_s=30
+        )
+        (rel,) = releases_of(records)
+        assert (latest["window_start_ms"], latest["n"]) == (start_ms, 50) == (rel.window_start_ms, rel.n)
+        assert latest["estimates"] == [e.model_dump(mode="json") for e in rel.estimates]
+        assert latest["privacy"] == rel.privacy.model_dump(mode="json")
+        await asyncio.sleep(1.0)  # nothing more arrives: the counts stay exact
+        status, again = await asyncio.to_thread(_get, f"{base}/dead-letters/")
+        assert status == 200 and again["records"] == body["records"]
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        worker.stop()
+        await task
+        await worker.close()
+        await delete_worker_topics(kafka_bootstrap, spec, settings.group)
+        await _delete_app_topics(kafka_bootstrap, f"ptel-monitor.{spec.name}")
