@@ -5,13 +5,20 @@ Simple Linear Regression" (PoPETs). Instead of the median slope, predict ``y`` a
 ``x_cuts = x_lo + (x_hi - x_lo) · fraction_bounds`` (default the 25th and 75th percent of ``x_bounds``):
 
 1. :func:`make_pairwise_predict` (transformation): pair the rows at random, draw the line through each
-   pair and evaluate it at ``x_cuts``; stability ``d_out = d_in · runs``;
+   pair and evaluate it at ``x_cuts``; stability ``d_out = 2 · d_in · runs`` (see below);
 2. :func:`make_private_percentile_medians` (measurement): the composition of two private medians
    (:func:`mechanisms.quantile.make_private_quantile`, ``α = 1/2``, candidates ``linspace(y_bounds)``),
-   one per column; ``ε = 2 · d_in / scale`` per median for unknown-size data, so ``2 · d_out`` in total;
+   one per column; ``ε = d_out / scale`` per median for unknown-size data, so ``2 · d_out / scale`` in total;
 3. post-processing: ``(slope, intercept) = P^{-1} · (y_0, y_1)`` with ``P = [[x_0, 1], [x_1, 1]]``.
 
-``make_private_theil_sen(..., scale=1.0).map(1) == 2.0`` (MaxDivergence), as printed in the notebook.
+Deviation from the notebook (and from OpenDP 0.16's ``opendp.extras.sklearn`` copy of it), on the safe
+side: their stability map ``d_out = d_in · runs`` is false under the symmetric distance. Adding one row
+to ``N`` (even) rows keeps the number of pairs at ``N/2``, and two multisets of equal size differ by an
+even number of elements, so the outputs are at distance 0 or 2; distance 0 needs the new row to be the
+one left out, probability ``1/(N+1)`` under any coupling of the shuffles. Replacing the new row's
+partner pair is distance 2, and one added or removed row never costs more (the partner of a removed row
+is re-paired with the row left out, or left out itself), so ``d_out = 2 · d_in`` per run. Hence
+``make_private_theil_sen(..., scale=1.0).map(1) == 4.0`` where the notebook prints 2.0.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from mechanisms.core import (
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.quantile import make_private_quantile, parse_output_measure
 from mechanisms.rng import RandomSource, resolve
-from mechanisms.validation import check_int_range, check_real
+from mechanisms.validation import check_count, check_int_range, check_real
 
 
 def _check_pair(name: str, value: object, *, lo: float = -math.inf, hi: float = math.inf) -> tuple[float, float]:
@@ -51,17 +58,12 @@ def _check_pair(name: str, value: object, *, lo: float = -math.inf, hi: float = 
     return a, b
 
 
-def _check_distance(d_in: object) -> int:
-    if isinstance(d_in, bool) or not isinstance(d_in, (int, np.integer)) or int(d_in) < 0:
-        raise ParameterError("d_in", d_in, "must be a non-negative integer")
-    return int(d_in)
-
-
 def pairwise_predict(data: ArrayLike, x_cuts: NDArray[np.float64], rng: RandomSource | None = None) -> NDArray[Any]:
     """Pair the rows of ``data`` (N×2 of (x, y)) at random and evaluate each pair's line at ``x_cuts``.
 
-    The rows are shuffled (uniform random keys from ``rng``; the shuffle spreads the pairs, it does not
-    protect privacy), an odd row out is dropped, row ``i`` of the first half is paired with row ``i`` of the
+    The rows are shuffled (uniform random keys from ``rng``: the pairing is then a uniformly random
+    matching, whatever the input order, which the stability coupling of :func:`make_pairwise_predict`
+    needs), an odd row out is dropped, row ``i`` of the first half is paired with row ``i`` of the
     second, and pair ``(p1, p2)`` predicts ``ŷ(x) = dy/dx · (x - x̄) + ȳ`` at each cut. Pairs with ``dx = 0``
     are degenerate and dropped. Returns an M×len(x_cuts) array, ``M <= N // 2``.
     """
@@ -87,7 +89,9 @@ def make_pairwise_predict(
     """Pairwise predictions at ``x_cuts``, repeated ``runs`` times (fresh pairings each run).
 
     - input and output domain: ``Array2Domain<f64, num_columns=2>``; metrics: symmetric distance;
-    - stability map: ``d_in · runs`` (each run's output differs by at most ``d_in`` rows; notebook plugin).
+    - stability map: ``2 · d_in · runs``: per run, one added or removed row replaces at most one pair (a
+      removed and an added prediction, distance 2; the notebook's ``d_in · runs`` misses this, see the
+      module docstring).
     """
     cuts = np.asarray(x_cuts, dtype=np.float64)
     if cuts.shape != (2,) or not bool(np.all(np.isfinite(cuts))) or cuts[0] == cuts[1]:
@@ -107,7 +111,7 @@ def make_pairwise_predict(
         domain,  # output domain: M×2 arrays of predictions at the two cuts
         SYMMETRIC_DISTANCE,  # output metric: added/removed prediction rows
         function,
-        lambda d_in: _check_distance(d_in) * n_runs,  # d_out = d_in · runs: each run contributes d_in rows
+        lambda d_in: 2 * check_count("d_in", d_in) * n_runs,  # d_out = 2·d_in·runs: a row swaps one pair per run
     )
 
 
@@ -120,7 +124,7 @@ def make_select_column(j: int, num_columns: int = 2) -> Transformation[ArrayLike
         vector_domain(atom_domain(float, nullable=True)),  # output domain: a float column (NaN possible)
         SYMMETRIC_DISTANCE,  # output metric
         lambda x: np.asarray(x, dtype=np.float64)[:, col],
-        lambda d_in: _check_distance(d_in),  # d_out = d_in: one row in, one element out
+        lambda d_in: check_count("d_in", d_in),  # d_out = d_in: one row in, one element out
     )
 
 
@@ -158,7 +162,8 @@ def make_private_theil_sen(
     """DP Theil-Sen: ``N×2`` array of (x, y) rows -> ``(slope, intercept)``.
 
     ``make_pairwise_predict(x_cuts, runs) >> make_private_percentile_medians(y_bounds, scale) >> P^{-1}``.
-    Privacy map: ``ε = 2 · (d_in · runs) / scale`` (MaxDivergence), ``ρ = 2 · (d_in · runs / scale)^2 / 8``.
+    Privacy map: ``ε = 2 · (2 · d_in · runs) / scale`` (MaxDivergence), ``ρ = 2 · (2 · d_in · runs / scale)^2 / 8``
+    -- twice the notebook's ``d_in``, because pairing makes one row move two predictions (module docstring).
     """
     x_lo, x_hi = _check_pair("x_bounds", x_bounds)
     f_lo, f_hi = _check_pair("fraction_bounds", fraction_bounds, lo=0.0, hi=1.0)

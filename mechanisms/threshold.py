@@ -16,6 +16,13 @@ Here the default release is strict, ``y > T``, for which OpenDP's numbers are so
 reproduces them exactly; ``inclusive=True`` keeps the ``>=`` semantics and charges the exact
 ``P(Z > T - Δ∞ - 1)`` instead.
 
+Zero values. A key whose value is 0 (grid index 0 for floats) is never released: it is treated
+exactly as an absent key, as the map's distances do (a missing key counts as 0). This makes the
+maps sound also when a neighbour differs only by the presence of a zero-valued key -- e.g. the
+``(key, bit)`` cell of a keyed histogram that no report fell in -- which OpenDP 0.16 would release
+with probability ``P(Z > T)`` at a distance of 0 on that key. The release of such a key would be
+pure noise, so nothing useful is lost.
+
 Float values are put on a grid of multiples of 2^k first (:mod:`mechanisms.float_grid`) and the
 rounding is charged to the sensitivities exactly as OpenDP does; the noisy grid index is turned back
 into a float by a fixed function of the index, so the release is post-processing of exact noise.
@@ -41,7 +48,8 @@ Differences from OpenDP, all on the safe side or outside the privacy claim:
 - integer outputs saturate at the dtype's range, as OpenDP's ``saturating_cast`` (the threshold test
   uses the exact noisy value);
 - f32 sensitivities are rounded *up* to f32 (OpenDP casts them to the nearest f32);
-- the mapping path returns the released keys in a random order (OpenDP: hash-map order).
+- the mapping path returns the released keys in a random order (OpenDP: hash-map order);
+- a zero-valued key is never released (OpenDP releases it with probability ``P(Z > T)``), see above.
 
 Speed: noise, grid rounding, threshold test and output conversion are numpy operations over all keys
 (int64 grid indices); float values beyond 2^61 grid steps (``|x| > 2^(61+k)``) and grids so fine that
@@ -203,6 +211,21 @@ def _check_sensitivity(name: str, value: object) -> Fraction:
     if f < 0:
         raise ParameterError(name, _Shown(value), "must be non-negative")
     return f
+
+
+def _check_unique_keys(keys: NDArray[Any]) -> None:
+    """DomainError if a key repeats (vectorized sort for orderable keys, a set otherwise)."""
+    if keys.size < 2:
+        return
+    try:
+        distinct = int(np.unique(keys).size)
+    except TypeError:  # keys of mixed, unorderable types
+        try:
+            distinct = len(set(keys.tolist()))
+        except TypeError as err:
+            raise DomainError(f"keys must be hashable: {err}") from err
+    if distinct != keys.size:
+        raise DomainError(f"keys must not repeat: {keys.size - distinct} repeated key(s) among {keys.size}")
 
 
 # --------------------------------------------------------------------------- the measurement
@@ -373,7 +396,7 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
         for i, v in enumerate(x):
             idx = fg.nearest_index(Fraction(v), self.k) if self.is_float else int(v)
             y = idx + self._noise_int(rng)
-            keep[i] = self._keep_exact(y)
+            keep[i] = idx != 0 and self._keep_exact(y)  # a zero value is never released (see _zero_is_absent)
             out.append(fg.index_to_float_exact(y, self.k, self.dtype) if self.is_float else min(max(y, lo), hi))
         return out, keep
 
@@ -393,6 +416,14 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
             return y >= np.int64(t) if self.inclusive else y > np.int64(t)
         return y <= np.int64(-t) if self.inclusive else y < np.int64(-t)
 
+    # A key whose value (its grid index, for floats) is 0 is never released, whatever its noise: it is then
+    # released exactly as if it were absent, so "absent" and "present with value 0" are the same input
+    # (the convention of the L0/L1/L∞ map distances, which count a missing key as 0). Without this, a key
+    # present with value 0 in one neighbour and absent in the other differs in release probability
+    # (P(Z > T)) while the distance between the two maps is 0 on that key: the δ of a caller counting
+    # only non-zero differences in Δ0 (e.g. the (key, bit) cells of a keyed histogram, one cell of which
+    # is 0) would be too small. Such a release would be pure noise, so nothing useful is lost.
+
     def _keep_exact(self, y: int) -> bool:
         t = self.threshold_index
         if self._sign > 0:
@@ -404,13 +435,16 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
     ) -> tuple[NDArray[Any], NDArray[Any]]:
         """Noisy release of parallel arrays: ``(kept_keys, noisy_values)`` in input order.
 
-        ``keys`` must not repeat (a map) and their order must not depend on the data (e.g. sorted);
+        ``keys`` must not repeat (a map; checked) and their order must not depend on the data (e.g. sorted);
         ``values`` must be of the measurement's dtype (ints for i32/i64, finite-or-inf floats without NaN).
+        For ``f32`` the values are first rounded to the nearest float32: state the sensitivities of the
+        rounded values (rounding f64 data to f32 can move two neighbours apart by one f32 ulp more).
         """
         keys = np.asarray(keys)
         vals = np.asarray(values)
         if keys.ndim != 1 or vals.ndim != 1 or keys.shape != vals.shape:
             raise DomainError(f"keys and values must be 1-d arrays of one length, got {keys.shape}, {vals.shape}")
+        _check_unique_keys(keys)  # a repeated key would get two independent noisy copies: the map assumes a map
         src = resolve(rng if rng is not None else self._rng)
         if self.is_float:
             noisy, keep = self._release_float(vals, src)
@@ -432,7 +466,7 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
         idx, big = fg.to_grid(x, self.k)
         z = self._noise(int(x.size), rng)
         y = idx + z  # |idx| < 2^61 and |z| < 2^56·V: no overflow
-        keep = self._keep(y)
+        keep = self._keep(y) & (idx != 0)  # a zero grid value is never released (big values are never zero)
         out = fg.indices_to_float(y, self.k, self.dtype)
         where = np.flatnonzero(big)
         if where.size:  # values beyond 2^61 grid steps: the same arithmetic in Python integers
@@ -456,7 +490,7 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
             return np.array(exact, dtype=_NP_DTYPE[self.dtype]), keep
         z = self._noise(int(x.size), rng)
         y = x + z  # wraps only for i64 near ±2^63, detected below
-        keep = self._keep(y)
+        keep = self._keep(y) & (x != 0)  # a zero value is never released (overflow needs x != 0)
         overflow = ((x ^ y) & (z ^ y)) < 0  # x, z of one sign and y of the other
         if overflow.any():
             up_ = overflow & (z > 0)  # exact y > 2^63 - 1: saturate; it passes a positive threshold

@@ -64,7 +64,19 @@ def cdp_delta(rho: float, epsilon: float) -> float:
             a_min = a_mid
         else:
             a_max = a_mid
+    return cdp_delta_at(rho, eps, a_max)
 
+
+def cdp_delta_at(rho: float, epsilon: float, alpha: float) -> float:
+    """CKS20's δ at one order ``α > 1``, rounded up: ``exp((α - 1)(αρ - ε) + α ln(1 - 1/α)) / (α - 1)``.
+
+    Valid for every α > 1 (any α gives an upper bound on the optimal δ); :func:`cdp_delta` picks α.
+    """
+    rho = _check_nonneg("rho", rho)
+    eps = _check_nonneg("epsilon", epsilon)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) < math.inf:
+        raise ParameterError("alpha", alpha, "must be a finite number above 1")
+    a_max = float(alpha)
     ar_e = rd.sub_up(rd.mul_up(a_max, rho), eps)  # αρ - ε, rounded up
     # (α - 1) rounds in the direction that enlarges the product (α - 1)(αρ - ε)
     a_1 = rd.sub_down(a_max, 1.0) if math.copysign(1.0, ar_e) < 0 else rd.sub_up(a_max, 1.0)

@@ -18,7 +18,7 @@ from scipy import stats
 
 from mechanisms.directed import exp_bounds
 from mechanisms.errors import ParameterError
-from mechanisms.rng import SeededRandom
+from mechanisms.rng import RandomSource, SeededRandom
 from mechanisms.samplers import (
     _uniform_below_exp_neg,
     bernoulli_exp_neg,
@@ -33,6 +33,7 @@ from mechanisms.samplers import (
 )
 
 P_REJECT = 1e-6
+_TWO64 = 1 << 64
 Z_REJECT = 4.9  # two-sided normal p-value 1e-6
 
 
@@ -118,7 +119,78 @@ def test_uniform_below_exp_neg_decides_a_boundary_word() -> None:
     assert _uniform_below_exp_neg(word - 1, gamma, rng) is True
     assert _uniform_below_exp_neg(word + 1, gamma, rng) is False
     hits = sum(_uniform_below_exp_neg(word, gamma, rng) for _ in range(400))
-    assert abs(_binomial_z(hits, 400, frac)) < Z_REJECT if 0.05 < frac < 0.95 else 0 <= hits <= 400
+    assert 0.05 < frac < 0.95  # 0.77: the binomial test below has power
+    assert abs(_binomial_z(hits, 400, frac)) < Z_REJECT
+
+
+class _ScriptedRandom(RandomSource):
+    """Returns the scripted 64-bit words first, then seeded ones: puts U exactly where a test needs it."""
+
+    def __init__(self, words: list[int]) -> None:
+        self.words = list(words)
+        self.rest = SeededRandom("scripted-rest")
+
+    def bytes(self, n: int) -> bytes:
+        return self.rest.bytes(n)
+
+    def uint64(self, size: int) -> np.ndarray:
+        head = [self.words.pop(0) for _ in range(min(size, len(self.words)))]
+        tail = self.rest.uint64(size - len(head))
+        return np.concatenate([np.array(head, dtype=np.uint64), tail])
+
+
+def test_bernoulli_rational_ties_go_to_the_next_word() -> None:
+    """U's first word equal to p's first word decides nothing: p = 3/4 ends there (U >= p), 1/3 goes on."""
+    three_quarters = 3 << 62
+    assert not bernoulli_rational(Fraction(3, 4), 1, _ScriptedRandom([three_quarters]))[0]
+    assert bernoulli_rational(Fraction(3, 4), 1, _ScriptedRandom([three_quarters - 1]))[0]
+    third = _TWO64 // 3  # 0x5555...: every word of 1/3's expansion
+    assert not bernoulli_rational(Fraction(1, 3), 1, _ScriptedRandom([third, third + 1]))[0]
+    assert bernoulli_rational(Fraction(1, 3), 1, _ScriptedRandom([third, third - 1]))[0]
+    assert bernoulli_rational(Fraction(1, 3), 1, _ScriptedRandom([third, third, third, 0]))[0]
+
+
+@pytest.mark.parametrize("gamma", [Fraction(1, 4), Fraction(0.7), Fraction(3), Fraction(37.5), Fraction(1, 2**30)])
+def test_filter_decides_the_words_next_to_exp_neg_gamma(gamma: Fraction) -> None:
+    """The word just above exp(-γ)·2^64 must give False and the one just below True (the float filter's
+    margin must not swallow them), and the boundary word itself is settled by the exact path."""
+    lo, hi = exp_bounds(-gamma)
+    word = math.floor(lo * _TWO64)
+    assert word == math.floor(hi * _TWO64)  # exp(-γ)·2^64 lies inside this word
+    approx, err = np.array([float(gamma)]), np.array([0.0])  # every γ here is a float exactly
+    for first, want in ((word + 1, False), (word - 1, True)):
+        got = bernoulli_exp_neg_filtered(approx, err, lambda i: gamma, _ScriptedRandom([first]))
+        assert bool(got[0]) is want
+    below = [word, 0]  # U = word·2^-64 + 0 < exp(-γ) iff word·2^-64 < exp(-γ), true here unless exp(-γ) = word·2^-64
+    assert bernoulli_exp_neg_filtered(approx, err, lambda i: gamma, _ScriptedRandom(below))[0]
+    above = [word, _TWO64 - 1, _TWO64 - 1, _TWO64 - 1]  # U just under (word+1)·2^-64 > exp(-γ)
+    assert not bernoulli_exp_neg_filtered(approx, err, lambda i: gamma, _ScriptedRandom(above))[0]
+
+
+@pytest.fixture()
+def exact_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Widen the float filter's margin so that it decides nothing: every acceptance takes the exact path."""
+    import mechanisms.samplers as samplers
+
+    monkeypatch.setattr(samplers, "_FILTER_ABS", 4.0)
+
+
+@pytest.mark.usefixtures("exact_path_only")
+def test_exact_acceptance_path_alone_gives_the_discrete_laplace() -> None:
+    scale = Fraction(7, 3)
+    draws = sample_discrete_laplace(scale, 3000, SeededRandom("dlap-exact-path"))
+    pmf = {x: discrete_laplace_pmf(x, scale) for x in range(-80, 81)}
+    assert _chi_square_p(draws, pmf) > P_REJECT
+
+
+@pytest.mark.usefixtures("exact_path_only")
+def test_exact_acceptance_path_alone_gives_the_discrete_gaussian() -> None:
+    """The exact γ_i of CKS Alg. 3 (used only when the float filter cannot decide) is the right one."""
+    sigma = Fraction(5, 2)
+    draws = sample_discrete_gaussian(sigma, 3000, SeededRandom("dgauss-exact-path"))
+    pmf = {x: discrete_gaussian_pmf(x, sigma) for x in range(-40, 41)}
+    assert _chi_square_p(draws, pmf) > P_REJECT
+    assert abs(draws.var() / float(sigma) ** 2 - 1) < 0.15  # sd of the ratio ~ sqrt(2/3000) = 0.026: 5.8 sd
 
 
 def test_same_seed_same_draws() -> None:

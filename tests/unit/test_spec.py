@@ -325,7 +325,7 @@ def test_central_budgets_must_cover_the_horizon() -> None:
         )
     ]
     doc = demo_doc()
-    doc["metrics"][5]["scale"] = 1.0  # DP Theil-Sen: ε = 2 · d_in · runs / scale = 2 per window
+    doc["metrics"][5]["scale"] = 2.0  # DP Theil-Sen: ε = 2 · (2 · d_in · runs) / scale = 2 per window
     assert problems_of(doc) == [
         (
             "metrics[5].budget.epsilon",

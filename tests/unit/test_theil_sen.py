@@ -33,10 +33,10 @@ def _notebook_data(n: int, seed: int) -> np.ndarray:
 # --- the maps --------------------------------------------------------------------------------------
 
 
-def test_notebook_map_is_two() -> None:
-    """Notebook: ``meas.map(1)`` prints 2.0 (each of the two medians is ε = 1 at scale 1)."""
+def test_map_is_twice_the_notebooks() -> None:
+    """Notebook: ``meas.map(1)`` prints 2.0; ours is 4.0 (one row moves up to two predictions per run)."""
     meas = make_private_theil_sen(X_BOUNDS, Y_BOUNDS, scale=1.0)
-    assert meas.map(1) == 2.0
+    assert meas.map(1) == 4.0
     assert meas.output_measure == MAX_DIVERGENCE and meas.input_metric == SYMMETRIC_DISTANCE
 
 
@@ -44,16 +44,35 @@ def test_notebook_map_is_two() -> None:
 @pytest.mark.parametrize("scale", [0.5, 1.0, 4.0])
 def test_runs_scale_the_loss(runs: int, scale: float) -> None:
     pure = make_private_theil_sen(X_BOUNDS, Y_BOUNDS, scale, runs=runs)
-    assert pure.map(1) == pytest.approx(2 * runs / scale, rel=1e-15)
-    assert pure.map(3) == pytest.approx(2 * 3 * runs / scale, rel=1e-15)
+    assert pure.map(1) == pytest.approx(2 * 2 * runs / scale, rel=1e-15)
+    assert pure.map(3) == pytest.approx(2 * 2 * 3 * runs / scale, rel=1e-15)
     zcdp = make_private_theil_sen(X_BOUNDS, Y_BOUNDS, scale, runs=runs, output_measure="zero_concentrated_divergence")
     assert zcdp.output_measure == ZERO_CONCENTRATED_DIVERGENCE
-    assert zcdp.map(1) == pytest.approx(2 * (runs / scale) ** 2 / 8, rel=1e-15)
+    assert zcdp.map(1) == pytest.approx(2 * (2 * runs / scale) ** 2 / 8, rel=1e-15)
+
+
+def test_one_added_row_moves_two_predictions() -> None:
+    """The notebook's stability ``d_out = d_in`` is false: from 2 rows to 3, the single pair of the 2 rows
+    survives only when the new row is left out (probability 1/3); otherwise one prediction is removed and
+    another added (symmetric distance 2). P(no distance-2 run in 300) = (1/3)^300: this cannot false-fail."""
+    cuts = np.array([-1.5, 1.5])
+    x = np.array([[0.0, 0.0], [1.0, 1.0]])
+    x_plus = np.vstack([x, [[2.0, 5.0]]])
+    base = pairwise_predict(x, cuts, SeededRandom(0))
+    rng = SeededRandom("add-one-row")
+    moved = 0
+    for _ in range(300):
+        out = pairwise_predict(x_plus, cuts, rng)
+        assert out.shape == base.shape == (1, 2)  # the same number of pairs: distance 0 or 2, never 1
+        moved += not np.array_equal(out, base)
+    assert moved > 0  # distance 2 happens, so d_out = 2 · d_in is needed
+    assert 160 <= moved <= 240  # binomial(300, 2/3): mean 200, sd 8.2; 5 sd either side (false failure < 1e-6)
+    assert make_pairwise_predict(cuts).map(1) == 2
 
 
 def test_pipeline_pieces_have_the_notebook_maps() -> None:
     pp = make_pairwise_predict(np.array([-1.5, 1.5]), runs=3)
-    assert isinstance(pp, Transformation) and pp.map(2) == 6
+    assert isinstance(pp, Transformation) and pp.map(2) == 12  # 2 · d_in · runs
     assert make_select_column(1).map(4) == 4
     medians = make_private_percentile_medians(Y_BOUNDS, 2.0)
     assert medians.map(1) == 1.0  # two medians at ε = 1/2 each
