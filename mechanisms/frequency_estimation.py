@@ -52,6 +52,7 @@ from mechanisms.errors import DomainError, ParameterError
 from mechanisms.estimates import Estimate
 from mechanisms.local_hashing import local_hashing_support_probabilities, olh_support_counts
 from mechanisms.unary_encoding import unary_support_counts
+from mechanisms.validation import check_count
 
 __all__ = [
     "Estimand",
@@ -74,9 +75,7 @@ Estimand = Literal["sample", "population"]
 
 
 def _check_n(n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) < 1:
-        raise ParameterError("n", n, "must be a positive integer (the number of reports)")
-    return int(n)
+    return check_count("n", n, positive=True, meaning="the number of reports")
 
 
 def _check_counts(name: str, counts: ArrayLike, n: int) -> NDArray[np.float64]:

@@ -35,14 +35,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.category_set import CategorySet, index_dtype, withheld_value_message
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.core import Domain
 from mechanisms.errors import DomainError, ParameterError
-from mechanisms.randomized_response import (
-    RandomizedResponse,
-    check_distance,
-    randomized_response_prob,
-)
-from mechanisms.rng import RandomSource, resolve
+from mechanisms.local_randomizer import LocalRandomizer
+from mechanisms.randomized_response import RandomizedResponse, randomized_response_prob
+from mechanisms.rng import RandomSource
 
 __all__ = [
     "HASH_PRIME",
@@ -120,7 +117,7 @@ def _draw_below_prime(src: RandomSource, size: int) -> NDArray[np.uint64]:
     return out
 
 
-class LocalHashing(Measurement[Any, Any]):
+class LocalHashing(LocalRandomizer):
     """Local hashing into ``g`` buckets with inner randomized-response probability ``p``.
 
     Six elements: function ``v -> (seed, y)`` (above); input domain the categories (a value outside
@@ -151,16 +148,12 @@ class LocalHashing(Measurement[Any, Any]):
         self.g: int = int(g)  # g, number of hash buckets
         self._inner = RandomizedResponse(range(self.g), prob, rng)  # k-RR over the buckets; validates prob
         self.prob: float = self._inner.prob  # p, probability of reporting the true bucket
-        self.epsilon: float = self._inner.epsilon  # d_out = ln(p (g-1) / (1-p)) for d_in >= 1
         self.name: str = name
-        self._rng: RandomSource | None = rng
         super().__init__(
             input_domain=Domain(f"AtomDomain<{cats.type_name}>", member=cats.__contains__),
-            input_metric=DISCRETE_DISTANCE,
-            output_measure=MAX_DIVERGENCE,
-            function=self._release,
-            privacy_map=self._privacy_map,
             output_domain=Domain(f"(u64, Bucket<{self.g}>)"),
+            epsilon=self._inner.epsilon,  # d_out = ln(p (g-1) / (1-p)) for d_in >= 1
+            rng=rng,
         )
 
     @property
@@ -168,15 +161,12 @@ class LocalHashing(Measurement[Any, Any]):
         """``(p*, q*)`` of the support test ``H(v) = y`` (see the module docstring)."""
         return local_hashing_support_probabilities(self.g, self.prob)
 
-    def _privacy_map(self, d_in: object) -> float:
-        return 0.0 if check_distance(d_in) == 0 else self.epsilon
-
     def randomize_indices(
         self, indices: Any, rng: RandomSource | None = None
     ) -> tuple[NDArray[np.uint64], NDArray[Any]]:
         """Reports of all users at once: ``(seeds, buckets)``, seeds uint64 ``a·2^32 + b``, buckets ``< g``."""
         x = self.category_set.check_indices(indices).ravel()
-        src = resolve(rng if rng is not None else self._rng)
+        src = self._source(rng)
         n = int(x.size)
         a = _draw_below_prime(src, n)
         b = _draw_below_prime(src, n)

@@ -54,7 +54,7 @@ from mechanisms.core import (
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.rng import RandomSource, resolve
 from mechanisms.samplers import bernoulli_exp_neg
-from mechanisms.validation import check_range
+from mechanisms.validation import check_count, check_range
 
 _U64_MAX = (1 << 64) - 1
 #: α granularity when the dataset size is unknown and α's float denominator is larger (OpenDP's choice).
@@ -88,13 +88,6 @@ def parse_input_metric(input_metric: str | Metric) -> Metric:
     if isinstance(input_metric, str) and input_metric in _METRIC_NAMES:
         return _METRIC_NAMES[input_metric]
     raise ParameterError("input_metric", str(input_metric), "must be 'symmetric_distance' or 'insert_delete_distance'")
-
-
-def _check_distance(d_in: object) -> int:
-    """A dataset or score distance: a non-negative integer."""
-    if isinstance(d_in, bool) or not isinstance(d_in, (int, np.integer)) or int(d_in) < 0:
-        raise ParameterError("d_in", d_in, "must be a non-negative integer")
-    return int(d_in)
 
 
 def _check_size(size: object) -> int | None:
@@ -188,7 +181,7 @@ def make_quantile_score_candidates(
         return score_candidates(arr, c, alpha_num, alpha_den, size_limit)
 
     def stability_map(d_in: object) -> int:
-        d = _check_distance(d_in)
+        d = check_count("d_in", d_in)
         if n is not None:
             return (d // 2) * alpha_den  # known size: ⌊d_in/2⌋ changed records, each moves a score by <= α_den
         return d * max(alpha_num, alpha_den - alpha_num)  # each added/removed record moves a score by <= max(·)
@@ -282,7 +275,7 @@ def make_noisy_max(
         return exponential_mechanism(gaps, s, source)
 
     def privacy_map(d_in: object) -> float:
-        d = _check_distance(d_in)
+        d = check_count("d_in", d_in)
         d_range = d if monotonic else 2 * d  # range distance max_ij |(x_i - x'_i) - (x_j - x'_j)| <= 2·d_in
         if d_range == 0:
             return 0.0

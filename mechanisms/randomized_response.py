@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,11 @@ from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, uniform_below
 from mechanisms.category_set import CategorySet, index_dtype, withheld_value_message
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.core import Domain
 from mechanisms.directed import div_up, ln_up, mul_up, sub_down
-from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
-from mechanisms.rng import RandomSource, probability_threshold, resolve
+from mechanisms.errors import DomainError, ParameterError
+from mechanisms.local_randomizer import LocalRandomizer, check_distance
+from mechanisms.rng import RandomSource, probability_threshold
 
 __all__ = [
     "RandomizedResponse",
@@ -98,13 +99,6 @@ def randomized_response_prob(epsilon: float, num_categories: int) -> float:
     return p
 
 
-def check_distance(d_in: object) -> int:
-    """A ``DiscreteDistance`` ``d_in``: a non-negative integer (0 for equal inputs, 1 otherwise)."""
-    if isinstance(d_in, bool) or not isinstance(d_in, Integral) or int(d_in) < 0:
-        raise PrivacyMapError(f"d_in ({d_in!r}) must be a non-negative integer (DiscreteDistance)")
-    return int(d_in)
-
-
 def _check_epsilon(epsilon: object) -> float:
     if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or math.isnan(float(epsilon)):
         raise ParameterError("epsilon", epsilon, "must be a real number in [0, ∞]")
@@ -123,7 +117,7 @@ def _check_prob(prob: object, lowest: float, lowest_text: str) -> float:
     return p
 
 
-class RandomizedResponseBool(Measurement[Any, Any]):
+class RandomizedResponseBool(LocalRandomizer):
     """Boolean randomized response: ``f(x) = x`` with probability ``p``, else ``not x``.
 
     Six elements: function above; input and output domain ``AtomDomain<bool>``; input metric
@@ -135,16 +129,12 @@ class RandomizedResponseBool(Measurement[Any, Any]):
     def __init__(self, prob: float, rng: RandomSource | None = None) -> None:
         self.prob: float = _check_prob(prob, 0.5, "0.5")  # p, probability of answering truthfully
         self.num_categories = 2
-        self.epsilon: float = randomized_response_epsilon(self.prob, 2)  # d_out = ln(p / (1 - p)) for d_in >= 1
         self.threshold: int = probability_threshold(self.prob)  # keep iff U < floor(p·2^64): realized p_r <= p
-        self._rng = rng
         super().__init__(
             input_domain=Domain("AtomDomain<bool>", member=lambda v: isinstance(v, (bool, np.bool_))),
-            input_metric=DISCRETE_DISTANCE,
-            output_measure=MAX_DIVERGENCE,
-            function=self._release,
-            privacy_map=self._privacy_map,
             output_domain=Domain("AtomDomain<bool>", member=lambda v: isinstance(v, (bool, np.bool_))),
+            epsilon=randomized_response_epsilon(self.prob, 2),  # d_out = ln(p / (1 - p)) for d_in >= 1
+            rng=rng,
         )
 
     @property
@@ -152,15 +142,12 @@ class RandomizedResponseBool(Measurement[Any, Any]):
         """``(p*, q*)``: P(report True | truth True) = p and P(report True | truth False) = 1 - p."""
         return self.prob, 1.0 - self.prob
 
-    def _privacy_map(self, d_in: object) -> float:
-        return 0.0 if check_distance(d_in) == 0 else self.epsilon
-
     def randomize(self, values: NDArray[np.bool_], rng: RandomSource | None = None) -> NDArray[np.bool_]:
         """Randomize every user's bit at once (one random byte per user, plus 8 per 256 users)."""
         x = np.asarray(values)
         if x.dtype != np.bool_:
             raise DomainError(f"boolean randomized response needs a bool array, got dtype {x.dtype}")
-        src = resolve(rng if rng is not None else self._rng)
+        src = self._source(rng)
         keep = bernoulli_threshold(src, self.threshold, int(x.size)).reshape(x.shape)
         return np.equal(x, keep)  # keep -> x, otherwise not x
 
@@ -175,7 +162,7 @@ class RandomizedResponseBool(Measurement[Any, Any]):
         return f"RandomizedResponseBool(prob={self.prob!r}, epsilon={self.epsilon!r})"
 
 
-class RandomizedResponse(Measurement[Any, Any]):
+class RandomizedResponse(LocalRandomizer):
     """k-ary randomized response over ``categories``: the truth with probability ``p``, else another, uniformly.
 
     Six elements: function above (a non-member input gets a uniform category); input domain
@@ -195,27 +182,20 @@ class RandomizedResponse(Measurement[Any, Any]):
         self.categories: tuple[Hashable, ...] = cats.categories
         self.num_categories: int = k  # k
         self.prob: float = _check_prob(prob, 1.0 / k, f"1/{k}")  # p, probability of the true category
-        self.epsilon: float = randomized_response_epsilon(self.prob, k)  # d_out = ln(p (k-1) / (1-p)) for d_in >= 1
         self.threshold: int = probability_threshold(self.prob)  # keep iff U < floor(p·2^64)
         # realized p_r = threshold / 2^64 <= 1/k: answer uniformly over all k (loss exactly 0, see module doc)
         self.uniform: bool = self.threshold * k <= TWO64
-        self._rng = rng
         super().__init__(
             input_domain=Domain(f"AtomDomain<{cats.type_name}>"),
-            input_metric=DISCRETE_DISTANCE,
-            output_measure=MAX_DIVERGENCE,
-            function=self._release,
-            privacy_map=self._privacy_map,
             output_domain=Domain(f"Categories<{k}>", member=cats.__contains__),
+            epsilon=randomized_response_epsilon(self.prob, k),  # d_out = ln(p (k-1) / (1-p)) for d_in >= 1
+            rng=rng,
         )
 
     @property
     def support_probabilities(self) -> tuple[float, float]:
         """``(p*, q*)``: P(report v | truth v) = p, P(report v | truth u ≠ v) = (1 - p) / (k - 1)."""
         return self.prob, (1.0 - self.prob) / (self.num_categories - 1)
-
-    def _privacy_map(self, d_in: object) -> float:
-        return 0.0 if check_distance(d_in) == 0 else self.epsilon
 
     def index_of(self, values: Any) -> NDArray[np.int64]:
         """Category index of each value, ``-1`` for values that are not categories."""
@@ -229,7 +209,7 @@ class RandomizedResponse(Measurement[Any, Any]):
         mapped onto the categories other than the truth ``x`` as ``r + (r >= x)``.
         """
         x = self.category_set.check_indices(indices)
-        src = resolve(rng if rng is not None else self._rng)
+        src = self._source(rng)
         out_dtype = np.promote_types(x.dtype, index_dtype(self.num_categories))
         return self._randomize_members(x.ravel().astype(out_dtype, copy=False), src).reshape(x.shape)
 
@@ -245,7 +225,7 @@ class RandomizedResponse(Measurement[Any, Any]):
     def randomize_values(self, values: Any, rng: RandomSource | None = None) -> NDArray[Any]:
         """Randomize an array of category values (non-members get a uniform category); returns categories."""
         idx = self.index_of(values)
-        src = resolve(rng if rng is not None else self._rng)
+        src = self._source(rng)
         flat = idx.ravel()
         out = np.empty(flat.size, dtype=index_dtype(self.num_categories))
         member = flat >= 0
@@ -260,7 +240,7 @@ class RandomizedResponse(Measurement[Any, Any]):
         if isinstance(arg, np.ndarray):
             return self.randomize_values(arg)
         i = self.category_set.index(arg)
-        src = resolve(self._rng)
+        src = self._source(None)
         if i < 0:
             j = int(uniform_below(src, self.num_categories, 1)[0])
         else:

@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 
 from mechanisms.errors import ParameterError
 from mechanisms.rng import RandomSource, resolve
+from mechanisms.validation import check_count
 
 _TWO64 = 1 << 64
 _LAPLACE_MAX_T = 1 << 56  # Alg. 2 vectorized: U + t*V must stay far inside int64
@@ -65,12 +66,6 @@ def _as_fraction(name: str, value: object, *, positive: bool) -> Fraction:
     if not positive and f < 0:
         raise ParameterError(name, value, "must not be negative")
     return f
-
-
-def _check_size(size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or int(size) < 0:
-        raise ParameterError("size", size, "must be a non-negative integer")
-    return int(size)
 
 
 # --------------------------------------------------------------------------- Bernoulli(p), p rational
@@ -112,7 +107,7 @@ def bernoulli_rational(p: Fraction, size: int, rng: RandomSource | None = None) 
     q = _as_fraction("p", p, positive=False)
     if q > 1:
         raise ParameterError("p", p, "must be in [0, 1]")
-    return _bernoulli_rational_into(q, _check_size(size), resolve(rng))
+    return _bernoulli_rational_into(q, check_count("size", size), resolve(rng))
 
 
 # --------------------------------------------------------------------------- Bernoulli(exp(-γ)), scalar γ
@@ -141,7 +136,7 @@ def bernoulli_exp_neg(gamma: Fraction, size: int, rng: RandomSource | None = Non
     and one of Bernoulli(exp(-(γ - floor γ))); rounds stop once every draw is already False.
     """
     g = _as_fraction("gamma", gamma, positive=False)
-    n = _check_size(size)
+    n = check_count("size", size)
     src = resolve(rng)
     alive = np.arange(n)
     whole = g.numerator // g.denominator
@@ -306,7 +301,7 @@ def sample_discrete_laplace(scale: Fraction, size: int, rng: RandomSource | None
     in Python integers one draw at a time.
     """
     b = _as_fraction("scale", scale, positive=True)
-    n = _check_size(size)
+    n = check_count("size", size)
     src = resolve(rng)
     t, s = b.numerator, b.denominator
     if t <= _LAPLACE_MAX_T:
@@ -368,7 +363,7 @@ def sample_discrete_gaussian(sigma: Fraction, size: int, rng: RandomSource | Non
     vectorized for σ <= 2^46, exact in Python integers above.
     """
     sg = _as_fraction("sigma", sigma, positive=True)
-    n = _check_size(size)
+    n = check_count("size", size)
     src = resolve(rng)
     if sg <= _GAUSS_MAX_SIGMA:
         return _discrete_gaussian_vectorized(sg, n, src)

@@ -35,11 +35,11 @@ from numpy.typing import NDArray
 
 from mechanisms.byte_sampling import TWO64, bernoulli_threshold, threshold_at_least
 from mechanisms.category_set import CategorySet, withheld_value_message
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
+from mechanisms.core import Domain
 from mechanisms.directed import ln_up
 from mechanisms.errors import DomainError, ParameterError
-from mechanisms.randomized_response import check_distance
-from mechanisms.rng import RandomSource, probability_threshold, resolve
+from mechanisms.local_randomizer import LocalRandomizer
+from mechanisms.rng import RandomSource, probability_threshold
 
 __all__ = [
     "UnaryEncoding",
@@ -123,7 +123,7 @@ def sue_probabilities(epsilon: float) -> tuple[float, float]:
     return p, _realized_q(1.0 - p)
 
 
-class UnaryEncoding(Measurement[Any, Any]):
+class UnaryEncoding(LocalRandomizer):
     """Unary encoding over ``categories`` with realized bit probabilities ``p`` (the 1) and ``q`` (the 0s).
 
     Six elements: function: one-hot then independent bit flips (above); input domain the categories
@@ -155,16 +155,12 @@ class UnaryEncoding(Measurement[Any, Any]):
             raise ParameterError("q", q, f"must be at most p ({p!r}) after rounding to multiples of 2^-64")
         self._t_p = probability_threshold(self.p)  # exact: p is a multiple of 2^-64
         self._t_q = threshold_at_least(self.q)
-        self.epsilon: float = unary_encoding_epsilon(self.p, self.q)  # d_out = ln(p(1-q)/((1-p)q)) for d_in >= 1
         self.name: str = name
-        self._rng: RandomSource | None = rng
         super().__init__(
             input_domain=Domain(f"AtomDomain<{cats.type_name}>", member=cats.__contains__),
-            input_metric=DISCRETE_DISTANCE,
-            output_measure=MAX_DIVERGENCE,
-            function=self._release,
-            privacy_map=self._privacy_map,
             output_domain=Domain(f"BitVector<{self.num_categories}>"),
+            epsilon=unary_encoding_epsilon(self.p, self.q),  # d_out = ln(p(1-q)/((1-p)q)) for d_in >= 1
+            rng=rng,
         )
 
     @property
@@ -177,16 +173,13 @@ class UnaryEncoding(Measurement[Any, Any]):
         """Bytes per packed report: ``ceil(k / 8)``."""
         return (self.num_categories + 7) // 8
 
-    def _privacy_map(self, d_in: object) -> float:
-        return 0.0 if check_distance(d_in) == 0 else self.epsilon
-
     def randomize_indices(self, indices: Any, rng: RandomSource | None = None) -> NDArray[np.uint8]:
         """Reports of all users at once: packed rows, shape ``(n, ceil(k/8))``, uint8.
 
         Each of the ``n·k`` bits costs about one random byte (a lazily compared 64-bit threshold).
         """
         x = self.category_set.check_indices(indices).ravel()
-        src = resolve(rng if rng is not None else self._rng)
+        src = self._source(rng)
         k, n = self.num_categories, int(x.size)
         out = np.empty((n, self.report_bytes), dtype=np.uint8)
         rows = max(1, min(n, _CHUNK_BITS // k))

@@ -69,3 +69,15 @@ def check_positive(name: str, value: object, *, allow_zero: bool = False, allow_
     if v < 0 or (v == 0 and not allow_zero):
         raise ParameterError(name, value, "must not be negative" if allow_zero else "must be positive")
     return v
+
+
+def check_count(name: str, value: object, *, positive: bool = False, meaning: str | None = None) -> int:
+    """Return ``value`` as an int ``>= 0`` (``>= 1`` if ``positive``): a size, a number of reports, a distance.
+
+    Bools and non-integers are rejected with the same message as out-of-range values, e.g.
+    ``d_in (-1) must be a non-negative integer`` or ``n (0) must be a positive integer (the number of reports)``.
+    """
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < (1 if positive else 0):
+        what = f" ({meaning})" if meaning else ""
+        raise ParameterError(name, value, f"must be a {'positive' if positive else 'non-negative'} integer{what}")
+    return int(value)

@@ -31,10 +31,11 @@ from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
 from ptel.commands.releases import Truth, format_release, plot_releases
 from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_port, probe_metadata
 from schemas.releases import Release
-from schemas.spec import CollectionSpec, SpecError, load_spec, parse_spec
+from schemas.spec import CollectionSpec, parse_spec
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 
@@ -63,11 +64,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        base = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    base = load_spec_or_report(args.spec)
+    if base is None:
+        return SPEC_ERROR_EXIT
     broker: LocalKafka | None = None
     started_here = False
     try:

@@ -10,9 +10,7 @@ spec's retention, dead-letter counts by reason, exact under redelivery -- and se
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import faust
@@ -21,7 +19,7 @@ from agents.errors import AgentError
 from agents.monitor.app import MonitorSettings, default_app_id
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
-from schemas.spec import SpecError, load_spec
+from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
 
 
 def register(subparsers: Any) -> None:
@@ -30,12 +28,8 @@ def register(subparsers: Any) -> None:
         help="serve releases and dead-letter counts as JSON (faust-streaming tables + web views)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
-    p.add_argument(
-        "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
-    )
+    add_spec_argument(p)
+    add_bootstrap_argument(p)
     p.add_argument("--web-port", type=int, default=6066, help="port of the JSON views (default 6066)")
     p.add_argument("--web-bind", default="127.0.0.1", help="interface the web server listens on (default 127.0.0.1)")
     p.add_argument("--app-id", default=None, help="Faust app id / consumer group (default: ptel-monitor.<spec>)")
@@ -44,11 +38,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: Any) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
     try:
         settings = MonitorSettings(
             bootstrap=args.bootstrap, web_port=args.web_port, web_bind=args.web_bind, app_id=args.app_id

@@ -39,7 +39,8 @@ from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublish
 from producers.privatize import CategoricalPrivatizer, EventError
 from producers.replay import LineError, ReplayEvent, read_events
 from producers.simulate import Population
-from schemas.spec import CollectionSpec, SpecError, load_spec
+from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
+from schemas.spec import CollectionSpec
 from schemas.wire import DEFAULT_SHARDS
 
 CHUNK = 2048  # reports privatized per vectorized call
@@ -60,12 +61,8 @@ def register(subparsers: Any) -> None:
         help="simulate devices (or replay raw events), privatize them per the spec, publish reports to Kafka",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
-    p.add_argument(
-        "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
-    )
+    add_spec_argument(p)
+    add_bootstrap_argument(p)
     p.add_argument("--topic", default=None, help="reports topic (default: the spec's topics.reports)")
     src = p.add_argument_group("what to send")
     src.add_argument("--clients", type=int, default=1000, help="simulated devices (default: 1000)")
@@ -379,11 +376,9 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
     for name in ("clients", "windows"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable
@@ -21,8 +20,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
 from schemas.releases import Release
-from schemas.spec import CollectionSpec, SpecError, load_spec
 
 
 def register(subparsers: Any) -> None:
@@ -31,12 +30,8 @@ def register(subparsers: Any) -> None:
         help="tail the releases topic as a readable table (--plot: PNG vs truth)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
-    p.add_argument(
-        "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
-    )
+    add_spec_argument(p)
+    add_bootstrap_argument(p)
     p.add_argument("--topic", default=None, help="releases topic (default: the spec's topics.releases)")
     p.add_argument("--metric", action="append", default=None, help="show only this metric (repeatable)")
     p.add_argument("--truth", type=Path, default=None, help="ground-truth JSON (from ptel produce --truth)")
@@ -273,11 +268,9 @@ async def read_releases(
 
 
 def run(args: Any) -> int:
-    try:
-        spec: CollectionSpec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
     truth = Truth.load(args.truth) if args.truth else None
     wanted = set(args.metric or [])
 

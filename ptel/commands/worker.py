@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from agents.app import build_worker, default_group
@@ -23,8 +21,8 @@ from agents.errors import AgentError
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
 from schemas.releases import Release
-from schemas.spec import SpecError, load_spec
 
 
 def register(subparsers: Any) -> None:
@@ -33,12 +31,8 @@ def register(subparsers: Any) -> None:
         help="run an agents worker for a spec (windowed counts, releases)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
-    p.add_argument(
-        "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
-    )
+    add_spec_argument(p)
+    add_bootstrap_argument(p)
     p.add_argument(
         "--group", default=None, help="consumer group and internal-topic prefix (default: ptel-agents.<spec>)"
     )
@@ -75,11 +69,9 @@ def run(args: Any) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
         group=args.group or default_group(spec),
