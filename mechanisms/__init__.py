@@ -74,6 +74,7 @@ from mechanisms.local_hashing import (
     make_optimized_local_hashing,
     olh_support_counts,
 )
+from mechanisms.local_randomizer import LocalRandomizer
 from mechanisms.protocol_choice import (
     ProtocolChoice,
     choose_protocol,
@@ -189,6 +190,7 @@ __all__ = [
     "Estimate",
     "LedgerEntry",
     "LocalHashing",
+    "LocalRandomizer",
     "Measure",
     "Measurement",
     "MechanismError",
