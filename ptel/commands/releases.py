@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
 from schemas.releases import Release
@@ -236,9 +237,9 @@ async def read_releases(
 ) -> list[Release]:
     """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
-    await consumer.start()
     seen: dict[str, Release] = {}
     try:
+        await consumer.start()
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
             await consumer._client.force_metadata_update()
@@ -290,6 +291,9 @@ def run(args: Any) -> int:
         )
     except KeyboardInterrupt:
         return 130
+    except KafkaError as err:
+        print(f"error: cannot read releases from Kafka at {args.bootstrap}: {err}", file=sys.stderr)
+        return 1
     releases = [r for r in releases if not wanted or r.metric in wanted]
     print(f"{len(releases)} releases", flush=True)
     if args.plot:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from ptel.cli import main
 from ptel.commands.releases import Truth, format_release, plot_releases
 from ptel.commands.worker import release_line
 from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 
 
 def _release(kind: str = "categorical", refused: str | None = None) -> Release:
@@ -54,3 +59,10 @@ def test_format_release_shows_estimates_beside_truth() -> None:
 def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
     out = plot_releases([_release()], TRUTH, tmp_path / "r.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unreachable_broker_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # 127.0.0.1:1 refuses connections at once: the command must say so and exit 1, not raise.
+    rc = main(["releases", "--spec", str(DEMO_SPEC), "--bootstrap", "127.0.0.1:1"])
+    assert rc == 1
+    assert "cannot read releases from Kafka at 127.0.0.1:1" in capsys.readouterr().err
