@@ -8,19 +8,48 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from agents.errors import StateError
 from agents.kinds import olh_ranges, resolve_protocols
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.release import build_release
+from agents.validation import Protocol
 from agents.worker import Worker, WorkerSettings
-from mechanisms.rng import RandomSource, SeededRandom
-from schemas.releases import Release
+from mechanisms.rng import DerivedRandom, RandomSource, SeededRandom
+from schemas.releases import Release, release_key
 from schemas.spec import CollectionSpec
 
 
 def default_group(spec: CollectionSpec) -> str:
     """The consumer group (and internal-topic prefix) of a spec's workers: ``ptel-agents.<spec name>``."""
     return f"ptel-agents.{spec.name}"
+
+
+def release_builder(
+    spec: CollectionSpec, protocols: dict[str, Protocol], *, insecure_noise_seed: str | None = None
+) -> Callable[[Partial, MetricLedger], Release]:
+    """The stage-2 release builder: :func:`agents.release.build_release` with each release's noise source.
+
+    Central noise is drawn from ``DerivedRandom(K, "<metric>|<window_start>")`` under the stage's secret key
+    ``K`` (:attr:`agents.stage2.ReleaserState.noise_key`, handed over on the ledger): a retried release is
+    byte-identical to an aborted attempt. ``insecure_noise_seed`` (tests only: it makes every noise draw
+    predictable, i.e. removes the privacy of keyed and regression releases, and such records say so in
+    ``insecure_noise``) draws it from ``SeededRandom("<seed>|<metric>|<window_start>")`` instead.
+    """
+
+    def builder(merged: Partial, ledger: MetricLedger) -> Release:
+        context = release_key(merged.metric, merged.window_start_ms)
+        rng: RandomSource
+        if insecure_noise_seed is not None:
+            rng = SeededRandom(f"{insecure_noise_seed}|{context}")
+        elif ledger.noise_key is None:
+            # fail closed: fresh noise here would make a retried release an independent second draw
+            raise StateError(f"no release noise key for {context}: stage 2 hands it over on the ledger")
+        else:
+            rng = DerivedRandom(ledger.noise_key, context)
+        return build_release(spec, merged, ledger, partitions=spec.topics.partitions, protocols=protocols, rng=rng)
+
+    return builder
 
 
 def build_worker(
@@ -30,26 +59,13 @@ def build_worker(
     insecure_noise_seed: str | None = None,
     on_release: Callable[[Release], None] | None = None,
 ) -> Worker:
-    """A worker for ``spec``.
-
-    Central noise comes from the CSPRNG. ``insecure_noise_seed`` (tests only: it makes every noise draw
-    predictable, i.e. removes the privacy of keyed and regression releases) draws each release's noise
-    from ``SeededRandom("<seed>|<metric>|<window_start>")``, so the same input gives the same releases
-    however the work is spread over workers.
-    """
+    """A worker for ``spec`` (release noise: see :func:`release_builder`)."""
     protocols = resolve_protocols(spec)
-
-    def builder(merged: Partial, ledger: MetricLedger) -> Release:
-        rng: RandomSource | None = None
-        if insecure_noise_seed is not None:
-            rng = SeededRandom(f"{insecure_noise_seed}|{merged.metric}|{merged.window_start_ms}")
-        return build_release(spec, merged, ledger, partitions=spec.topics.partitions, protocols=protocols, rng=rng)
-
     return Worker(
         spec,
         settings,
         protocols=protocols,
         olh_range=olh_ranges(spec, protocols),
-        builder=builder,
+        builder=release_builder(spec, protocols, insecure_noise_seed=insecure_noise_seed),
         on_release=on_release,
     )

@@ -8,12 +8,20 @@ without a budget is recorded but not capped.
 
 ``(ε, δ)`` budgets accept pure ε releases (δ = 0) and approximate ones; ``(ρ, δ)`` budgets accept zCDP
 releases and pure ε ones (ε-DP implies ε²/2-zCDP), as the accountant defines.
+
+A metric whose loss over several windows is not the sum of the windows' losses -- RAPPOR, whose memoized
+PRR bounds every report of one value by ε∞ -- is charged by :meth:`MetricLedger.charge_horizon` with the
+spec's own function of the number of windows (the one the spec's load-time budget check calls): a spec
+that loads is never refused by the ledger while within the horizon's budget.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from agents.errors import BudgetError, StateError
@@ -39,6 +47,9 @@ class MetricLedger:
     retention_ms: int
     #: ``{"id", "start", "measure", "loss"}`` per charged release, oldest first.
     entries: list[dict[str, Any]] = field(default_factory=list)
+    #: The stage's secret release-noise key (:attr:`agents.stage2.ReleaserState.noise_key`), set by stage 2
+    #: before each release is built; not part of the ledger record (it has its own state record).
+    noise_key: bytes | None = field(default=None, repr=False, compare=False)
 
     def _accountant(self, entries: list[dict[str, Any]]) -> PrivacyAccountant | None:
         if self.budget is None:
@@ -63,6 +74,28 @@ class MetricLedger:
             live.append({"id": release_id, "start": int(window_start_ms), "measure": measure, "loss": _plain(loss)})
         self.entries = live
         return self.summary(acc)
+
+    def charge_horizon(
+        self, release_id: str, window_start_ms: int, horizon_loss: Callable[[int], float], measure: str
+    ) -> LedgerSummary:
+        """Charge a release whose metric's loss is not additive over windows but a function of their number.
+
+        ``horizon_loss(w)`` is the loss of ``w`` windows' releases together -- the spec's own rule, e.g.
+        RAPPOR's ``min(w·r·ε₁, ε∞)`` (:meth:`schemas.spec.RapporMetric.horizon_epsilon`: the memoized PRR
+        bounds all reports of one value by ε∞), the same function the spec's load-time budget check calls.
+        This release is charged the increment ``horizon_loss(w) − spent`` (``w`` = the releases within the
+        horizon, this one included; exact in fractions, rounded up, never negative), so the accountant's
+        running total over the horizon equals ``horizon_loss(w)`` (or exceeds it, on the safe side, when
+        releases left the horizon).
+        """
+        live = [e for e in self.entries if e["start"] > window_start_ms - self.retention_ms and e["id"] != release_id]
+        target = Fraction(horizon_loss(len(live) + 1))
+        spent = sum((Fraction(_first(e["loss"])) for e in live), Fraction(0))
+        need = max(target - spent, Fraction(0))
+        loss = float(need)
+        if Fraction(loss) < need:
+            loss = math.nextafter(loss, math.inf)  # round up: the total never falls below the rule's
+        return self.charge(release_id, window_start_ms, loss, measure)
 
     def summary(self, acc: PrivacyAccountant | None = None) -> LedgerSummary:
         """What the release record shows: spent within the horizon and the cap."""

@@ -19,13 +19,16 @@
   (x, y) points, ``d_in = reports_per_window`` (one client changes at most that many rows).
 
 Privacy spent: ``ε₁`` of one report and ``ε∞`` of one client's window (``reports_per_window`` fresh
-reports; RAPPOR: ``min(r·ε₁, ε∞)`` thanks to the memoized PRR) for local kinds; the central ``(ε, δ)``
+reports; RAPPOR: ``min(r·ε₁, ε∞)`` thanks to the memoized PRR) for local kinds; RAPPOR's ledger is charged
+so that ``w`` windows within the horizon total ``min(w·r·ε₁, ε∞)``, per distinct value of a client (the
+memoized PRR's longitudinal bound; the spec's budget check uses the same rule); the central ``(ε, δ)``
 or ``(ρ, δ)`` of the mechanism for keyed and regression. The ledger is charged *before* any noise is
 drawn; a release the budget refuses is published as a record with ``refused`` set and no estimates.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +47,8 @@ from mechanisms.rng import RandomSource
 from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release, release_key
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 
+log = logging.getLogger(__name__)
+
 MAX_DIVERGENCE = "MaxDivergence"
 
 
@@ -58,43 +63,119 @@ def build_release(
 ) -> Release:
     """The release record of ``merged`` (all partitions' counts of one metric and window).
 
-    Never raises for a budget refusal or a mechanism failure: both give a record with ``refused`` set
-    (no estimates), so one bad window cannot block the releases of the following ones.
+    Never raises for a budget refusal, a mechanism failure, counts of another spec version (a metric
+    removed, another kind or count shape: "spec changed") or any other error while building this window:
+    each gives a record with ``refused`` set (no estimates; unexpected errors are logged), so one bad
+    window cannot block the releases of the following ones. ``n`` and ``over_bound`` are ``None`` for the
+    central kinds (see :class:`schemas.releases.Release`); a central release drawn from a non-cryptographic
+    ``rng`` is marked ``insecure_noise``.
     """
+    if merged.metric not in {m.name for m in spec.metrics}:
+        return _spec_changed(spec, merged, ledger, partitions, f"metric {merged.metric!r} is no longer in the spec")
     metric = spec.metric(merged.metric)
+    mismatch = _shape_mismatch(metric, merged)
+    if mismatch is not None:
+        return _spec_changed(spec, merged, ledger, partitions, mismatch)
+    central = isinstance(metric, KeyedMetric | RegressionMetric)
     base: dict[str, Any] = {
         "spec": spec.name,
         "metric": metric.name,
         "kind": metric.kind,
         "window_start_ms": merged.window_start_ms,
         "window_end_ms": merged.window_start_ms + spec.window.size_s * 1000,
-        "n": merged.n,
-        "over_bound": merged.over_bound,
+        # exact counts are public for the local kinds only (every report is private on its own); a central
+        # kind's (ε, δ) covers its noisy output, not the number of clients: no exact n / over_bound there
+        "n": None if central else merged.n,
+        "over_bound": None if central else merged.over_bound,
         "confidence": float(spec.confidence),
         "partitions": partitions,
+        # predictable central noise (a seeded source: tests only) is marked in the record itself
+        "insecure_noise": central and rng is not None and not rng.cryptographic,
     }
     rid = release_key(metric.name, merged.window_start_ms)
     try:
         if isinstance(metric, BoolMetric | CategoricalMetric):
-            return _local_release(spec, metric, merged, ledger, rid, base, protocols.get(metric.name))
-        if isinstance(metric, RapporMetric):
-            return _rappor_release(spec, metric, merged, ledger, rid, base)
-        if isinstance(metric, KeyedMetric):
-            return _keyed_release(spec, metric, merged, ledger, rid, base, rng)
-        return _regression_release(metric, merged, ledger, rid, base, rng)
+            rel = _local_release(spec, metric, merged, ledger, rid, base, protocols.get(metric.name))
+        elif isinstance(metric, RapporMetric):
+            rel = _rappor_release(spec, metric, merged, ledger, rid, base)
+        elif isinstance(metric, KeyedMetric):
+            rel = _keyed_release(spec, metric, merged, ledger, rid, base, rng)
+        else:
+            rel = _regression_release(metric, merged, ledger, rid, base, rng)
+        return _marked(rel)
     except BudgetError as err:
         reason = f"budget exhausted: {err}"
     except (MechanismError, ReleaseError) as err:
         # a deterministic failure must not block every later window: publish the refusal instead (a loss
         # already charged stays charged: the ledger errs on the safe side)
         reason = f"mechanism failed: {err}"
+    except Exception as err:
+        # one window's bug must not stop stage 2 (the crash would repeat on every restart, blocking every
+        # later window): refuse this window, log the traceback
+        log.exception("release of %s failed; publishing a refused record", rid)
+        reason = f"release failed: {type(err).__name__}: {err}"
+    return _marked(
+        Release(
+            **base,
+            mechanism=_mechanism_name(metric, protocols.get(metric.name)),
+            privacy=PrivacySpent(),
+            ledger=ledger.summary(),
+            refused=reason,
+        )
+    )
+
+
+def _shape_mismatch(metric: AnyMetric, merged: Partial) -> str | None:
+    """Why ``merged`` cannot be counts of ``metric`` as the spec defines it now (``None`` if it can).
+
+    Kind and dense count shapes are checked (a categorical metric with another number of categories, a
+    RAPPOR metric with other k or m, a window whose partials came from two spec versions). Changes that
+    keep the shapes -- relabelled categories, other regression bounds, other device probabilities --
+    cannot be seen in the counts; stage 1 refuses reports of another spec version by their fingerprint.
+    """
+    shape = shape_of(metric)
+    if merged.kind != shape.kind:
+        return f"the window's counts are {merged.kind}, the spec's {metric.name} is {shape.kind}"
+    want_counts: tuple[int, ...] = {
+        "bool": (2,),
+        "categorical": (shape.categories,),
+        "rappor": (shape.cohorts, shape.bits),
+    }.get(shape.kind, (0,))
+    want_cohorts = (shape.cohorts,) if shape.kind == "rappor" else (0,)
+    if merged.counts.shape != want_counts or merged.cohort_n.shape != want_cohorts:
+        got = f"{merged.counts.shape}/{merged.cohort_n.shape}"
+        return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
+    return None
+
+
+def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, partitions: int, why: str) -> Release:
+    """The refused record of a window counted under another version of the spec: nothing charged or released."""
+    log.warning("release of %s refused: spec changed (%s)", release_key(merged.metric, merged.window_start_ms), why)
+    central = merged.kind in ("keyed", "regression")
     return Release(
-        **base,
-        mechanism=_mechanism_name(metric, protocols.get(metric.name)),
+        spec=spec.name,
+        metric=merged.metric,
+        kind=merged.kind,
+        window_start_ms=merged.window_start_ms,
+        window_end_ms=merged.window_start_ms + spec.window.size_s * 1000,
+        n=None if central else merged.n,
+        over_bound=None if central else merged.over_bound,
+        confidence=float(spec.confidence),
+        mechanism="none (spec changed)",
         privacy=PrivacySpent(),
         ledger=ledger.summary(),
-        refused=reason,
+        refused=f"spec changed: {why}",
+        partitions=partitions,
     )
+
+
+#: Appended to the mechanism of a record whose central noise was predictable (``insecure_noise``).
+INSECURE_NOISE_MARK = " [INSECURE: seeded test noise, no central privacy]"
+
+
+def _marked(rel: Release) -> Release:
+    """``rel`` with :data:`INSECURE_NOISE_MARK` on its mechanism when its noise came from a seeded source."""
+    return rel.model_copy(update={"mechanism": rel.mechanism + INSECURE_NOISE_MARK}) if rel.insecure_noise else rel
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,10 +258,13 @@ def _rappor_release(
     from mechanisms.rappor_estimation import decode, estimate_basic_histogram
 
     params = metric.params()
-    eps1, eps_inf = float(params.epsilon_one), float(params.epsilon_inf)
+    eps1 = float(params.epsilon_one)
+    r = metric.reports_per_window
     # r reports of one client in a window: r·ε₁ by composition, and never more than ε∞ (memoized PRR)
-    eps_window = min(eps1 * metric.reports_per_window, eps_inf)
-    entry = ledger.charge(rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
+    eps_window = metric.horizon_epsilon(r)
+    # over the horizon, w windows' reports of one client holding one value cost min(w·r·ε₁, ε∞) -- the
+    # spec's load-time rule, charged incrementally (a value that changes costs up to ε∞ per distinct value)
+    entry = ledger.charge_horizon(rid, merged.window_start_ms, lambda w: metric.horizon_epsilon(w * r), MAX_DIVERGENCE)
     level = float(spec.confidence)
     candidates = list(metric.candidates)
     records: list[EstimateRecord]

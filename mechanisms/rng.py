@@ -4,6 +4,8 @@ Every draw that protects a person comes from :class:`CryptoRandom`: an AES-256-C
 (NIST SP 800-90A CTR_DRBG style) keyed from ``os.urandom``, rekeyed every 2^30 bytes and in
 every forked child. :class:`SeededRandom` runs the same algorithms on a keystream derived from a
 seed; it is reproducible and therefore **not** private: for simulations and tests only.
+:class:`DerivedRandom` is reproducible *and* private: AES-256-CTR under ``HMAC-SHA256(secret key, context)``,
+for randomness that must be the same when a computation is retried (release noise).
 
 All samplers here are exact on integers: ``bernoulli(p)`` is ``U < floor(p * 2^64)`` for a
 uniform 64-bit ``U``, so the realized probability is ``floor(p * 2^64) / 2^64`` -- equal to ``p``
@@ -14,6 +16,7 @@ for every float ``p >= 2^-11`` and never above ``p``; ``integers_below(m)`` is u
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import os
 import threading
@@ -186,6 +189,42 @@ class SeededRandom(RandomSource):
         material = seed if isinstance(seed, bytes) else str(seed).encode()
         digest = hashlib.sha256(b"seeded-random/v1:" + material).digest()
         self._stream = _AesCtrStream(digest, bytes(16))
+
+    def bytes(self, n: int) -> bytes:
+        return self._stream.take(n)
+
+
+#: Length of a :class:`DerivedRandom` master key: 32 bytes from ``os.urandom`` (256 bits, AES-256's key size).
+DERIVED_KEY_BYTES = 32
+
+
+class DerivedRandom(RandomSource):
+    """Deterministic cryptographic source for one *context* under a secret master key.
+
+    The keystream is AES-256-CTR under the subkey ``HMAC-SHA256(key, context)`` (zero nonce): HMAC-SHA256 is
+    a PRF, so for a uniformly random secret ``key`` of 32 bytes the subkeys of distinct contexts are
+    independent uniform AES keys to anyone without ``key``, and each stream is as unpredictable as
+    :class:`CryptoRandom`'s -- hence ``cryptographic = True`` **as long as the key stays secret** (generate
+    it with ``os.urandom(32)``, store it where only the process that draws noise can read it).
+
+    The same ``(key, context)`` always gives the same stream: a computation that is retried (after a crash,
+    an aborted transaction) draws exactly the same randomness, so a retry reveals nothing that the first
+    attempt did not. Use one context per protected output (e.g. ``"<metric>|<window_start_ms>"``); never
+    reuse a context for two different outputs. Not rekeyed (a context's stream is short), and forked
+    children deliberately continue the same deterministic stream.
+    """
+
+    cryptographic = True
+
+    def __init__(self, key: bytes, context: str | bytes) -> None:
+        if not isinstance(key, bytes | bytearray) or len(key) < DERIVED_KEY_BYTES:
+            shown = f"{len(key)} bytes" if isinstance(key, bytes | bytearray) else type(key).__name__
+            raise ParameterError("key", shown, f"must be at least {DERIVED_KEY_BYTES} secret random bytes")
+        if not isinstance(context, str | bytes):
+            raise ParameterError("context", type(context).__name__, "must be str or bytes")
+        label = context.encode() if isinstance(context, str) else context
+        subkey = hmac.new(bytes(key), label, hashlib.sha256).digest()  # 32 bytes: an AES-256 key
+        self._stream = _AesCtrStream(subkey, bytes(16))
 
     def bytes(self, n: int) -> bytes:
         return self._stream.take(n)

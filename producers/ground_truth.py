@@ -13,6 +13,7 @@ follows) plus the generating line when simulated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter, defaultdict
@@ -102,12 +103,30 @@ class GroundTruth:
         }
 
     def write(self, path: str | Path) -> None:
-        """Write the JSON file atomically (temporary file + rename)."""
+        """Write the JSON file atomically (temporary file + rename), readable by its owner only (mode 0600).
+
+        The file holds exact, un-noised aggregates -- the data the releases protect -- so it is created
+        0600 whatever the umask (a fresh ``O_EXCL`` temporary file, never a followed symlink), and a file it
+        replaces is replaced whole, never rewritten in place.
+        """
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, p)
+        data = (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode("utf-8")
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # whatever the umask
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, p)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def _plain(cell: dict[str, Any]) -> dict[str, Any]:

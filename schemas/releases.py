@@ -12,7 +12,7 @@ import json
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 __all__ = [
     "RELEASE_SCHEMA_VERSION",
@@ -84,6 +84,10 @@ class PrivacySpent(_Frozen):
     ``epsilon_1``/``epsilon_inf`` describe the local guarantee of each report (the first report of a
     client, and the worst case over any number of reports of the same memoized value); ``central_epsilon``
     / ``central_delta`` (or ``central_rho`` for zCDP) the central mechanism applied at release, if any.
+
+    RAPPOR: ``epsilon_inf`` is one client's loss in this window, ``min(r·ε₁, ε∞)``; over the horizon the
+    ledger charges ``w`` windows ``min(w·r·ε₁, ε∞)`` in total. That bound assumes the memoized PRR: it holds
+    **per distinct value** of a client (a client whose value changes spends up to ε∞ per value it reports).
     """
 
     epsilon_1: Real | None = None
@@ -117,10 +121,15 @@ class Release(_Frozen):
     #: Window bounds ``[start, end)`` in ms since the epoch (broker LogAppendTime).
     window_start_ms: StrictInt
     window_end_ms: StrictInt
-    #: Reports counted (after validation, lateness and contribution bounds).
-    n: Annotated[StrictInt, Field(ge=0)]
-    #: Reports of this metric that were valid but beyond the per-client contribution bounds (not counted).
-    over_bound: Annotated[StrictInt, Field(ge=0)] = 0
+    #: Reports counted (after validation, lateness and contribution bounds). Published for the local-DP
+    #: kinds only (bool, categorical, rappor), whose reports are each private on their own: there the count
+    #: of reports is public in the local model. ``None`` for the central kinds (keyed, regression): their
+    #: (ε, δ) covers the noisy output only, and an exact count would tell whether one more client reported
+    #: (neighbouring windows would differ deterministically in ``n``).
+    n: Annotated[StrictInt, Field(ge=0)] | None = None
+    #: Reports of this metric that were valid but beyond the per-client contribution bounds (not counted);
+    #: ``None`` for the central kinds, for the same reason as ``n``.
+    over_bound: Annotated[StrictInt, Field(ge=0)] | None = 0
     #: Confidence level of every interval in ``estimates``.
     confidence: Real
     estimates: tuple[EstimateRecord, ...] = ()
@@ -135,6 +144,10 @@ class Release(_Frozen):
     refused: StrictStr | None = None
     #: Number of source partitions whose partial counts were merged (always all of them).
     partitions: Annotated[StrictInt, Field(ge=1)]
+    #: True when the central noise of this record came from a non-cryptographic, predictable source (the
+    #: test-only ``--insecure-noise-seed``): such a record has **no** central privacy, whatever ``privacy``
+    #: says. Always false for the local kinds (their privacy comes from the devices).
+    insecure_noise: StrictBool = False
 
     @model_validator(mode="after")
     def _window(self) -> Release:

@@ -105,6 +105,11 @@ def _num(x: float | None, width: int = 10) -> str:
     return f"{x:{width}.4g}" if abs(x) < 1e5 else f"{x:{width}.0f}"
 
 
+def _fullness(rel: Release) -> tuple[int, int, int]:
+    """Rank of a window for plotting one of them: not refused, then n (local kinds), released keys, latest."""
+    return (rel.refused is None, rel.n if rel.n is not None else len(rel.released_keys), rel.window_start_ms)
+
+
 def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> str:
     """A release as a small table: header line, then one row per estimate (largest first), truth beside."""
     p = rel.privacy
@@ -118,7 +123,9 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     if p.central_rho is not None:
         spent.append(f"central (ρ={p.central_rho:.4g}, δ={p.central_delta or 0:.2g})")
     true_n = truth.n(rel) if truth else None
-    n_text = f"n={rel.n}" + (f" (truth {true_n})" if true_n is not None else "")
+    # central kinds publish no exact n (it is not covered by their (ε, δ)): say so instead of a number
+    n_text = f"n={rel.n}" if rel.n is not None else "n=(not published: central DP)"
+    n_text += f" (truth {true_n})" if true_n is not None else ""
     head = (
         f"{rel.metric} [{_clock(rel.window_start_ms)}, {_clock(rel.window_end_ms)})  {n_text}  "
         f"{rel.mechanism}  {' '.join(spent)}"
@@ -189,7 +196,7 @@ def plot_releases(releases: Iterable[Release], truth: Truth | None, path: Path) 
             ax.set_xticks(xs, [_clock(r.window_start_ms) for r in rels], rotation=30, fontsize=7)
             ax.set_ylabel("fraction true")
         else:
-            rel = max(rels, key=lambda r: r.n)  # the fullest window
+            rel = max(rels, key=_fullness)  # the fullest window
             tv = truth.values(rel) if truth else {}
             if kind == "keyed":
                 keys = [k for k in rel.released_keys][:15]

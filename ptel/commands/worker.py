@@ -59,9 +59,10 @@ def release_line(rel: Release) -> str:
     """One line per release: metric, window, n, released keys, privacy."""
     eps = rel.privacy.central_epsilon if rel.privacy.central_epsilon is not None else rel.privacy.epsilon_inf
     keys = ", ".join(k.key for k in rel.released_keys[:6]) + (" ..." if len(rel.released_keys) > 6 else "")
+    n = "-" if rel.n is None else str(rel.n)  # central kinds publish no exact n
     if rel.refused:
-        return f"release {rel.key}: n={rel.n} REFUSED ({rel.refused})"
-    return f"release {rel.key}: n={rel.n} keys=[{keys}] ε={eps if eps is not None else '-'} ({rel.mechanism})"
+        return f"release {rel.key}: n={n} REFUSED ({rel.refused})"
+    return f"release {rel.key}: n={n} keys=[{keys}] ε={eps if eps is not None else '-'} ({rel.mechanism})"
 
 
 def run(args: Any) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from agents.stage1 import Handover
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -96,6 +98,30 @@ async def read_topic(
     finally:
         await consumer.stop()
     return records
+
+
+async def handed_over_counts(
+    bootstrap: str, topic: str, windows: set[tuple[str, int]]
+) -> tuple[Counter[tuple[str, int]], Counter[tuple[str, int]]]:
+    """Per (metric, window) of ``windows``: ``n`` and ``over_bound`` summed over the committed stage-1 hand-overs
+    of the worker group's internal partials topic ``topic`` (the exact counts a central release does not publish)."""
+    n: Counter[tuple[str, int]] = Counter()
+    over: Counter[tuple[str, int]] = Counter()
+
+    def summed(records: list[Any]) -> bool:
+        n.clear()
+        over.clear()
+        for r in records:
+            for partial in Handover.from_bytes(r.value).partials:
+                k = (partial.metric, partial.window_start_ms)
+                if k in windows:
+                    n[k] += partial.n
+                    over[k] += partial.over_bound
+        return windows <= set(n)
+
+    records = await read_topic(bootstrap, topic, partitions=1, until=summed, timeout_s=60, settle_s=1.0)
+    summed(records)
+    return n, over
 
 
 def releases_of(records: list[Any]) -> list[Release]:

@@ -15,7 +15,7 @@ from agents.stage2 import ReleaserState
 from mechanisms.rappor import encode_batch_packed
 from mechanisms.rng import SeededRandom
 from schemas.releases import Release
-from schemas.spec import BudgetSpec, CategoricalMetric, RapporMetric, parse_spec
+from schemas.spec import BudgetSpec, CategoricalMetric, CollectionSpec, RapporMetric, parse_spec
 
 SPEC = parse_spec(
     {
@@ -241,4 +241,162 @@ def test_mechanism_failure_becomes_a_refused_record(monkeypatch: pytest.MonkeyPa
     p.add_keyed(["a"], [1])
     rel = _release(p)
     assert rel.refused is not None and rel.refused.startswith("mechanism failed")
-    assert not rel.estimates and not rel.released_keys and rel.n == 1
+    assert not rel.estimates and not rel.released_keys and rel.n is None  # central kind: no exact n, even refused
+
+
+def test_central_releases_publish_no_exact_counts() -> None:
+    """A keyed or regression record is (ε, δ)-DP only if nothing in it is an exact function of the data
+    outside the mechanism: with and without one client holding a rare key, n would differ by one."""
+    aggregator = Aggregator(SPEC)
+    for with_target in (False, True):
+        p = aggregator.empty("errors", 0)
+        keys = ["common"] * 500 + (["rare-secret"] if with_target else [])
+        pseudonyms = list(range(500)) + ([10**6] if with_target else [])
+        ok = p.admit_keyed(pseudonyms, keys, 2, 2)
+        p.add_keyed([k for k, o in zip(keys, ok, strict=True) if o], [1] * int(ok.sum()))
+        rel = _release(p)
+        assert rel.refused is None and rel.n is None and rel.over_bound is None
+        assert b'"n":null' in rel.to_bytes() and b'"over_bound":null' in rel.to_bytes()
+    lat = Partial.empty("lat", shape_of(SPEC.metric("lat")), 0)
+    lat.add_points(np.array([1.0, 2.0]), np.array([3.0, 4.0]), shape_of(SPEC.metric("lat")))
+    rel = _release(lat)
+    assert rel.n is None and rel.over_bound is None
+    # the local kinds keep their exact n: each report is private on its own, the count is public
+    b = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    b.add_bool([1, 0, 1])
+    assert _release(b).n == 3 and _release(b).over_bound == 0
+
+
+def _keyed_window(start: int) -> Partial:
+    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), start)
+    keys = [f"k{i:02d}" for i in range(20) for _ in range(400)]
+    p.add_keyed(keys, [i % 2 for i in range(len(keys))])
+    return p
+
+
+def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
+    """A release retried after an aborted transaction redraws the same noise (DerivedRandom under the stage's
+    secret key), so the aborted copy a read_uncommitted consumer may have seen reveals nothing new."""
+    from agents.app import release_builder
+    from agents.stage2 import NOISE_KEY
+
+    build = release_builder(SPEC, PROTOCOLS)
+    st = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    st.apply(Handover(0, 10_000, (_keyed_window(0),)))
+    assert st.release(build) == []  # a fresh key is never used before it is written
+    committed = st.state_records()  # the transaction that writes the key and the pending window
+    assert (NOISE_KEY, st.noise_key) in committed and len(st.noise_key) == 32
+    (first,) = st.release(build)  # ... and this one aborts: its state records are lost
+    st.state_records()
+    retry = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    retry.restore(committed)
+    assert retry.noise_key == st.noise_key
+    (second,) = retry.release(build)
+    assert first.refused is None and len(first.released_keys) == 20 and not first.insecure_noise
+    assert first.to_bytes() == second.to_bytes()
+    # another group has another key: other noise (20 keys x 2 cells all equal has probability < 1e-10)
+    other = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    other.apply(Handover(0, 10_000, (_keyed_window(0),)))
+    other.state_records()
+    (third,) = other.release(build)
+    assert third.released_keys != first.released_keys
+    # no key handed over: fail closed rather than draw fresh noise
+    with pytest.raises(StateError):
+        build(_keyed_window(0), _ledger("errors"))
+    with pytest.raises(StateError):
+        ReleaserState(1, {}, 1).restore([(NOISE_KEY, b"short")])
+
+
+def test_seeded_noise_is_marked_insecure() -> None:
+    from agents.app import release_builder
+
+    seeded = release_builder(SPEC, PROTOCOLS, insecure_noise_seed="t")
+    rel = seeded(_keyed_window(0), _ledger("errors"))
+    assert rel.insecure_noise and "INSECURE" in rel.mechanism
+    assert rel.to_bytes() == seeded(_keyed_window(0), _ledger("errors")).to_bytes()
+    local = seeded(Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0), _ledger("crashed"))
+    assert not local.insecure_noise and "INSECURE" not in local.mechanism  # the devices' noise, not ours
+    assert Release.from_bytes(rel.to_bytes()) == rel
+
+
+def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
+    """The demo spec loads because its RAPPOR budget covers min(60·r·ε₁, ε∞) (memoized PRR); the ledger charges
+    by the same rule, so no window of a long run is refused and the running total is that min exactly."""
+    from pathlib import Path
+
+    from schemas.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml")
+    metric = spec.metric("homepage")
+    assert isinstance(metric, RapporMetric) and metric.budget is not None and metric.budget.epsilon is not None
+    ledger = MetricLedger(metric.name, metric.budget, spec.window.retention_s * 1000)
+    protocols, aggregator = resolve_protocols(spec), Aggregator(spec)
+    horizon = spec.window.windows_per_horizon
+    size_ms = spec.window.size_s * 1000
+    eps1 = float(metric.params().epsilon_one)
+    r = metric.reports_per_window
+    for w in range(horizon + 15):
+        rel = build_release(spec, aggregator.empty(metric.name, w * size_ms), ledger, partitions=1, protocols=protocols)
+        assert rel.refused is None, (w, rel.refused)
+        live = min(w + 1, horizon)
+        assert rel.ledger.spent_epsilon is not None
+        assert rel.ledger.spent_epsilon == pytest.approx(metric.horizon_epsilon(live * r), rel=1e-12)
+        assert rel.ledger.spent_epsilon <= float(metric.budget.epsilon)
+        assert rel.privacy.epsilon_1 == pytest.approx(eps1)
+    # additive charges would have exceeded the budget from the 5th window on: the test would fail there
+    assert 5 * r * eps1 > float(metric.budget.epsilon)
+
+
+def _spec_v(categories: list[str] | None) -> CollectionSpec:
+    metrics: list[dict[str, object]] = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
+    if categories:
+        metrics.append(
+            {"name": "theme", "kind": "categorical", "categories": categories, "protocol": "krr", "prob": 0.5}
+        )
+    return parse_spec({"name": "u", "window": {"size_s": 10, "grace_s": 2}, "metrics": metrics})
+
+
+def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
+    """Stage-2 state written under spec v1 (theme with 3 categories), restored under v2 (4 categories / theme
+    removed): the open window becomes a refused record, old and new counts are never merged."""
+    v1 = _spec_v(["a", "b", "c"])
+    old = Aggregator(v1).empty("theme", 0)
+    old.add_categories([0, 1, 2, 2])
+    st = ReleaserState(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v1.metrics}, 600_000)
+    st.apply(Handover(0, 10_000, (old,)))  # partition 1 has not closed window 0 yet
+    records = st.state_records()
+    for categories, why in ((["a", "b", "c", "d"], "count shape"), (None, "no longer in the spec")):
+        v2 = _spec_v(categories)
+        restored = ReleaserState(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v2.metrics}, 600_000)
+        restored.restore(records)
+        restored.state_records()  # the noise key was written with the state
+        new = [Aggregator(v2).empty("theme", 0)] if categories else []
+        if new:
+            new[0].add_categories([3])
+        result = restored.apply(Handover(1, 10_000, tuple(new)))
+        assert result.conflicts == len(new)  # old (3,) and new (4,) counts are never added up
+
+        def build(merged: Partial, ledger: MetricLedger, spec: CollectionSpec = v2) -> Release:
+            return build_release(spec, merged, ledger, partitions=2, protocols=resolve_protocols(spec))
+
+        (rel,) = restored.release(build)
+        assert rel.key == "theme|0" and rel.refused is not None and rel.refused.startswith("spec changed")
+        assert why in rel.refused
+        assert not rel.estimates and not rel.released_keys and rel.kind == "categorical"
+        written = dict(restored.state_records())
+        assert b"ledger/theme" not in written or categories  # a removed metric's ledger is never written
+        assert written[b"released/theme/0"] == b"theme|0"
+
+
+def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agents.release
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise IndexError("index 3 is out of bounds")
+
+    monkeypatch.setattr(agents.release, "estimate_counts", broken)
+    p = Partial.empty("theme", shape_of(SPEC.metric("theme")), 0)
+    p.add_categories([0, 1])
+    rel = _release(p)
+    assert rel.refused is not None and rel.refused.startswith("release failed: IndexError")
+    assert not rel.estimates and rel.n == 2

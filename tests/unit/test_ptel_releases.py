@@ -56,6 +56,32 @@ def test_format_release_shows_estimates_beside_truth() -> None:
     assert "theme|20000" in release_line(_release())
 
 
+def test_central_release_without_n_formats_and_plots(tmp_path: Path) -> None:
+    """Keyed and regression records carry no exact n (``None``): every reader copes."""
+    keyed = Release(
+        spec="demo",
+        metric="errors",
+        kind="keyed",
+        window_start_ms=20_000,
+        window_end_ms=30_000,
+        n=None,
+        over_bound=None,
+        confidence=0.95,
+        estimates=(EstimateRecord(label="E1", value=41.0, se=2.0, ci_low=37.1, ci_high=44.9, significant=True),),
+        released_keys=(KeyRelease(key="E1", count=41.0),),
+        mechanism="thresholded laplace",
+        privacy=PrivacySpent(epsilon_1=1.0, central_epsilon=1.0, central_delta=1e-6),
+        ledger=LedgerEntry(measure="none"),
+        partitions=4,
+    )
+    assert Release.from_bytes(keyed.to_bytes()) == keyed
+    head = format_release(keyed, TRUTH).splitlines()[0]
+    assert "n=(not published: central DP)" in head and "None" not in head and "over-bound" not in head
+    assert "n=-" in release_line(keyed)
+    later = keyed.model_copy(update={"window_start_ms": 30_000, "window_end_ms": 40_000})
+    assert plot_releases([keyed, later], None, tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
     out = plot_releases([_release()], TRUTH, tmp_path / "r.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

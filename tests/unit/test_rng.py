@@ -14,6 +14,7 @@ from scipy import stats
 from mechanisms.errors import ParameterError
 from mechanisms.rng import (
     CryptoRandom,
+    DerivedRandom,
     SeededRandom,
     crypto_random,
     probability_threshold,
@@ -100,3 +101,29 @@ def test_fork_rekeys_the_crypto_source() -> None:
     os.close(read_fd)
     assert len(child_bytes) == 32
     assert child_bytes != source.bytes(32)
+
+
+def test_derived_source_is_deterministic_per_context_and_keyed() -> None:
+    import hashlib
+    import hmac
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = bytes(range(32))
+    a, b = DerivedRandom(key, "errors|10000"), DerivedRandom(key, b"errors|10000")
+    assert a.cryptographic and a.bytes(64) == b.bytes(64)  # a retry draws the same noise
+    assert DerivedRandom(key, "errors|20000").bytes(64) != DerivedRandom(key, "errors|10000").bytes(64)
+    assert DerivedRandom(bytes(32), "errors|10000").bytes(64) != DerivedRandom(key, "errors|10000").bytes(64)
+    # the stream is AES-256-CTR (zero nonce) under HMAC-SHA256(key, context), as documented
+    subkey = hmac.new(key, b"errors|10000", hashlib.sha256).digest()
+    expected = Cipher(algorithms.AES(subkey), modes.CTR(bytes(16))).encryptor().update(bytes(48))
+    assert DerivedRandom(key, "errors|10000").bytes(48) == expected
+    assert DerivedRandom(key, "x").uint64(3).dtype == np.uint64
+
+
+@pytest.mark.parametrize("key", [b"", bytes(31), "0" * 32, None])
+def test_derived_source_rejects_short_or_non_byte_keys(key: object) -> None:
+    with pytest.raises(ParameterError, match="key"):
+        DerivedRandom(key, "m|0")  # type: ignore[arg-type]
+    with pytest.raises(ParameterError, match="context"):
+        DerivedRandom(bytes(32), 5)  # type: ignore[arg-type]
