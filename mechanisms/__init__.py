@@ -137,7 +137,7 @@ from mechanisms.rappor_estimation import (
 from mechanisms.rappor_estimation import (
     sum_bits as sum_rappor_bits,
 )
-from mechanisms.rng import CryptoRandom, RandomSource, SeededRandom, crypto_random
+from mechanisms.rng import DERIVED_KEY_BYTES, CryptoRandom, DerivedRandom, RandomSource, SeededRandom, crypto_random
 from mechanisms.samplers import (
     bernoulli_exp_neg,
     bernoulli_rational,
@@ -174,6 +174,7 @@ from mechanisms.zcdp import (
 __all__ = [
     "APPROX_MAX_DIVERGENCE",
     "APPROX_ZERO_CONCENTRATED_DIVERGENCE",
+    "DERIVED_KEY_BYTES",
     "DISCRETE_DISTANCE",
     "INSERT_DELETE_DISTANCE",
     "MAX_DIVERGENCE",
@@ -184,6 +185,7 @@ __all__ = [
     "CategorySet",
     "CompositionError",
     "CryptoRandom",
+    "DerivedRandom",
     "DetectedString",
     "Domain",
     "DomainError",
