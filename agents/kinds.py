@@ -129,7 +129,9 @@ class Aggregator:
 
         if isinstance(first, BoolColumns):
             if counted == ok.size:  # all admitted: count the ones message by message, no concatenation
-                ones = sum(int(np.count_nonzero(c.bits)) for c in columns)  # type: ignore[union-attr]
+                ones = 0
+                for c in columns:
+                    ones += int(np.count_nonzero(c.bits))  # type: ignore[union-attr]
                 partial.add_bool_counts(ones, counted)
             else:
                 partial.add_bool(column("bits"))

@@ -57,19 +57,31 @@ class Shape:
 
 
 class ClientCounts:
-    """Reports counted per client pseudonym in one window: sorted ``ids`` (uint64) and ``counts`` (int64).
+    """Reports counted per client pseudonym in one window: sorted unique ``ids`` (uint64) and ``counts`` (int64).
 
-    :meth:`admit` handles a whole batch with numpy, never a Python loop: one sort of the batch's
-    pseudonyms (:func:`sort_pseudonyms`), one ``searchsorted`` into ``ids``, and a linear merge of the
-    new clients -- O(n log n + N) for a batch of n reports into a window of N clients.
+    While every client has counted exactly one report -- always so with ``reports_per_window = 1``, and
+    for clients that report once per window -- the counts are implicit (no array is kept or moved).
+
+    :meth:`admit` handles a whole batch of n reports with numpy, never a Python loop: one sort of the
+    batch's pseudonyms (:func:`sort_pseudonyms`); then, when every client of the batch is new and appears
+    once, one linear merge of two sorted runs (a stable sort of their concatenation) and nothing else;
+    otherwise one ``searchsorted`` into ``ids`` and a linear merge of the new clients -- O(n log n + N)
+    for a window of N clients.
     """
 
     def __init__(self) -> None:
         self.ids: NDArray[np.uint64] = np.zeros(0, np.uint64)
-        self.counts: NDArray[np.int64] = np.zeros(0, np.int64)
+        self._counts: NDArray[np.int64] | None = None  # None: every client in ``ids`` has counted 1 report
 
     def __len__(self) -> int:
         return int(self.ids.size)
+
+    @property
+    def counts(self) -> NDArray[np.int64]:
+        """Reports counted by ``ids[i]`` (materialized on first use when they are all 1)."""
+        if self._counts is None:
+            self._counts = np.ones(self.ids.size, np.int64)
+        return self._counts
 
     def lookup(self, uniq: NDArray[np.uint64]) -> tuple[NDArray[np.intp], NDArray[np.bool_], NDArray[np.int64]]:
         """For sorted unique ``uniq``: insertion positions, whether known, and the counts so far (0 if new)."""
@@ -78,10 +90,12 @@ class ClientCounts:
             return idx, np.zeros(uniq.size, np.bool_), np.zeros(uniq.size, np.int64)
         clipped = np.minimum(idx, self.ids.size - 1)
         found = self.ids[clipped] == uniq
-        return idx, found, np.where(found, self.counts[clipped], 0)
+        if self._counts is None:
+            return idx, found, found.astype(np.int64)
+        return idx, found, np.where(found, self._counts[clipped], 0)
 
     def update(self, uniq: NDArray[np.uint64], totals: NDArray[np.int64]) -> None:
-        """Set the counts of sorted unique ``uniq`` to ``totals`` (inserting new clients)."""
+        """Set the counts of sorted unique ``uniq`` to ``totals`` >= 1 (inserting new clients)."""
         idx, found, _ = self.lookup(uniq)
         self._store(uniq, totals, idx, found)
 
@@ -97,20 +111,24 @@ class ClientCounts:
         m, size = uniq.size, self.ids.size
         if m == 0:
             return
+        if self._counts is None and bool((totals == 1).all()):  # still every count 1: merge the ids only
+            self.ids = _merge_sorted(self.ids, uniq)
+            return
+        counts = self.counts
         if size == 0:
-            self.ids, self.counts = uniq, totals.astype(np.int64, copy=False)
+            self.ids, self._counts = uniq, totals.astype(np.int64, copy=False)
         elif idx[0] == size:  # every new client sorts after the known ones
-            self.ids, self.counts = np.concatenate((self.ids, uniq)), np.concatenate((self.counts, totals))
+            self.ids, self._counts = np.concatenate((self.ids, uniq)), np.concatenate((counts, totals))
         else:
             # linear merge of two sorted runs: the j-th new client goes to (its insertion point) + j, and
             # known client i moves up by the number of new clients inserted at or before it
             at = idx + np.arange(m)
             moved = np.arange(size) + np.cumsum(np.bincount(idx, minlength=size + 1)[:size])
             ids = np.empty(size + m, np.uint64)
-            counts = np.empty(size + m, np.int64)
-            ids[at], counts[at] = uniq, totals
-            ids[moved], counts[moved] = self.ids, self.counts
-            self.ids, self.counts = ids, counts
+            merged_counts = np.empty(size + m, np.int64)
+            ids[at], merged_counts[at] = uniq, totals
+            ids[moved], merged_counts[moved] = self.ids, counts
+            self.ids, self._counts = ids, merged_counts
 
     def admit(self, pse: NDArray[np.uint64], limit: int) -> NDArray[np.bool_]:
         """Mask of the reports within ``limit`` per client, in order: the ``j``-th report (0-based) of a client
@@ -121,8 +139,13 @@ class ClientCounts:
         ordered = sort_pseudonyms(pse)
         if n < 2 or not bool((ordered[1:] == ordered[:-1]).any()):
             # every client once in this batch: admitted iff its count so far is below the bound
+            if limit >= 1 and self._counts is None:  # and every known client has counted 1 report
+                merged = _merge_sorted(self.ids, ordered)
+                if merged.size < 2 or not bool((merged[1:] == merged[:-1]).any()):
+                    self.ids = merged  # no client of the batch was known: all admitted, each counts 1
+                    return np.ones(n, np.bool_)
             idx, found, prior = self.lookup(ordered)
-            if int(prior.max()) < limit:  # all of them (the common case): no inverse permutation needed
+            if int(prior.max()) < limit:  # all of them: no inverse permutation needed
                 self._store(ordered, prior + 1, idx, found)
                 return np.ones(n, np.bool_)
         # general case: j = (count so far) + (earlier reports of the same client in this batch)
@@ -148,6 +171,16 @@ class ClientCounts:
         return {int(i): int(c) for i, c in zip(self.ids.tolist(), self.counts.tolist(), strict=True)}
 
 
+def _merge_sorted(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The sorted union (with repeats) of two sorted arrays: a stable sort of their concatenation finds two
+    runs and merges them in one linear pass (timsort); ``b`` itself when ``a`` is empty."""
+    if a.size == 0:
+        return b
+    merged = np.concatenate((a, b))
+    merged.sort(kind="stable")
+    return merged
+
+
 _TOP16 = np.uint64(48)
 
 
@@ -157,7 +190,8 @@ def sort_pseudonyms(pse: NDArray[np.uint64]) -> NDArray[np.uint64]:
     if pse.size < 4096:
         return np.sort(pse)
     bucketed = pse[np.argsort(_top16(pse), kind="stable")]
-    return np.sort(bucketed, kind="stable")
+    bucketed.sort(kind="stable")  # in place: a fresh array, one temporary less
+    return bucketed
 
 
 def _top16(pse: NDArray[np.uint64]) -> NDArray[np.uint16]:
@@ -266,7 +300,7 @@ class Partial:
         self.n += int(v.size)
 
     def add_bool_counts(self, ones: int, reports: int) -> None:
-        """Add ``reports`` RR answers of which ``ones`` are 1 (already counted): ``counts += [reports - ones, ones]``."""
+        """Add ``reports`` RR answers, ``ones`` of them 1: ``counts += [reports - ones, ones]``."""
         if not 0 <= ones <= reports:
             raise StateError(f"bool counts: {ones} ones of {reports} reports")
         self.counts += np.array([reports - ones, ones], np.int64)

@@ -139,11 +139,16 @@ class PartitionState:
         out = BatchResult()
         if not records:
             return out
-        groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
+        groups: dict[tuple[str, int], list[Accepted]] = {}
         first_offsets: dict[tuple[str, int], int] = {}
-        for rec in records:
-            verdict = self.validator.check(rec.value)
-            start = self.window.start_of(rec.timestamp_ms)
+        check, start_of = self.validator.check, self.window.start_of
+        last_ts: int | None = None
+        start = 0
+        for rec in records:  # one iteration per Kafka record: keep it lean
+            verdict = check(rec.value)
+            ts = rec.timestamp_ms
+            if ts != last_ts:  # LogAppendTime: runs of records share a millisecond
+                start, last_ts = start_of(ts), ts
             if isinstance(verdict, Rejection):
                 self._reject(out, rec, verdict.reason, verdict.detail, verdict.reports)
             elif self.closed_before_ms is not None and start < self.closed_before_ms:
@@ -151,9 +156,15 @@ class PartitionState:
                 detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
                 self._reject(out, rec, "late", detail, verdict.reports)
             else:
-                groups[(verdict.metric.name, start)].append(verdict)
-                first_offsets.setdefault((verdict.metric.name, start), rec.offset)
-            self._observe(rec.timestamp_ms)  # broker time is trustworthy even when the content is not
+                key = (verdict.metric.name, start)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [verdict]
+                    first_offsets[key] = rec.offset
+                else:
+                    group.append(verdict)
+            if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
+                self._observe(ts)  # broker time is trustworthy even when the content is not
         for (name, start), accepted in groups.items():
             partial = self._partial(name, start, first_offsets[(name, start)])
             out.counted += self.aggregator.add(partial, accepted)

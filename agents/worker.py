@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.abc import ConsumerRebalanceListener
 
 from agents.changelog import read_range, read_to_end, start_transactional_producer
-from agents.errors import AgentError
+from agents.errors import AgentError, ConfigurationError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
@@ -54,6 +54,10 @@ class WorkerSettings:
     max_batch: int = 2_000
     poll_timeout_ms: int = 100
     session_timeout_ms: int = 10_000
+    #: Threads for stage-1 CPU work (decode, bound, count), shared by the worker's partitions. Two overlap
+    #: numpy kernels (which release the GIL); one per partition would keep the event loop -- fetching,
+    #: committing the transactions -- waiting for the GIL behind all of them.
+    stage1_threads: int = 2
 
 
 @dataclass
@@ -119,9 +123,11 @@ class Worker:
         self._stage1: dict[int, _Stage1Slot] = {}
         self._stage2: _Stage2Slot | None = None
         self._lock = asyncio.Lock()
-        #: One thread for stage-1 CPU work: partitions' batches run one after the other off the event loop, so
-        #: the loop (fetching, other partitions' transactions) competes for the GIL with one thread, not P.
-        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptel-stage1")
+        if settings.stage1_threads < 1:
+            raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
+        #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
+        #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
+        self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
 

@@ -20,7 +20,9 @@ Phase 2 (latency): a worker runs while reports of ``--metrics`` metrics are prod
 minus (window end + grace), median and p99 over the windows that closed while reports were flowing.
 
     .venv/bin/python bench/agent_throughput.py [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
-        [--repeat 3] [--pseudonyms random|sequential] [--phases batch,single,latency]
+        [--repeat 5] [--pseudonyms random|sequential] [--phases batch,single,latency,stage1]
+
+Phase ``stage1`` (not run by default; no broker needed) times ``PartitionState.process`` without Kafka.
 
 Uses the broker at ``--bootstrap``, else the local broker on $PTEL_KAFKA_PORT/9092 (started if needed, with a
 lease). Writes bench/results/agent_throughput.json.
@@ -37,6 +39,7 @@ import statistics
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,8 +49,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.app import build_worker
+from agents.kinds import Aggregator, resolve_protocols
+from agents.stage1 import PartitionState, SourceRecord
 from agents.topics import WorkerTopics, ensure_topics
+from agents.validation import Accepted, Validator
 from agents.watermarks import IdlePolicy
+from agents.windows import WindowSpec
 from agents.worker import Worker, WorkerSettings
 from ptel.kafka_broker import LocalKafka, default_port
 from schemas.spec import CollectionSpec, parse_spec
@@ -114,9 +121,13 @@ async def bare_consume(bootstrap: str, topic: str, total: int) -> float:
         await consumer.stop()
 
 
-async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int, group: str) -> tuple[float, Worker]:
+async def worker_consume(
+    bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
+) -> tuple[float, Worker]:
     """Seconds from a fresh worker's first record to the commit of its ``total``-th (the worker's own clocks)."""
     settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000)
+    if threads is not None:
+        settings = replace(settings, stage1_threads=threads)
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
     worker = build_worker(spec, settings)
     await worker.start()
@@ -137,7 +148,12 @@ async def worker_consume(bootstrap: str, spec: CollectionSpec, total: int, group
 
 
 async def throughput(
-    bootstrap: str, label: str, messages: list[tuple[bytes, bytes]], reports: int, repeat: int
+    bootstrap: str,
+    label: str,
+    messages: list[tuple[bytes, bytes]],
+    reports: int,
+    repeat: int,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     spec = make_spec(tag)
@@ -147,7 +163,7 @@ async def throughput(
     for i in range(repeat):  # same topic, same run: the bare consumer, then a fresh worker group
         bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
         group = f"{spec.name}-g{i}"
-        worker_s, worker = await worker_consume(bootstrap, spec, len(messages), group)
+        worker_s, worker = await worker_consume(bootstrap, spec, len(messages), group, threads)
         if worker.stats.reports_counted != reports:
             raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
         runs.append(
@@ -269,6 +285,45 @@ def batch_messages(batches: int, size: int, pseudonyms: str = "sequential") -> l
     return out
 
 
+def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
+    """Stage 1 alone, no Kafka: milliseconds (best of ``rounds``) to decode + validate, to bound + count, and
+    to ``PartitionState.process`` one partition batch of 500 messages × 1,000 reports, and to process four
+    such batches into one window (the bound against a growing window)."""
+    spec = make_spec("cpu")
+    validator = Validator(spec, resolve_protocols(spec))
+    aggregator = Aggregator(spec)
+    msgs = batch_messages(2000, 1000, pseudonyms)
+    records = [SourceRecord(i, 1_700_000_000_000, k, v) for i, (k, v) in enumerate(msgs)]
+    one = records[:500]
+    accepted = [validator.check(r.value) for r in one]
+    if not all(isinstance(a, Accepted) for a in accepted):
+        raise RuntimeError("stage1 phase: a bench message was rejected")
+
+    def best(f: Any, n: int = rounds) -> float:
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return min(times) * 1000
+
+    def add() -> None:
+        aggregator.add(aggregator.empty("m0", 0), accepted)  # type: ignore[arg-type]
+
+    def process(batches: list[list[SourceRecord]]) -> None:
+        state = PartitionState(0, WindowSpec(2, 1), validator, aggregator)
+        for batch in batches:
+            state.process(batch)
+            state.state_records()
+
+    return {
+        "decode_validate_ms": best(lambda: [validator.check(r.value) for r in one]),
+        "bound_count_ms": best(add),
+        "process_ms": best(lambda: process([one])),
+        "window_of_4_batches_ms": best(lambda: process([records[s : s + 500] for s in range(0, 2000, 500)]), 5),
+    }
+
+
 def single_messages(n: int) -> list[tuple[bytes, bytes]]:
     fp = make_spec("fp").metrics[0].fingerprint
     return [
@@ -279,6 +334,15 @@ def single_messages(n: int) -> list[tuple[bytes, bytes]]:
 async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     phases = {p.strip() for p in args.phases.split(",")}
     out: dict[str, Any] = {}
+    if "stage1" in phases:
+        cpu = out["stage1_cpu"] = {mode: stage1_cpu(mode) for mode in ("random", "sequential")}
+        for mode, r in cpu.items():
+            print(
+                f"stage 1 without Kafka, {mode} pseudonyms, one batch of 500 x 1,000 reports: decode+validate "
+                f"{r['decode_validate_ms']:.1f} ms, bound+count {r['bound_count_ms']:.1f} ms, process "
+                f"{r['process_ms']:.1f} ms; 4 batches into one window {r['window_of_4_batches_ms']:.1f} ms",
+                flush=True,
+            )
     if "batch" in phases:
         print(
             f"preloading {args.batches} batch messages x {args.batch_size} reports ({args.pseudonyms} pseudonyms) ...",
@@ -286,7 +350,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         )
         messages = batch_messages(args.batches, args.batch_size, args.pseudonyms)
         batch = out["batch"] = await throughput(
-            bootstrap, "batch", messages, args.batches * args.batch_size, args.repeat
+            bootstrap, "batch", messages, args.batches * args.batch_size, args.repeat, args.stage1_threads
         )
         print(
             f"batch:  bare {batch['bare_reports_per_s']:,.0f} reports/s ({batch['bare_messages_per_s']:,.0f} msg/s); "
@@ -297,7 +361,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     if "single" in phases:
         print(f"preloading {args.singles} single-report messages ...", flush=True)
         single = out["single"] = await throughput(
-            bootstrap, "single", single_messages(args.singles), args.singles, args.repeat
+            bootstrap, "single", single_messages(args.singles), args.singles, args.repeat, args.stage1_threads
         )
         print(
             f"single: bare {single['bare_reports_per_s']:,.0f} reports/s; worker "
@@ -325,17 +389,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=float, default=20.0)
     parser.add_argument("--metrics", type=int, default=4)
     parser.add_argument("--rate", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each throughput phase (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions of each throughput phase (median)")
     parser.add_argument("--pseudonyms", choices=("random", "sequential"), default="random")
-    parser.add_argument("--phases", default="batch,single,latency", help="comma-separated subset to run")
+    parser.add_argument(
+        "--phases", default="batch,single,latency", help="comma-separated subset of batch,single,latency,stage1"
+    )
+    parser.add_argument("--stage1-threads", type=int, default=None, help="WorkerSettings.stage1_threads (default: its)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     load_before = os.getloadavg()
     broker = None
-    if args.bootstrap:
-        bootstrap = args.bootstrap
+    kafka_phases = {p.strip() for p in args.phases.split(",")} & {"batch", "single", "latency"}
+    if args.bootstrap or not kafka_phases:  # the stage1 phase alone needs no broker
+        bootstrap = args.bootstrap or ""
     else:
         broker = LocalKafka(port=default_port())
         bootstrap = broker.acquire()

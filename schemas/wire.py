@@ -506,8 +506,8 @@ class ReportBatch:
     """Many reports of one metric, columnar: ``pseudonyms[i]``, ``client_times[i]`` and ``columns`` row i.
 
     Arrays are read-only: copies when built by the constructor, views on the message bytes when decoded
-    (the decoder checks every value as it reads it). ``list(batch.reports())`` gives the equivalent single reports and
-    :meth:`from_reports` builds a batch from them (all of one metric, fingerprint and kind).
+    (the decoder checks every value as it reads it). ``list(batch.reports())`` gives the equivalent single
+    reports and :meth:`from_reports` builds a batch from them (all of one metric, fingerprint and kind).
     """
 
     metric: str
@@ -1166,9 +1166,11 @@ def decode(data: bytes | bytearray | memoryview) -> Report | ReportBatch:
     """Decode one Kafka message value (binary or JSON); raise :class:`WireError` -- and only it -- on bad input."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError("bad_value", f"expected bytes, not {type(data).__name__}")
-    raw = bytes(data)
-    _check(len(raw) > 0, "empty", "no bytes")
-    _check(len(raw) <= MAX_MESSAGE_BYTES, "too_large", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
+    raw = data if type(data) is bytes else bytes(data)
+    if not raw:
+        raise WireError("empty", "no bytes")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise WireError("too_large", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
     try:
         return _decode_json(raw) if raw[:1] == b"{" else _decode_binary(raw)
     except WireError:
