@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from agents.errors import BrokerError, TopicError
+from agents.topics import MAX_RECORD_BYTES
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_partitions"]
@@ -67,6 +68,11 @@ def define_topics(app: Any, spec: CollectionSpec) -> MonitorTopics:
     )
 
 
+def _configs(spec: CollectionSpec, name: str) -> dict[str, str]:
+    """The configs the agents create the topic with (a release may be as large as a state record)."""
+    return {"max.message.bytes": str(MAX_RECORD_BYTES)} if name == spec.topics.releases else {}
+
+
 async def ensure_source_topics(bootstrap: str, spec: CollectionSpec, timeout_s: float = 30.0) -> None:
     """Create a missing source topic; raise :class:`TopicError` if one exists with another partition count,
     :class:`BrokerError` if the broker cannot be reached."""
@@ -78,7 +84,10 @@ async def ensure_source_topics(bootstrap: str, spec: CollectionSpec, timeout_s: 
         if missing:
             rf = spec.topics.replication_factor
             with contextlib.suppress(TopicAlreadyExistsError):  # an agents worker was first
-                await admin.create_topics([NewTopic(n, want[n], rf) for n in missing], timeout_ms=int(timeout_s * 1000))
+                await admin.create_topics(
+                    [NewTopic(n, want[n], rf, topic_configs=_configs(spec, n)) for n in missing],
+                    timeout_ms=int(timeout_s * 1000),
+                )
         described = await admin.describe_topics(list(want))
         counts = {d["topic"]: len(d["partitions"]) for d in described}
         for name, partitions in want.items():
