@@ -7,10 +7,16 @@ import logging
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import OffsetOutOfRangeError
 
-from agents.errors import BrokerError
+from agents.errors import BrokerError, StateError
+from agents.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger(__name__)
+
+
+class ReplayError(StateError):
+    """The source records needed to rebuild the open windows' client maps are gone (retention deleted them)."""
 
 
 async def read_to_end(bootstrap: str, tp: TopicPartition, timeout_s: float = 60.0) -> list[tuple[bytes, bytes | None]]:
@@ -49,7 +55,14 @@ async def read_to_end(bootstrap: str, tp: TopicPartition, timeout_s: float = 60.
 
 
 async def read_range(bootstrap: str, tp: TopicPartition, start: int, end: int, timeout_s: float = 120.0) -> list[Any]:
-    """Committed records of ``tp`` with offsets in ``[start, end)``, in order (``end``: a committed offset)."""
+    """Committed records of ``tp`` with offsets in ``[start, end)``, in order (``end``: a committed offset).
+
+    Every record of the range must still be in the log: if retention deleted its start (the log start
+    offset is above ``start``) this raises :class:`ReplayError` instead of returning part of the range --
+    the open windows' client maps would be rebuilt without those records, and their contribution bounds
+    silently not enforced. ``auto_offset_reset="none"``: a start deleted while reading raises too, rather
+    than jumping to the log end (aiokafka's default, ``"latest"``).
+    """
     if start >= end:
         return []
     consumer = AIOKafkaConsumer(
@@ -57,23 +70,41 @@ async def read_range(bootstrap: str, tp: TopicPartition, start: int, end: int, t
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
+        auto_offset_reset="none",
         max_partition_fetch_bytes=8 << 20,
     )
     out: list[Any] = []
     await consumer.start()
     try:
         consumer.assign([tp])
+        check_range_retained(tp, start, end, (await consumer.beginning_offsets([tp]))[tp])
         consumer.seek(tp, start)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while await consumer.position(tp) < end:
             if loop.time() > deadline:
                 raise BrokerError(f"replaying {tp.topic}[{tp.partition}] did not reach offset {end} in {timeout_s} s")
-            batch = await consumer.getmany(tp, timeout_ms=200, max_records=10_000)
+            try:
+                batch = await consumer.getmany(tp, timeout_ms=200, max_records=10_000)
+            except OffsetOutOfRangeError as err:  # retention deleted the rest of the range while we read it
+                raise ReplayError(f"replaying {tp.topic}[{tp.partition}] [{start}, {end}): {err!r}") from err
             out.extend(r for r in batch.get(tp, []) if r.offset < end)
     finally:
         await consumer.stop()
     return out
+
+
+def check_range_retained(tp: TopicPartition, start: int, end: int, log_start: int) -> None:
+    """Raise :class:`ReplayError` unless the log (first offset ``log_start``) still holds ``[start, end)``."""
+    if log_start > start:
+        raise ReplayError(
+            f"cannot replay {tp.topic}[{tp.partition}] from offset {start}: retention deleted offsets "
+            f"[{start}, {min(log_start, end)}) (log starts at {log_start}); the open windows' client maps "
+            f"cannot be rebuilt, so their contribution bounds could not be enforced. Raise the topic's "
+            f"retention.ms/retention.bytes above window + grace + downtime; to go on, remove this "
+            f"partition's open windows (p{tp.partition}/w/... in the stage-1 state topic) and accept losing "
+            f"their counts"
+        )
 
 
 async def start_transactional_producer(bootstrap: str, transactional_id: str) -> AIOKafkaProducer:
@@ -84,7 +115,7 @@ async def start_transactional_producer(bootstrap: str, transactional_id: str) ->
         enable_idempotence=True,
         acks="all",
         linger_ms=5,
-        max_request_size=16 << 20,
+        max_request_size=MAX_RECORD_BYTES,  # = max.message.bytes of the topics it writes
     )
     await producer.start()
     return producer

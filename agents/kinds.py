@@ -4,7 +4,9 @@ Contribution bounds are applied here, before counting, in record order (determin
 partition log): at most ``reports_per_window`` reports per client pseudonym and window and, for keyed
 metrics, at most ``keys_per_window`` distinct keys with one report per key (Δ0, Δ∞ = 1). The wire
 schema routes every report of one pseudonym (or RAPPOR cohort) in a window to one partition, so
-the partition-local bound is the global bound.
+the partition-local bound is the global bound. A bound per pseudonym is a bound per device because stage 1
+admits only reports whose pseudonym window ``client_time // size_s`` is their broker window (the others are
+dead-lettered as ``window_mismatch``): one pseudonym per device and release window.
 """
 
 from __future__ import annotations
@@ -55,6 +57,31 @@ def shape_of(metric: AnyMetric) -> Shape:
     )
 
 
+def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
+    """Why ``partial`` cannot be counts of ``metric`` as the spec defines it now (``None`` if it can).
+
+    Kind and dense count shapes are checked (a categorical metric with another number of categories, a
+    RAPPOR metric with other k or m, a window whose partials came from two spec versions). Changes that
+    keep the shapes -- relabelled categories, other regression bounds, other device probabilities --
+    cannot be seen in the counts; stage 1 refuses reports of another spec version by their fingerprint.
+    Both stages use it: stage 1 does not add reports to a restored partial of another shape
+    (``spec_changed``), stage 2 refuses to release a window of another shape.
+    """
+    shape = shape_of(metric)
+    if partial.kind != shape.kind:
+        return f"the window's counts are {partial.kind}, the spec's {metric.name} is {shape.kind}"
+    want_counts: tuple[int, ...] = {
+        "bool": (2,),
+        "categorical": (shape.categories,),
+        "rappor": (shape.cohorts, shape.bits),
+    }.get(shape.kind, (0,))
+    want_cohorts = (shape.cohorts,) if shape.kind == "rappor" else (0,)
+    if partial.counts.shape != want_counts or partial.cohort_n.shape != want_cohorts:
+        got = f"{partial.counts.shape}/{partial.cohort_n.shape}"
+        return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
+    return None
+
+
 def resolve_protocol(metric: CategoricalMetric) -> Protocol:
     """The protocol devices use for ``metric``: as written, or the mechanisms' choice for ``auto``."""
     if metric.protocol != "auto":
@@ -94,6 +121,14 @@ class Aggregator:
     def empty(self, metric: str, window_start_ms: int) -> Partial:
         """A zero partial of ``metric`` for the window starting at ``window_start_ms``."""
         return Partial.empty(metric, self.shapes[metric], window_start_ms)
+
+    def mismatch(self, partial: Partial) -> str | None:
+        """:func:`shape_mismatch` of ``partial`` against its metric in this spec (a metric no longer in the
+        spec: a reason too)."""
+        metric = self.metrics.get(partial.metric)
+        if metric is None:
+            return f"metric {partial.metric!r} is no longer in the spec"
+        return shape_mismatch(metric, partial)
 
     def admit(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""

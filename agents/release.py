@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from agents.errors import BudgetError, ReleaseError
-from agents.kinds import local_measurement, shape_of
+from agents.kinds import local_measurement, shape_mismatch, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.validation import AnyMetric, Protocol
@@ -73,7 +73,7 @@ def build_release(
     if merged.metric not in {m.name for m in spec.metrics}:
         return _spec_changed(spec, merged, ledger, partitions, f"metric {merged.metric!r} is no longer in the spec")
     metric = spec.metric(merged.metric)
-    mismatch = _shape_mismatch(metric, merged)
+    mismatch = shape_mismatch(metric, merged)
     if mismatch is not None:
         return _spec_changed(spec, merged, ledger, partitions, mismatch)
     central = isinstance(metric, KeyedMetric | RegressionMetric)
@@ -125,29 +125,6 @@ def build_release(
     )
 
 
-def _shape_mismatch(metric: AnyMetric, merged: Partial) -> str | None:
-    """Why ``merged`` cannot be counts of ``metric`` as the spec defines it now (``None`` if it can).
-
-    Kind and dense count shapes are checked (a categorical metric with another number of categories, a
-    RAPPOR metric with other k or m, a window whose partials came from two spec versions). Changes that
-    keep the shapes -- relabelled categories, other regression bounds, other device probabilities --
-    cannot be seen in the counts; stage 1 refuses reports of another spec version by their fingerprint.
-    """
-    shape = shape_of(metric)
-    if merged.kind != shape.kind:
-        return f"the window's counts are {merged.kind}, the spec's {metric.name} is {shape.kind}"
-    want_counts: tuple[int, ...] = {
-        "bool": (2,),
-        "categorical": (shape.categories,),
-        "rappor": (shape.cohorts, shape.bits),
-    }.get(shape.kind, (0,))
-    want_cohorts = (shape.cohorts,) if shape.kind == "rappor" else (0,)
-    if merged.counts.shape != want_counts or merged.cohort_n.shape != want_cohorts:
-        got = f"{merged.counts.shape}/{merged.cohort_n.shape}"
-        return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
-    return None
-
-
 def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, partitions: int, why: str) -> Release:
     """The refused record of a window counted under another version of the spec: nothing charged or released."""
     log.warning("release of %s refused: spec changed (%s)", release_key(merged.metric, merged.window_start_ms), why)
@@ -171,6 +148,23 @@ def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, p
 
 #: Appended to the mechanism of a record whose central noise was predictable (``insecure_noise``).
 INSECURE_NOISE_MARK = " [INSECURE: seeded test noise, no central privacy]"
+
+
+def too_large(rel: Release, size: int, limit: int) -> Release:
+    """The refused record replacing ``rel`` whose ``size`` bytes exceed the releases topic's record ``limit``.
+
+    Nothing of ``rel`` is published (estimates and keys dropped, ``privacy`` empty like every refusal); its
+    ledger charge stays (the noise was drawn: the safe side), as the record's ``ledger`` shows.
+    """
+    log.warning("release of %s refused: %d bytes, the releases topic takes at most %d", rel.key, size, limit)
+    return rel.model_copy(
+        update={
+            "estimates": (),
+            "released_keys": (),
+            "privacy": PrivacySpent(),
+            "refused": f"release too large: {size} bytes > {limit} (too many keys or candidates for one record)",
+        }
+    )
 
 
 def _marked(rel: Release) -> Release:

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from agents.errors import StateError
 from agents.kinds import Aggregator
 from agents.partials import Partial
@@ -141,6 +143,7 @@ class PartitionState:
             return out
         groups: dict[tuple[str, int], list[Accepted]] = {}
         first_offsets: dict[tuple[str, int], int] = {}
+        changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
         check, start_of = self.validator.check, self.window.start_of
         last_ts: int | None = None
         start = 0
@@ -155,14 +158,25 @@ class PartitionState:
                 # late against the watermark *before* this record (w_p is a running max over the batch)
                 detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
                 self._reject(out, rec, "late", detail, verdict.reports)
+            elif (stale := self._stale(changed, verdict.metric.name, start)) is not None:
+                detail = f"window {start} of {verdict.metric.name!r} was counted under another spec: {stale}"
+                self._reject(out, rec, "spec_changed", detail, verdict.reports)
             else:
-                key = (verdict.metric.name, start)
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [verdict]
-                    first_offsets[key] = rec.offset
-                else:
-                    group.append(verdict)
+                in_window, mismatched = self._in_window(verdict, start)
+                if mismatched:
+                    detail = (
+                        f"{mismatched} of {verdict.reports} reports have client_time // {self.window.size_s} != "
+                        f"broker window {start // self.window.size_ms} (pseudonym of another window)"
+                    )
+                    self._reject(out, rec, "window_mismatch", detail, mismatched)
+                if in_window is not None:
+                    key = (in_window.metric.name, start)
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = [in_window]
+                        first_offsets[key] = rec.offset
+                    else:
+                        group.append(in_window)
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
         for (name, start), accepted in groups.items():
@@ -170,6 +184,41 @@ class PartitionState:
             out.counted += self.aggregator.add(partial, accepted)
             self._dirty.add((name, start))
         return out
+
+    def _stale(self, changed: dict[tuple[str, int], str | None], metric: str, start_ms: int) -> str | None:
+        """Why the open partial of (``metric``, window) -- restored from the state topic -- has another kind or
+        shape than the spec's now (``None``: none, or no partial yet), memoized in ``changed`` per batch.
+
+        A spec edited while windows were open would otherwise add new-shape reports to old-shape counts
+        (an index past the end on every restart); those reports are dead-lettered as ``spec_changed``, the
+        old partial is handed over as it is, and stage 2 refuses to release it.
+        """
+        key = (metric, start_ms)
+        if key in changed:
+            return changed[key]
+        partial = self.partials.get(key)
+        why = changed[key] = None if partial is None else self.aggregator.mismatch(partial)
+        return why
+
+    def _in_window(self, verdict: Accepted, start_ms: int) -> tuple[Accepted | None, int]:
+        """The reports of ``verdict`` whose pseudonym window ``client_time // size_s`` is the broker window
+        starting at ``start_ms`` (``None`` if none), and how many others there are.
+
+        Contribution bounds are counted per pseudonym, and a device derives its pseudonym from its window
+        ``client_time // size_s``: a report of another device window would bring a second pseudonym -- a
+        second quota -- of one device into this broker window, and break the Δ0/Δ∞ the release is charged.
+        """
+        size_s, want = self.window.size_s, start_ms // self.window.size_ms
+        times = verdict.client_times
+        if times.shape[0] == 1:  # a single report: no numpy
+            return (verdict, 0) if int(times[0]) // size_s == want else (None, 1)
+        ok = (times.astype(np.int64) // size_s) == want
+        matching = int(np.count_nonzero(ok))
+        if matching == ok.size:
+            return verdict, 0
+        if matching == 0:
+            return None, int(ok.size)
+        return verdict.subset(ok), int(ok.size) - matching
 
     def _observe(self, ts_ms: int) -> None:
         self.watermark_ms = advance(self.watermark_ms, ts_ms)
@@ -287,14 +336,18 @@ class PartitionState:
         Returns the number of reports re-admitted.
         """
         groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
+        changed: dict[tuple[str, int], str | None] = {}
         for rec in records:
             verdict = self.validator.check(rec.value)
             if isinstance(verdict, Rejection):
                 continue
             key = (verdict.metric.name, self.window.start_of(rec.timestamp_ms))
             partial = self.partials.get(key)
-            if partial is not None and rec.offset >= partial.first_offset:
-                groups[key].append(verdict)
+            if partial is None or rec.offset < partial.first_offset or self._stale(changed, *key) is not None:
+                continue  # not open, not counted here, or counted under another spec (process() refuses it)
+            in_window, _ = self._in_window(verdict, key[1])  # the rows process() admitted, no others
+            if in_window is not None:
+                groups[key].append(in_window)
         readmitted = 0
         for key, accepted in groups.items():
             partial = self.partials[key]

@@ -32,6 +32,7 @@ import numpy as np
 from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
+from agents.release import too_large
 from agents.stage1 import Handover
 from agents.watermarks import ReleaseFrontier
 from mechanisms.rng import DERIVED_KEY_BYTES
@@ -121,8 +122,11 @@ class ReleaserState:
         """Pending windows closed on every source partition, oldest first."""
         return sorted((k for k in self.pending if self.frontier.is_complete(k[1])), key=lambda k: (k[1], k[0]))
 
-    def release(self, build: ReleaseBuilder) -> list[Release]:
+    def release(self, build: ReleaseBuilder, max_bytes: int | None = None) -> list[Release]:
         """Build the release of every complete window, mark them released, prune old guards.
+
+        A release whose record would exceed ``max_bytes`` is replaced by its refused record
+        (:func:`agents.release.too_large`): a crash there would repeat on every restart.
 
         Builds nothing while the noise key is unwritten (a fresh key: the windows wait for the next call,
         after :meth:`state_records` has handed the key to a transaction).
@@ -138,6 +142,9 @@ class ReleaserState:
             ledger = self.ledgers[metric] if known else MetricLedger(metric, None, self.retention_ms)
             ledger.noise_key = self.noise_key
             rel = build(merged, ledger)
+            size = len(rel.to_bytes()) if max_bytes is not None else 0
+            if max_bytes is not None and size > max_bytes:
+                rel = too_large(rel, size, max_bytes)
             if rel.key != release_key(metric, start):
                 raise StateError(f"release key {rel.key} does not match window {metric}@{start}")
             out.append(rel)

@@ -13,6 +13,11 @@ topic                       partitions      cleanup      holds
 ``<group>.partials``        1               delete       stage-1 hand-overs: closed partials + marks
 ``<group>.stage2-state``    1               compact      stage-2 pending merges, released set, ledgers
 ==========================  ==============  ===========  ==================================================
+
+The releases, state and partials topics are created with ``max.message.bytes`` = :data:`MAX_RECORD_BYTES`
+(16 MiB, the producers' ``max_request_size``). An existing topic keeps its own setting (not checked: the
+monitor may have created the releases topic with the broker default); raise it with
+``kafka-configs --alter --entity-type topics --entity-name <releases> --add-config max.message.bytes=16777216``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from agents.errors import BrokerError, TopicError
 from schemas.spec import CollectionSpec
+
+#: ``max.message.bytes`` of the topics whose records can be large (state, partials, releases): 16 MiB, the
+#: producers' ``max_request_size`` too (:func:`agents.changelog.start_transactional_producer`). The broker's
+#: default (~1 MB) is too small for a window's counts or a release with many keys / RAPPOR candidates.
+MAX_RECORD_BYTES = 16 << 20
+#: Largest release record stage 2 publishes (value bytes): the record limit less room for the key, headers
+#: and batch framing. A larger release becomes a refused record (:func:`agents.release.too_large`).
+MAX_RELEASE_BYTES = MAX_RECORD_BYTES - (64 << 10)
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,12 @@ class WorkerTopics:
     def plans(self) -> list[TopicPlan]:
         """Creation plans of all six topics."""
         log_append = {"message.timestamp.type": "LogAppendTime"}
-        big = {"max.message.bytes": str(16 << 20)}  # a state record holds a whole window's counts
+        big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
         return [
             TopicPlan(self.reports, self.partitions, log_append, log_append),
             TopicPlan(self.dead_letter, self.partitions, {}, {}),
-            TopicPlan(self.releases, 1, {}, {}),
+            TopicPlan(self.releases, 1, big, {}),  # a release with many keys / candidates
             TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
             TopicPlan(self.partials, 1, big, {}),
             TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}),

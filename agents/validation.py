@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from agents.errors import ConfigurationError
+from agents.watermarks import TIMESTAMP_REASONS
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 from schemas.wire import (
     WIRE_ERROR_REASONS,
@@ -53,9 +54,12 @@ SPEC_REASONS = frozenset(
         "cohort_out_of_range",  # RAPPOR cohort >= m
         "key_too_long",  # keyed metric key longer than max_key_bytes
         "late",  # valid, but its window had already closed on its partition
+        "window_mismatch",  # client_time // size_s is not the broker window: another pseudonym window (stage 1)
+        "spec_changed",  # its open window was counted under another shape of the metric (spec edited; stage 1)
     }
 )
-REJECTION_REASONS = SPEC_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
+#: ... plus the worker's broker-timestamp checks, made before stage 1 (`agents.watermarks.TIMESTAMP_REASONS`).
+REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
 
 
 @dataclass(frozen=True)
@@ -70,15 +74,24 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Accepted:
-    """A record that passed every check: its metric and its reports as columns."""
+    """A record that passed every check: its metric and its reports as columns (row i: ``pseudonyms[i]``,
+    ``client_times[i]``, ``columns`` row i)."""
 
     metric: AnyMetric
     pseudonyms: np.ndarray
     columns: BatchColumns
+    client_times: np.ndarray
 
     @property
     def reports(self) -> int:
         return int(self.pseudonyms.shape[0])
+
+    def subset(self, rows: np.ndarray) -> Accepted:
+        """The rows selected by the boolean mask (or indices) ``rows``, in order."""
+        # rare path (window boundaries): the checked constructor is cheap enough here
+        batch = ReportBatch(self.metric.name, self.metric.fingerprint, self.pseudonyms, self.client_times, self.columns)
+        part = batch.subset(np.asarray(rows))
+        return Accepted(self.metric, part.pseudonyms, part.columns, part.client_times)
 
 
 def expected_payload(metric: AnyMetric, protocol: Protocol | None) -> PayloadKind:
@@ -171,8 +184,11 @@ class Validator:
         problem = _check_columns(rules, columns)
         if problem is not None:
             return Rejection(problem[0], problem[1], n)
-        pseudonyms = batch.pseudonyms if batch is not None else np.array([message.pseudonym], np.uint64)  # type: ignore[union-attr]
-        return Accepted(rules.metric, pseudonyms, columns)
+        if batch is not None:
+            return Accepted(rules.metric, batch.pseudonyms, columns, batch.client_times)
+        single: Report = message  # type: ignore[assignment]
+        pseudonyms = np.array([single.pseudonym], np.uint64)
+        return Accepted(rules.metric, pseudonyms, columns, np.array([single.client_time], np.uint32))
 
 
 def _columns_of(report: Report) -> BatchColumns:

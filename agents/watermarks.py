@@ -11,8 +11,14 @@ silent for ``idle_timeout`` of wall time -- advances to ``t_fetch - skew``, wher
 the wall time of the fetch that showed it caught up and ``skew`` bounds how far the broker clock
 may lag ours: any report appended later gets a LogAppendTime ``>= t_fetch - skew``, so it can
 never fall into a window the advance closed (a report that still does is late and dead-lettered).
-``skew`` must also cover the age of the "caught up" observation (the consumer's last fetch response,
-at most ``fetch_max_wait_ms`` = 0.5 s old): the default of 1 s covers both.
+``t_fetch`` is the wall time at which that fetch response arrived (:func:`caught_up_at_fetch`), not
+the time of the check, so the age of the observation needs no allowance.
+
+Only a timestamp the broker assigned may move ``w_p``: a record whose ``timestamp_type`` is not
+LogAppendTime (the topic's config was changed after start-up) or whose timestamp is more than
+``future_tolerance`` (default 5 min) ahead of the worker's wall clock (a broker clock jump) is
+dead-lettered by the worker (reasons :data:`TIMESTAMP_REASONS`) before stage 1 sees it: one such
+timestamp would otherwise move ``w_p`` far ahead for good and make every later record late.
 
 Stage 2 receives every partition's ``closed_before`` mark and releases window ``[s, e)`` once
 ``min_p closed_before_p > s`` over *all* source partitions: the explicit watermark rule that
@@ -26,6 +32,30 @@ from dataclasses import dataclass, field
 
 from agents.errors import ConfigurationError, StateError
 from agents.windows import WindowSpec
+
+#: Kafka ``timestamp_type`` of a record whose timestamp the broker assigned (0 is CreateTime: the client's).
+LOG_APPEND_TIME = 1
+#: How far a broker timestamp may be ahead of the worker's wall clock before it is refused (5 min: far more
+#: than NTP-synchronised clocks drift, far less than a window of a typical spec).
+FUTURE_TOLERANCE_MS = 300_000
+#: Dead-letter reasons of records whose timestamp must not be used (see :func:`untrusted_timestamp`).
+TIMESTAMP_REASONS = frozenset({"timestamp_type", "future_timestamp"})
+
+
+def untrusted_timestamp(
+    timestamp_type: int, timestamp_ms: int, now_wall_ms: int, future_tolerance_ms: int = FUTURE_TOLERANCE_MS
+) -> tuple[str, str] | None:
+    """``(reason, detail)`` if a record's timestamp must neither window it nor move ``w_p``, else ``None``.
+
+    Refused: ``timestamp_type != LogAppendTime`` (a client-chosen time) -> ``"timestamp_type"``;
+    ``t > now + tolerance`` (broker clock ahead, or a jump) -> ``"future_timestamp"``.
+    """
+    if timestamp_type != LOG_APPEND_TIME:
+        return "timestamp_type", f"timestamp type {timestamp_type}, the reports topic must use LogAppendTime (1)"
+    if timestamp_ms > now_wall_ms + future_tolerance_ms:
+        ahead = timestamp_ms - now_wall_ms
+        return "future_timestamp", f"timestamp {timestamp_ms} is {ahead} ms ahead of the worker clock"
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,6 +78,20 @@ class IdlePolicy:
     def safe_watermark(self, fetch_wall_ms: int) -> int:
         """The watermark an idle partition may take: ``t_fetch - skew``."""
         return int(fetch_wall_ms) - self.clock_skew_ms
+
+
+def caught_up_at_fetch(position: int, last_stable_offset: int | None, fetch_wall_ms: int | None) -> int | None:
+    """``t_fetch`` if the consumer was caught up as of its last fetch response for the partition, else ``None``.
+
+    ``last_stable_offset`` and ``fetch_wall_ms`` come from the same fetch response (aiokafka's
+    ``last_stable_offset(tp)`` and ``last_poll_timestamp(tp)``): when ``position >= lso`` every record
+    appended before ``t_fetch`` has been processed, so a later one has a LogAppendTime of at least
+    ``t_fetch - skew``. The idle advance must use that ``t_fetch``, never the time of the check: a
+    fetch response older than ``skew + grace`` would otherwise close windows its records may still enter.
+    """
+    if last_stable_offset is None or fetch_wall_ms is None or last_stable_offset < 0:
+        return None
+    return int(fetch_wall_ms) if position >= last_stable_offset else None
 
 
 def advance(watermark_ms: int | None, ts_ms: int) -> int:

@@ -30,9 +30,9 @@ from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1 import DeadLetter, Handover, PartitionState, SourceRecord
 from agents.stage2 import ReleaserState
-from agents.topics import WorkerTopics
+from agents.topics import MAX_RELEASE_BYTES, WorkerTopics
 from agents.validation import Protocol, Validator
-from agents.watermarks import IdlePolicy
+from agents.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy, caught_up_at_fetch, untrusted_timestamp
 from agents.windows import WindowSpec
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
@@ -58,6 +58,9 @@ class WorkerSettings:
     #: numpy kernels (which release the GIL); one per partition would keep the event loop -- fetching,
     #: committing the transactions -- waiting for the GIL behind all of them.
     stage1_threads: int = 2
+    #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
+    #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
+    future_tolerance_ms: int = FUTURE_TOLERANCE_MS
 
 
 @dataclass
@@ -125,6 +128,9 @@ class Worker:
         self._lock = asyncio.Lock()
         if settings.stage1_threads < 1:
             raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
+        tolerance = settings.future_tolerance_ms
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance < 0:
+            raise ConfigurationError("future_tolerance_ms", tolerance, "must be an integer in [0, ∞)")
         #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
@@ -210,11 +216,19 @@ class Worker:
 
     async def _assign(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
-            # partitions are independent: fence, restore and seek them concurrently
-            await asyncio.gather(
-                *(self._assign_stage1(tp) for tp in tps if tp.topic == self.topics.reports),
-                *(self._assign_stage2(tp) for tp in tps if tp.topic == self.topics.partials),
-            )
+            try:
+                # partitions are independent: fence, restore and seek them concurrently
+                await asyncio.gather(
+                    *(self._assign_stage1(tp) for tp in tps if tp.topic == self.topics.reports),
+                    *(self._assign_stage2(tp) for tp in tps if tp.topic == self.topics.partials),
+                )
+            except Exception as err:
+                # aiokafka only logs a listener's exception and keeps the partition assigned (and unprocessed):
+                # stop the worker with the error instead (crash-only), e.g. a ReplayError
+                log.error("assignment failed, stopping the worker: %r", err)
+                if self._failure is None:
+                    self._failure = err
+                self._stopping.set()
 
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
@@ -246,7 +260,10 @@ class Worker:
         readmitted = 0
         if replay is not None:  # rebuild the open windows' client maps from the source log
             records = await read_range(self.settings.bootstrap, tp, replay, offset)
-            readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records)
+            # records dead-lettered for their timestamp were never counted: never re-admit them either
+            now = _now_ms()
+            trusted = [r for r in records if self._untrusted(r, now) is None]
+            readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
         self._stage1[p] = _Stage1Slot(state, producer, _now_ms(), offset)
         log.info(
             "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",
@@ -264,8 +281,18 @@ class Worker:
         state = ReleaserState(self.topics.partitions, ledgers, retention_ms)
         state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage2_state, 0)))
         offset = await self._seek_committed(tp)
+        changes = state.state_records()
+        if changes:  # a freshly generated noise key: write it now, so the first release need not wait for a hand-over
+            async with producer.transaction():
+                for key, value in changes:
+                    await producer.send(self.topics.stage2_state, value, key=key, partition=0)
+            self.stats.transactions += 1
         self._stage2 = _Stage2Slot(state, producer, offset)
-        log.info("stage 2 took the partials partition (%d windows pending)", len(state.pending))
+        log.info(
+            "stage 2 took the partials partition (%d windows pending, %d state records written)",
+            len(state.pending),
+            len(changes),
+        )
 
     # ------------------------------------------------------------------------------------------
     # stage 1
@@ -278,15 +305,51 @@ class Worker:
         slot.next_offset = records[-1].offset + 1
         if self.stats.first_record_s is None:
             self.stats.first_record_s = time.perf_counter()
-        source = [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records]
+        source, refused = self._screen_timestamps(slot.state, records)
         # CPU work off the event loop: the fetcher keeps fetching, earlier partitions' transactions proceed, and
         # numpy releases the GIL in its kernels
         result = await asyncio.get_running_loop().run_in_executor(self._cpu, slot.state.process, source)
         slot.last_activity_ms = _now_ms()
-        await self._stage1_commit(slot, tp, result.dead_letters, next_offset=records[-1].offset + 1)
+        # one partition's dead letters in source-offset order (the monitor's exactness relies on it)
+        dead = sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
+        await self._stage1_commit(slot, tp, dead, next_offset=records[-1].offset + 1)
         self.stats.records += len(records)
         self.stats.reports_counted += result.counted
-        self.stats.dead_letters += len(result.dead_letters)
+        self.stats.dead_letters += len(dead)
+
+    def _untrusted(self, r: ConsumerRecord[Any, Any], now_ms: int) -> tuple[str, str] | None:
+        return untrusted_timestamp(r.timestamp_type, r.timestamp, now_ms, self.settings.future_tolerance_ms)
+
+    def _screen_timestamps(
+        self, state: PartitionState, records: list[ConsumerRecord[Any, Any]]
+    ) -> tuple[list[SourceRecord], list[DeadLetter]]:
+        """Split a batch into the records stage 1 may window and the dead letters of records whose timestamp
+        must not be used (not LogAppendTime, or far in the future): those never reach stage 1, so they never
+        move its watermark."""
+        now = _now_ms()
+        source: list[SourceRecord] = []
+        refused: list[DeadLetter] = []
+        for r in records:
+            rec = SourceRecord(r.offset, r.timestamp, r.key, r.value)
+            why = self._untrusted(r, now)
+            if why is None:
+                source.append(rec)
+                continue
+            reports = self.validator.check(r.value).reports  # rare path: decode only to count its reports
+            refused.append(DeadLetter(rec, why[0], why[1], reports))
+            # stage 1's per-reason counters (persisted with its next watermark record)
+            counter = state.rejected[why[0]]
+            counter[0] += 1
+            counter[1] += reports
+        if refused:  # one line per batch, not per record (a changed topic config refuses every record)
+            log.warning(
+                "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
+                state.partition,
+                len(refused),
+                refused[0].record.offset,
+                refused[0].detail,
+            )
+        return source, refused
 
     async def _stage1_commit(
         self, slot: _Stage1Slot, tp: TopicPartition, dead: list[DeadLetter], next_offset: int | None
@@ -321,9 +384,12 @@ class Worker:
             if p in active:
                 continue
             tp = TopicPartition(self.topics.reports, p)
-            end = consumer.last_stable_offset(tp)
-            caught_up = end is not None and await consumer.position(tp) >= end
-            if slot.state.advance_idle(now, slot.last_activity_ms, caught_up, now):
+            # lso and its fetch time come from the same fetch response: advance to t_fetch - skew, never now - skew
+            position = await consumer.position(tp)
+            fetch_ms = caught_up_at_fetch(position, consumer.last_stable_offset(tp), consumer.last_poll_timestamp(tp))
+            if fetch_ms is None:
+                continue
+            if slot.state.advance_idle(now, slot.last_activity_ms, True, fetch_ms):
                 await self._stage1_commit(slot, tp, [], next_offset=None)
 
     # ------------------------------------------------------------------------------------------
@@ -339,8 +405,16 @@ class Worker:
         slot.next_offset = records[-1].offset + 1
         for r in records:
             if r.value is not None:
-                slot.state.apply(Handover.from_bytes(r.value))
-        releases = slot.state.release(self.builder)
+                applied = slot.state.apply(Handover.from_bytes(r.value))
+                if applied.stale or applied.conflicts:
+                    log.warning(
+                        "hand-over at partials offset %d: %d partials of released windows ignored, %d partials of "
+                        "another spec version (their windows will be refused)",
+                        r.offset,
+                        applied.stale,
+                        applied.conflicts,
+                    )
+        releases = slot.state.release(self.builder, max_bytes=MAX_RELEASE_BYTES)
         changes = slot.state.state_records()
         producer = slot.producer
         async with producer.transaction():

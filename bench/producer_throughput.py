@@ -84,17 +84,18 @@ async def edge_run(
     publisher = ReportPublisher(settings, topic)
     sink = RecordingSink(publisher)
     await publisher.start()
-    client = EdgeClient(spec, sink, batch_size=batch_size)
     now = int(time.time())
+    device_time = [float(now)]  # one round per (simulated) device window: within bounds (no agents here)
+    client = EdgeClient(spec, sink, batch_size=batch_size, clock=lambda: device_time[0])
     started = time.perf_counter()
     for r, events_of_round in enumerate(rounds):
+        device_time[0] = float(now + r * spec.window.size_s)
         for events in events_of_round:
             for lo in range(0, len(events.values), 2048):
                 await client.send_many(
                     events.metric,
                     events.values[lo : lo + 2048],
                     secrets=population.secrets_of(events.clients[lo : lo + 2048]),
-                    client_times=now + r * spec.window.size_s,  # one round per (simulated) window: within bounds
                 )
     await publisher.stop()
     elapsed = time.perf_counter() - started

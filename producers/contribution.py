@@ -2,7 +2,8 @@
 
 Local privacy composes on the device: a report that leaves has spent its ε whether or not the agents
 count it. So the edge client enforces the spec's bounds itself, per (metric, pseudonym) -- the
-pseudonym already names one client, one metric and one window:
+pseudonym already names one client, one metric and one window, the window of the send time
+(``client_time // size_s``, stamped by the edge client; the agents count a report only in that window):
 
 - at most ``reports_per_window`` reports (the loss the spec's budget check assumes);
 - keyed metrics: each key at most once, and at most ``keys_per_window`` distinct keys (the Δ0 and Δ∞ of

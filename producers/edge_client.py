@@ -9,11 +9,20 @@ one pseudonym (or one RAPPOR cohort) land in one partition.
 The spec's contribution bounds are enforced before anything is published
 (:class:`~producers.contribution.ContributionLimiter`): local privacy loss is spent when a report leaves
 the device, so a device must not rely on the agents to drop its excess reports.
+
+Every report is stamped with the device clock *at send time* (``client_time = floor(clock())``), and its
+per-window pseudonym is derived from that window ``client_time // size_s``: the agents assign the window
+by the broker's LogAppendTime and dead-letter (``window_mismatch``) a report whose ``client_time //
+size_s`` is another window, so that a device has one pseudonym -- one quota -- per release window. An
+event's own time (simulated, replayed, buffered) never reaches the wire: a device that flushes buffered
+events sends them all in the current window, where the contribution bounds clip them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,6 +78,7 @@ class EdgeClient:
         shards: int = DEFAULT_SHARDS,
         rng: RandomSource | None = None,
         enforce_bounds: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size ({batch_size!r}) must be a non-negative integer (0: one report per message)")
@@ -82,6 +92,18 @@ class EdgeClient:
         self.privatizers: Mapping[str, MetricPrivatizer] = make_privatizers(spec, rng)
         self.limiter: ContributionLimiter | None = ContributionLimiter(spec) if enforce_bounds else None
         self.stats = SendStats()
+        #: The device clock, seconds since the epoch (the wall clock; a test may inject another).
+        self.clock = clock
+        #: ``client_time`` of the last :meth:`send` / :meth:`send_many` (``None`` before the first).
+        self.last_client_time: int | None = None
+
+    def client_time(self) -> int:
+        """The device clock now, in whole seconds: ``floor(clock())``, what the next report carries."""
+        now = self.clock()
+        if not math.isfinite(now) or not 0 <= now < 2**32:
+            raise ValueError(f"device clock ({now!r}) must be seconds since the epoch in [0, 2^32)")
+        t = self.last_client_time = math.floor(now)
+        return t
 
     def privatizer(self, metric: str) -> MetricPrivatizer:
         try:
@@ -89,9 +111,11 @@ class EdgeClient:
         except KeyError:
             raise KeyError(f"metric {metric!r} is not in the spec") from None
 
-    async def send(self, metric: str, value: Any, *, secret: ClientSecret, client_time: int) -> bool:
-        """Privatize and publish one event as a single-report message; False if a contribution bound dropped it."""
-        report = self.privatizer(metric).report(value, secret=secret, client_time=client_time)
+    async def send(self, metric: str, value: Any, *, secret: ClientSecret) -> bool:
+        """Privatize and publish one event now (a single-report message stamped with the send time); False if
+        a contribution bound dropped it."""
+        privatizer = self.privatizer(metric)
+        report = privatizer.report(value, secret=secret, client_time=self.client_time())
         if self.limiter is not None and not self.limiter.admit_report(report):
             self.stats.dropped += 1
             return False
@@ -103,13 +127,15 @@ class EdgeClient:
         return True
 
     async def send_many(
-        self, metric: str, values: Sequence[Any], *, secrets: Sequence[ClientSecret], client_times: Any
+        self, metric: str, values: Sequence[Any], *, secrets: Sequence[ClientSecret]
     ) -> NDArray[np.bool_]:
-        """Privatize many clients' events (vectorized) and publish those within the bounds per :attr:`batch_size`.
+        """Privatize many clients' events now (vectorized, all stamped with one send time, see
+        :attr:`last_client_time`) and publish those within the bounds per :attr:`batch_size`.
 
         Returns the admission mask: ``mask[i]`` is False when a contribution bound dropped event i.
         """
-        batch = self.privatizer(metric).batch(values, secrets=secrets, client_times=client_times)
+        privatizer = self.privatizer(metric)
+        batch = privatizer.batch(values, secrets=secrets, client_times=self.client_time())
         admitted = self.limiter.admit_batch(batch) if self.limiter is not None else np.ones(len(batch), np.bool_)
         if not admitted.all():
             self.stats.dropped += int((~admitted).sum())

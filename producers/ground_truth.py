@@ -2,8 +2,9 @@
 
 Written next to a run so that the accuracy of the released estimates can be shown later: the agents
 release privatized estimates per window; this file holds what they estimate. Windows here are the
-*client* windows (``client_time // size_s``); the agents window by the broker's LogAppendTime, which
-agrees except for reports sent near a boundary.
+*send* windows (``client_time // size_s``, the device clock when the report was sent, never an event's
+own time); the agents window by the broker's LogAppendTime, and dead-letter (``window_mismatch``) the
+reports sent so near a boundary that the broker appended them in the next window.
 
 Per kind (``n`` = reports): ``bool``: ``{"n", "true"}``; ``categorical``: ``{"n", "counts"}`` over the
 spec's labels; ``rappor``: ``{"n", "counts": {value: count}}``; ``keyed``: ``{"n", "keys": {key:

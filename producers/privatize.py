@@ -21,7 +21,8 @@ Per kind (the spec's parameters, the mechanisms' constructors):
   boolean RR with the metric's ``value`` parameters.
 - ``regression``: trusted (x, y) sent as is (finite floats), privatized centrally by DP Theil-Sen.
 
-Every report carries the per-window pseudonym ``secret.pseudonym(metric, client_time // size_s)``.
+Every report carries the per-window pseudonym ``secret.pseudonym(metric, client_time // size_s)``; the edge
+client passes the send time as ``client_time`` (:mod:`producers.edge_client`).
 Randomness: the CSPRNG (``mechanisms.rng``) unless a test or a simulation passes a ``SeededRandom``.
 """
 

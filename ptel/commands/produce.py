@@ -3,15 +3,24 @@
 Simulation: ``--clients`` devices each report every metric of ``--spec`` once per window (keyed
 metrics: 1..keys_per_window keys), for ``--windows`` windows (or ``--duration`` seconds), with the
 seeds' distributions (see producers.simulate) drawn from ``--seed``. With ``--realtime`` (the default)
-each window's reports are sent within that window of wall-clock time, so the broker's LogAppendTime
-windows match the simulated ones; with ``--no-realtime`` the windows are sent as fast as possible and the
-devices' clocks are simulated (window w at start + w * size). ``--rate`` caps reports per second (0: no cap).
-Devices enforce the spec's contribution bounds before sending (reports over them are counted, not sent).
+each window's reports are sent within that window of wall-clock time, so each simulated window is one
+broker (LogAppendTime) window; with ``--no-realtime`` the windows are sent as fast as possible.
+``--rate`` caps reports per second (0: no cap). Devices enforce the spec's contribution bounds before
+sending (reports over them are counted, not sent).
 
 Replay: ``--replay FILE`` (JSONL or CSV, see producers.replay) sends each valid line; a line that does
 not fit the spec is reported with its line number, counted, and never sent.
 
-Both write the ground truth (exact aggregates of the raw values) to ``--truth``. The closing summary
+On the wire every report carries the device clock at *send* time (``client_time``, and the pseudonym of
+its window ``client_time // size_s``), never a simulated window or a replayed event time: the agents
+dead-letter a report whose ``client_time // size_s`` is not its broker window (``window_mismatch``).
+So a ``--no-realtime`` simulation or a replay that sends several windows' events within one real
+window collapses them into that window, where the devices' per-window contribution bounds clip them
+(a simulated device sends ``reports_per_window`` reports of the first simulated windows and drops the
+rest, counted in the summary as dropped).
+
+Both write the ground truth (exact aggregates of the raw values *sent*, per send window -- the windows
+the agents release) to ``--truth``. The closing summary
 gives reports, messages, bytes and reports/s. TLS/SASL options pass through to the producer; passwords
 come only from the environment (``PTEL_KAFKA_SASL_PASSWORD``, ``PTEL_KAFKA_SSL_PASSWORD``), never
 from the command line, and are never printed.
@@ -241,19 +250,16 @@ async def simulate(
     windows = args.windows if args.windows is not None else max(1, math.ceil((args.duration or 3 * size) / size))
     population = Population(spec, args.clients, seed=args.seed, master=master)
     pacer = _Pacer(args.rate)
-    base = int(time.time()) // size * size
-    for w in range(windows):
+    for _ in range(windows):
         started = time.time()
         for events in population.round():
             privatizer = client.privatizer(events.metric)
             for lo in range(0, len(events.values), CHUNK):
                 values = events.values[lo : lo + CHUNK]
                 owners = events.clients[lo : lo + CHUNK]
-                # realtime: the wall clock; otherwise a simulated clock, window w of the run at base + w * size
-                now = int(time.time()) if args.realtime else base + w * size
-                sent = await client.send_many(
-                    events.metric, values, secrets=population.secrets_of(owners), client_times=now
-                )
+                # stamped with the send time (the wire never carries a simulated time): see the module doc
+                sent = await client.send_many(events.metric, values, secrets=population.secrets_of(owners))
+                now = client.last_client_time or 0
                 kept = [v for v, ok in zip(values, sent.tolist(), strict=True) if ok]  # the truth of what was sent
                 indices = events.indices[lo : lo + CHUNK][sent] if events.indices is not None else None
                 if indices is None and isinstance(privatizer, CategoricalPrivatizer):
@@ -289,24 +295,17 @@ async def replay(
         events = pending.pop(metric, [])
         if not events:
             return
-        now = int(time.time())
-        times = [e.time if e.time is not None else now for e in events]
         values = [e.value for e in events]
         for e in events:
             if e.client not in secrets:
                 secrets[e.client] = master.for_client(e.client)
-        admitted = await client.send_many(
-            metric, values, secrets=[secrets[e.client] for e in events], client_times=times
-        )
+        # stamped with the send time, never the line's event time (see the module doc)
+        admitted = await client.send_many(metric, values, secrets=[secrets[e.client] for e in events])
         privatizer = client.privatizer(metric)
-        by_window: dict[int, list[int]] = defaultdict(list)
-        for i, (t, ok) in enumerate(zip(times, admitted.tolist(), strict=True)):
-            if ok:  # the truth of what was sent
-                by_window[t // size].append(i)
-        for w, rows in by_window.items():
-            vals = [values[i] for i in rows]
+        vals = [v for v, ok in zip(values, admitted.tolist(), strict=True) if ok]  # the truth of what was sent
+        if vals:
             idx = privatizer.indices(vals) if isinstance(privatizer, CategoricalPrivatizer) else None
-            truth.add(metric, w, vals, idx)
+            truth.add(metric, (client.last_client_time or 0) // size, vals, idx)
         sent += int(admitted.sum())
         progress.update(len(events))
         await pacer.sent_more(len(events))

@@ -59,10 +59,12 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
     await worker.start()
     task = asyncio.create_task(worker.run())
     try:
+        start_ms = await wait_for_window_start(spec.window.size_s)
+        now_s = start_ms // 1000  # the devices' send time: its window is the broker window (no window_mismatch)
 
         def bool_report(pseudonym: int, metric: str = "crashed", fingerprint: int | None = None) -> bytes:
             f = fp.get(metric, 7) if fingerprint is None else fingerprint
-            return encode_report(Report(metric, f, pseudonym, 0, BoolPayload(pseudonym % 2 == 0)))
+            return encode_report(Report(metric, f, pseudonym, now_s, BoolPayload(pseudonym % 2 == 0)))
 
         good = bool_report(1)
         corpus: dict[str, list[bytes]] = {
@@ -80,6 +82,9 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
                 encode_report(Report("home", fp["home"], i, 0, RapporPayload(0, 16, b"\0\0"))) for i in range(2)
             ],
             "cohort_out_of_range": [encode_report(Report("home", fp["home"], 1, 0, RapporPayload(4, 8, b"\0")))],
+            "window_mismatch": [  # valid, but its pseudonym is of the device's previous window
+                encode_report(Report("crashed", fp["crashed"], 77, now_s - spec.window.size_s, BoolPayload(True)))
+            ],
             "key_too_long": [
                 encode_batch(
                     ReportBatch(
@@ -102,7 +107,7 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
                         "crashed",
                         fp["crashed"],
                         np.arange(2000 + 100 * b, 2100 + 100 * b, dtype=np.uint64),
-                        np.zeros(100, np.uint32),
+                        np.full(100, now_s, np.uint32),
                         BoolColumns(np.arange(100) % 3 == 0),
                     )
                 ),
@@ -110,7 +115,6 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
             for b in range(2)
         ]
         repeated = [(partition_key("crashed", 1), bool_report(999_999)) for _ in range(5)]  # 1 counted, 4 over bound
-        start_ms = await wait_for_window_start(spec.window.size_s)
         await send_all(kafka_bootstrap, spec.topics.reports, bad + singles + batches + repeated)
 
         expected = Counter({reason: len(v) for reason, v in corpus.items()})

@@ -41,7 +41,8 @@ async def _produce(
     """Single-report messages at ``rate``/s for ``seconds``. One report in ten repeats the pseudonym of a report
     sent about a second earlier (beyond the bound of 1 per window if the broker window is the same).
 
-    Returns, per (metric, broker window): the distinct pseudonyms (reports within the bound) and all reports.
+    Returns, per (metric, broker window): the distinct pseudonyms (reports within the bound) and all reports,
+    of the reports whose send-time window is their broker window (the others are dead-lettered, never counted).
     """
     fp = {m.name: m.fingerprint for m in spec.metrics}
     size_ms = spec.window.size_s * 1000
@@ -65,13 +66,16 @@ async def _produce(
                 chunk.append(pseudonym)
                 metric = "crashed" if pseudonym % 3 else "errors"
                 payload: Any = BoolPayload(pseudonym % 4 == 0) if metric == "crashed" else KeyedPayload("k", True)
-                value = encode_report(Report(metric, fp[metric], pseudonym, 0, payload))
+                client_time = int(time.time())  # the device clock at send time, as the edge client stamps it
+                value = encode_report(Report(metric, fp[metric], pseudonym, client_time, payload))
                 fut = await producer.send(spec.topics.reports, value, key=partition_key(metric, pseudonym % 64))
-                futures.append((metric, pseudonym, fut))
+                futures.append((metric, pseudonym, client_time, fut))
             history.append(chunk)
-            for metric, pseudonym, fut in futures:
+            for metric, pseudonym, client_time, fut in futures:
                 meta = await fut
                 window = meta.timestamp // size_ms * size_ms  # LogAppendTime: the broker's window
+                if client_time // spec.window.size_s != window // size_ms:
+                    continue  # sent at a boundary, appended after it: dead-lettered as window_mismatch
                 sent[(metric, window)] += 1
                 distinct.setdefault((metric, window), set()).add(pseudonym)
             await asyncio.sleep(0.1)

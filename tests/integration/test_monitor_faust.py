@@ -296,24 +296,26 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
     proc = _start(spec_path, kafka_bootstrap, port, log)
     base = f"http://127.0.0.1:{port}"
     try:
+        start_ms = await wait_for_window_start(spec.window.size_s)
+        t = start_ms // 1000  # the devices' send time: its window is the broker window
         good = [
-            (partition_key("crashed", i % 64), encode_report(Report("crashed", fp, i, 0, BoolPayload(i % 4 == 0))))
+            (partition_key("crashed", i % 64), encode_report(Report("crashed", fp, i, t, BoolPayload(i % 4 == 0))))
             for i in range(50)
         ]
         bad = [
             (b"a", b""),
             (b"b", b""),
-            (b"c", encode_report(Report("nosuch", fp, 1, 0, BoolPayload(True)))),
-            (b"d", encode_report(Report("crashed", fp ^ 0xFF, 2, 0, BoolPayload(True)))),
+            (b"c", encode_report(Report("nosuch", fp, 1, t, BoolPayload(True)))),
+            (b"d", encode_report(Report("crashed", fp ^ 0xFF, 2, t, BoolPayload(True)))),
+            (b"e", encode_report(Report("crashed", fp, 3, t - spec.window.size_s, BoolPayload(True)))),  # old window
         ]
-        start_ms = await wait_for_window_start(spec.window.size_s)
         await send_all(kafka_bootstrap, spec.topics.reports, bad + good)
 
         body = await _wait_view(
-            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
+            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
         )
-        assert body["records"] == {"unknown_metric": 1, "wire.empty": 2, "wrong_fingerprint": 1}
-        assert body["total_reports"] == 4
+        assert body["records"] == {"unknown_metric": 1, "window_mismatch": 1, "wire.empty": 2, "wrong_fingerprint": 1}
+        assert body["total_reports"] == 5
         latest = await _wait_view(proc, log, f"{base}/metrics/crashed/latest/", lambda s, b: s == 200)
         records = await read_topic(
             kafka_bootstrap, spec.topics.releases, partitions=1, until=lambda r: len(r) >= 1, timeout_s=30

@@ -68,13 +68,10 @@ async def test_consumed_reports_are_exactly_the_reports_sent(
     population = Population(spec, 300, seed=7, master=master)
     publisher = ReportPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, linger_ms=2), topic)
     sink = RecordingSink(publisher)
-    now = int(time.time())
     async with publisher:
         client = EdgeClient(spec, sink, batch_size=batch_size, rng=SeededRandom(11))
         for events in population.round():
-            await client.send_many(
-                events.metric, events.values, secrets=population.secrets_of(events.clients), client_times=now
-            )
+            await client.send_many(events.metric, events.values, secrets=population.secrets_of(events.clients))
     assert publisher.stats.acked == len(sink.sent) == client.stats.messages
     assert publisher.stats.failed == 0
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.kinds import Aggregator, resolve_protocols
+from agents.kinds import Aggregator, resolve_protocols, shape_mismatch
 from agents.partials import Partial, same_counts
 from agents.stage1 import Handover, PartitionState, SourceRecord
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
@@ -17,6 +19,7 @@ from schemas.spec import parse_spec
 from schemas.wire import (
     BoolColumns,
     BoolPayload,
+    CategoryColumns,
     CategoryPayload,
     KeyedColumns,
     RapporPayload,
@@ -62,8 +65,9 @@ def _state(partition: int = 0) -> PartitionState:
     )
 
 
-def _bool(pseudonym: int, bit: bool, metric: str = "crashed", fp: int | None = None) -> bytes:
-    return encode_report(Report(metric, FP.get(metric, 0) if fp is None else fp, pseudonym, 0, BoolPayload(bit)))
+def _bool(pseudonym: int, bit: bool, metric: str = "crashed", fp: int | None = None, t: int = 0) -> bytes:
+    """One bool report at device time ``t`` seconds (window ``t // 10``)."""
+    return encode_report(Report(metric, FP.get(metric, 0) if fp is None else fp, pseudonym, t, BoolPayload(bit)))
 
 
 def _rec(offset: int, ts: int, value: bytes | None) -> SourceRecord:
@@ -78,7 +82,7 @@ def test_counts_close_and_hand_over() -> None:
     assert st.take_closed() is not None  # first mark is handed over even with nothing closed
     assert st.take_closed() is None
     # watermark 12 s closes window [0, 10 s) (size 10 s + grace 2 s)
-    st.process([_rec(9, 12_000, _bool(100, True))])
+    st.process([_rec(9, 12_000, _bool(100, True, t=12))])
     h = st.take_closed()
     assert h is not None and h.closed_before_ms == 10_000
     (p,) = h.partials
@@ -127,8 +131,8 @@ def test_bad_records_are_dead_lettered_with_reasons() -> None:
 
 def test_late_reports_are_not_counted() -> None:
     st = _state()
-    st.process([_rec(0, 21_000, _bool(1, True))])  # closes every window before [10 s, 20 s)
-    res = st.process([_rec(1, 9_999, _bool(2, True)), _rec(2, 10_000, _bool(3, True))])
+    st.process([_rec(0, 21_000, _bool(1, True, t=21))])  # closes every window before [10 s, 20 s)
+    res = st.process([_rec(1, 9_999, _bool(2, True, t=9)), _rec(2, 10_000, _bool(3, True, t=10))])
     assert [d.reason for d in res.dead_letters] == ["late"]
     assert res.counted == 1
     assert st.rejected_total() == {"late": (1, 1)}
@@ -148,7 +152,7 @@ def test_contribution_bound_per_client_and_window() -> None:
     p = st.partials[("crashed", 0)]
     assert p.over_bound == 2 and p.counts.tolist() == [1, 2]
     # a new window resets the bound (pseudonyms are per window anyway)
-    assert st.process([_rec(2, 11_000, _bool(5, True))]).counted == 1
+    assert st.process([_rec(2, 11_000, _bool(5, True, t=11))]).counted == 1
 
 
 def test_every_kind_is_counted() -> None:
@@ -270,3 +274,141 @@ def test_release_record_schema() -> None:
         Release.model_validate({**rel.model_dump(), "window_end_ms": 0})
     with pytest.raises(ValidationError):
         rel.n = 2  # type: ignore[misc]  # frozen
+
+
+# ------------------------------------------------------------------------------------------------
+# one pseudonym (one quota) per device and broker window: client_time // size_s must be the broker window
+
+
+def _keyed_reports(times: list[int], keys: list[str]) -> list[bytes]:
+    """One honest device (producers' privatizer, one secret) sending ``keys[i]`` at device time ``times[i]``."""
+    from producers.client_secret import ClientSecret
+    from producers.privatize import make_privatizers
+
+    priv = make_privatizers(SPEC)["errors"]
+    secret = ClientSecret.generate()
+    return [
+        encode_report(priv.report((k, True), secret=secret, client_time=t)) for t, k in zip(times, keys, strict=True)
+    ]
+
+
+def test_reports_straddling_a_window_boundary_keep_one_pseudonym() -> None:
+    st = _state()
+    # device clock 9 s (window 0) and 10 s (window 1): two pseudonyms; network delay puts all four
+    # records at broker time 10.3 s .. 10.6 s, the broker window [10 s, 20 s)
+    values = _keyed_reports([9, 9, 10, 10], ["k0", "k1", "k0", "k1"])
+    res = st.process([_rec(i, 10_300 + 100 * i, v) for i, v in enumerate(values)])
+    assert [d.reason for d in res.dead_letters] == ["window_mismatch", "window_mismatch"]
+    assert [d.record.offset for d in res.dead_letters] == [0, 1]
+    assert res.counted == 2  # keys_per_window = 2 of ONE pseudonym, not 2 per pseudonym
+    p = st.partials[("errors", 10_000)]
+    assert {k: v[0] for k, v in p.keyed.items()} == {"k0": 1, "k1": 1} and p.over_bound == 0  # v[1]: RR value
+    assert len(p.client_keys) == 1  # one pseudonym in the window
+    assert st.rejected_total() == {"window_mismatch": (2, 2)}
+
+
+def test_a_buffered_flush_counts_only_the_matching_window() -> None:
+    st = _state()
+    # an offline device flushes 30 device windows at once; they reach the broker in window [1000 s, 1010 s)
+    values = _keyed_reports([10 * w for w in range(100, 130)], ["k0"] * 30)
+    res = st.process([_rec(i, 1_000_000 + i, v) for i, v in enumerate(values)])
+    assert res.counted == 1
+    assert st.partials[("errors", 1_000_000)].keyed["k0"][0] == 1  # Δ∞ = 1 holds
+    assert [d.record.offset for d in res.dead_letters] == [i for i in range(30) if i != 0]
+    assert {d.reason for d in res.dead_letters} == {"window_mismatch"}
+
+
+def test_mismatched_rows_of_a_batch_are_dead_lettered_and_the_rest_counted() -> None:
+    st = _state()
+    times = np.array([9, 10, 10, 19, 20, 10], np.uint32)  # rows 0 and 4 belong to other windows
+    batch = ReportBatch(
+        "crashed",
+        FP["crashed"],
+        np.arange(6, dtype=np.uint64),
+        times,
+        BoolColumns(np.array([True, True, False, True, True, False])),
+    )
+    rec = _rec(0, 15_000, encode_batch(batch))
+    res = st.process([rec])
+    assert res.counted == 4
+    (dead,) = res.dead_letters
+    assert (dead.reason, dead.reports, dead.record.value) == ("window_mismatch", 2, rec.value)  # original bytes
+    p = st.partials[("crashed", 10_000)]
+    assert p.counts.tolist() == [2, 2] and p.clients.as_dict() == {1: 1, 2: 1, 3: 1, 5: 1}
+    # after a restart, the client maps are rebuilt from exactly the rows that were counted
+    restored = _state()
+    restored.restore(st.state_records())
+    assert restored.rebuild_clients([rec]) == 4
+    assert restored.partials[("crashed", 10_000)].clients.as_dict() == {1: 1, 2: 1, 3: 1, 5: 1}
+    assert st.rejected_total() == {"window_mismatch": (1, 2)}
+
+
+# ------------------------------------------------------------------------------------------------
+# a spec edited while windows are open: restored partials of the old shape are not added to
+
+
+def _spec_with_theme(categories: list[str]) -> tuple[Any, PartitionState]:
+    spec = parse_spec(
+        {
+            "name": "unit",
+            "window": {"size_s": 10, "grace_s": 2},
+            "metrics": [
+                {"name": "crashed", "kind": "bool", "prob": 0.75},
+                {"name": "theme", "kind": "categorical", "categories": categories, "protocol": "krr", "prob": 0.5},
+            ],
+        }
+    )
+    protocols = resolve_protocols(spec)
+    state = PartitionState(0, WindowSpec(10, 2), Validator(spec, protocols), Aggregator(spec), IdlePolicy())
+    return spec, state
+
+
+def test_a_restored_partial_of_an_old_spec_shape_gets_no_new_reports() -> None:
+    old_spec, old = _spec_with_theme(["a", "b", "c"])
+    fp_old = {m.name: m.fingerprint for m in old_spec.metrics}
+    old_recs = [
+        _rec(0, 1_000, encode_report(Report("theme", fp_old["theme"], 1, 1, CategoryPayload(2)))),
+        _rec(1, 1_100, encode_report(Report("crashed", fp_old["crashed"], 1, 1, BoolPayload(True)))),
+    ]
+    assert old.process(old_recs).counted == 2
+    state = old.state_records()
+    new_spec, st = _spec_with_theme(["a", "b", "c", "d"])  # the spec edited while window [0, 10 s) is open
+    fp = {m.name: m.fingerprint for m in new_spec.metrics}
+    st.restore(state)
+    assert st.rebuild_clients(old_recs) == 1  # the old theme records: wrong fingerprint now; the stale window skipped
+    new = [
+        _rec(2, 2_000, encode_report(Report("theme", fp["theme"], 2, 2, CategoryPayload(3)))),  # index 3 of k = 4
+        _rec(
+            3,
+            2_100,
+            encode_batch(
+                ReportBatch(
+                    "theme",
+                    fp["theme"],
+                    np.array([3, 4], np.uint64),
+                    np.full(2, 2, np.uint32),
+                    CategoryColumns(np.array([0, 3], np.uint16)),
+                )
+            ),
+        ),
+        _rec(4, 2_200, encode_report(Report("crashed", fp["crashed"], 2, 2, BoolPayload(False)))),
+        _rec(5, 11_000, encode_report(Report("theme", fp["theme"], 2, 11, CategoryPayload(3)))),  # a new window
+    ]
+    res = st.process(new)  # no IndexError
+    assert [(d.record.offset, d.reason, d.reports) for d in res.dead_letters] == [
+        (2, "spec_changed", 1),
+        (3, "spec_changed", 2),
+    ]
+    assert "counted under another spec" in res.dead_letters[0].detail
+    assert res.counted == 2  # crashed (same shape) and theme in the new window
+    assert st.partials[("theme", 10_000)].counts.tolist() == [0, 0, 0, 1]
+    assert st.rejected_total() == {"spec_changed": (2, 3)}
+    st.process([_rec(6, 22_000, encode_report(Report("crashed", fp["crashed"], 3, 22, BoolPayload(True))))])
+    h = st.take_closed()
+    assert h is not None
+    handed = {p.metric: p for p in h.partials if p.window_start_ms == 0}
+    assert handed["theme"].counts.tolist() == [0, 0, 1] and handed["theme"].n == 1  # the old partial, unchanged
+    assert handed["crashed"].n == 2
+    # stage 2 refuses the old-shape window by the same check
+    assert shape_mismatch(new_spec.metric("theme"), handed["theme"]) is not None
+    assert shape_mismatch(new_spec.metric("crashed"), handed["crashed"]) is None

@@ -24,6 +24,16 @@ SPEC = load_spec(DEMO)
 T0 = 1_700_000_000
 
 
+class DeviceClock:
+    """A device clock that stays where a test sets it (seconds since the epoch)."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class ListSink:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes | None, bytes]] = []
@@ -39,11 +49,11 @@ def population(n: int = 300) -> Population:
 @pytest.mark.parametrize("batch_size", [0, 7, 1000])
 async def test_every_message_carries_the_key_of_all_its_reports(batch_size: int) -> None:
     sink = ListSink()
-    client = EdgeClient(SPEC, sink, batch_size=batch_size, shards=8, rng=SeededRandom(1))
+    client = EdgeClient(SPEC, sink, batch_size=batch_size, shards=8, rng=SeededRandom(1), clock=DeviceClock())
     pop = population()
     total = 0
     for events in pop.round():
-        await client.send_many(events.metric, events.values, secrets=pop.secrets_of(events.clients), client_times=T0)
+        await client.send_many(events.metric, events.values, secrets=pop.secrets_of(events.clients))
         total += len(events.values)
     assert client.stats.reports == total and client.stats.messages == len(sink.sent)
     assert client.stats.bytes == sum(len(v) for _, v in sink.sent)
@@ -61,15 +71,15 @@ async def test_every_message_carries_the_key_of_all_its_reports(batch_size: int)
 
 async def test_single_event_path() -> None:
     sink = ListSink()
-    client = EdgeClient(SPEC, sink)
+    client = EdgeClient(SPEC, sink, clock=DeviceClock())
     secret = ClientSecret(bytes(range(32)))
-    await client.send("theme", "A", secret=secret, client_time=T0)
+    await client.send("theme", "A", secret=secret)
     ((key, value),) = sink.sent
     report = decode(value)
     assert isinstance(report, Report) and report.metric == "theme"
     assert key == partition_key("theme", shard_of(report))
     with pytest.raises(KeyError, match="not in the spec"):
-        await client.send("nope", 1, secret=secret, client_time=T0)
+        await client.send("nope", 1, secret=secret)
 
 
 def test_settings_never_show_secrets() -> None:
@@ -137,23 +147,55 @@ def test_produce_command_rejects_bad_input(tmp_path: Path, capsys: pytest.Captur
 
 async def test_devices_never_send_over_their_contribution_bounds() -> None:
     sink = ListSink()
-    client = EdgeClient(SPEC, sink)
+    clock = DeviceClock()
+    client = EdgeClient(SPEC, sink, clock=clock)
     secret = ClientSecret(bytes(range(32)))
     # crashed_today: reports_per_window = 1
-    assert await client.send("crashed_today", True, secret=secret, client_time=T0)
-    assert not await client.send("crashed_today", True, secret=secret, client_time=T0 + 1)  # same window
-    assert await client.send("crashed_today", True, secret=secret, client_time=T0 + 10)  # next window
+    assert await client.send("crashed_today", True, secret=secret)
+    clock.t = T0 + 1
+    assert not await client.send("crashed_today", True, secret=secret)  # same window
+    clock.t = T0 + 10
+    assert await client.send("crashed_today", True, secret=secret)  # next window
     # errors: keys_per_window = 4, each key once
-    assert await client.send("errors", ("E1", True), secret=secret, client_time=T0)
-    assert not await client.send("errors", ("E1", False), secret=secret, client_time=T0)
+    assert await client.send("errors", ("E1", True), secret=secret)
+    assert not await client.send("errors", ("E1", False), secret=secret)
     for key in ("E2", "E3", "E4"):
-        assert await client.send("errors", (key, True), secret=secret, client_time=T0)
-    assert not await client.send("errors", ("E5", True), secret=secret, client_time=T0)
+        assert await client.send("errors", (key, True), secret=secret)
+    assert not await client.send("errors", ("E5", True), secret=secret)
     assert client.stats.dropped == 3 and client.stats.reports == len(sink.sent) == 6
     # the batch path: the second of two events of one client in one window is dropped
     other = ClientSecret(bytes(32))
-    mask = await client.send_many("theme", ["A", "B"], secrets=[other, other], client_times=T0)
+    mask = await client.send_many("theme", ["A", "B"], secrets=[other, other])
     assert mask.tolist() == [True, False] and client.stats.dropped == 4
     unbounded = EdgeClient(SPEC, ListSink(), enforce_bounds=False)
-    mask = await unbounded.send_many("theme", ["A", "B"], secrets=[other, other], client_times=T0)
+    mask = await unbounded.send_many("theme", ["A", "B"], secrets=[other, other])
     assert mask.tolist() == [True, True]
+
+
+async def test_reports_carry_the_send_time_and_the_pseudonym_of_its_window() -> None:
+    # the agents window by broker time and dead-letter client_time // size_s != broker window, so the wire
+    # carries the device clock at send time -- and a device has one pseudonym per window
+    sink = ListSink()
+    clock = DeviceClock(T0 + 9.99)
+    client = EdgeClient(SPEC, sink, clock=clock)
+    secret, other = ClientSecret(bytes(range(32))), ClientSecret(bytes(32))
+    assert await client.send("theme", "A", secret=secret)
+    clock.t = T0 + 10.2
+    assert (await client.send_many("theme", ["B"], secrets=[other])).tolist() == [True]
+    assert client.last_client_time == T0 + 10
+    first, second = (decode(v) for _, v in sink.sent)
+    assert isinstance(first, Report) and isinstance(second, Report)
+    assert (first.client_time, second.client_time) == (T0 + 9, T0 + 10)
+    size = SPEC.window.size_s
+    assert first.pseudonym == secret.pseudonym("theme", (T0 + 9) // size)
+    assert second.pseudonym == other.pseudonym("theme", (T0 + 10) // size)
+    # a device flushing buffered events sends them now, in one window: one pseudonym, clipped by the bound
+    mask = await client.send_many("crashed_today", [True] * 5, secrets=[secret] * 5)
+    assert mask.tolist() == [True, False, False, False, False]  # reports_per_window = 1
+    (_, value) = sink.sent[-1]
+    flushed = decode(value)
+    assert isinstance(flushed, Report) and flushed.client_time == T0 + 10
+    for bad in (float("nan"), -1.0, 2.0**32):
+        clock.t = bad
+        with pytest.raises(ValueError, match="device clock"):
+            await client.send("theme", "A", secret=secret)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from producers.edge_client import EdgeClient
 from producers.ground_truth import GroundTruth
 from producers.privatize import make_privatizers
 from producers.replay import LineError, ReplayEvent, read_events
-from ptel.commands.produce import _Progress, replay
+from ptel.commands.produce import _Progress, replay, simulate
 from schemas.spec import load_spec
 from schemas.wire import decode, reports_of
 
@@ -138,3 +139,45 @@ def test_arbitrary_lines_never_crash_the_reader(tmp_path_factory: pytest.TempPat
     path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     for item in read_events(path, SPEC, dict(make_privatizers(SPEC))):
         assert isinstance(item, (ReplayEvent, LineError))
+
+
+async def test_replayed_event_times_never_reach_the_wire(tmp_path: Path) -> None:
+    # line times are history; the wire carries the send time (the agents window by broker time)
+    path = tmp_path / "events.jsonl"
+    lines = [{"metric": "crashed_today", "value": True, "client": f"d{i}", "time": 1_000 * i} for i in range(4)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    sink = ListSink()
+    send_time = 1_700_000_005
+    client = EdgeClient(SPEC, sink, batch_size=0, clock=lambda: send_time + 0.5)
+    truth = GroundTruth(SPEC, source="replay")
+    args = argparse.Namespace(replay=path, rate=0.0)
+    sent, rejected = await replay(args, SPEC, client, ClientSecret(bytes(32)), truth, _Progress(False, None))
+    assert (sent, rejected) == (4, 0)
+    reports = [r for _, v in sink.sent for r in reports_of(decode(v))]
+    assert [r.client_time for r in reports] == [send_time] * 4
+    windows = truth.to_json()["metrics"]["crashed_today"]["windows"]
+    window = str(send_time // SPEC.window.size_s)
+    assert list(windows) == [window] and windows[window]["n"] == 4
+
+
+async def test_a_fast_simulation_collapses_into_the_send_window_and_is_clipped_there() -> None:
+    # --no-realtime: three simulated windows sent within one real window carry that window's time and
+    # pseudonyms, so the devices' per-window bounds clip them; the truth holds only what was sent, there
+    sink = ListSink()
+    send_time = 1_700_000_003
+    client = EdgeClient(SPEC, sink, batch_size=64, clock=lambda: send_time + 0.25)
+    truth = GroundTruth(SPEC, source="simulation")
+    args = argparse.Namespace(windows=3, duration=None, clients=50, seed=0, rate=0.0, realtime=False)
+    await simulate(args, SPEC, client, ClientSecret(bytes(32)), truth, _Progress(False, None))
+    reports = [r for _, v in sink.sent for r in reports_of(decode(v))]
+    assert {r.client_time for r in reports} == {send_time}
+    assert client.stats.dropped > 0 and client.stats.reports == len(reports)
+    window = str(send_time // SPEC.window.size_s)
+    doc = truth.to_json()["metrics"]
+    for metric in SPEC.metrics:
+        assert list(doc[metric.name]["windows"]) == [window]
+        sent_here = sum(1 for r in reports if r.metric == metric.name)
+        assert doc[metric.name]["windows"][window]["n"] == sent_here
+        # each simulated device sent at most reports_per_window reports of the metric: one pseudonym, one quota
+        per_pseudonym = Counter(r.pseudonym for r in reports if r.metric == metric.name)
+        assert max(per_pseudonym.values()) <= metric.reports_per_window
