@@ -2,7 +2,8 @@
 
 Contribution bounds are applied here, before counting, in record order (deterministic for a given
 partition log): at most ``reports_per_window`` reports per client pseudonym and window and, for keyed
-metrics, at most ``keys_per_window`` distinct keys with one report per key (Δ0, Δ∞ = 1). The wire
+metrics, at most ``keys_per_window`` distinct keys with one report per key (Δ0, Δ∞ = 1), and at most
+``key_capacity`` distinct keys per (window, partition) partial (its state record stays bounded). The wire
 schema routes every report of one pseudonym (or RAPPOR cohort) in a window to one partition, so
 the partition-local bound is the global bound. A bound per pseudonym is a bound per device because stage 1
 admits only reports whose pseudonym window ``client_time // size_s`` is their broker window (the others are
@@ -12,6 +13,7 @@ dead-lettered as ``window_mismatch``): one pseudonym per device and release wind
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -110,6 +112,15 @@ def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str
     }
 
 
+@dataclass(frozen=True)
+class Added:
+    """What :meth:`Aggregator.add_bounded` did: reports counted, and per accepted record (in order) its reports
+    refused for the partial's key capacity (empty: none refused)."""
+
+    counted: int
+    capacity_refused: tuple[int, ...] = ()
+
+
 class Aggregator:
     """Turns accepted reports into counts, metric by metric."""
 
@@ -143,6 +154,16 @@ class Aggregator:
 
     def add(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Bound and count ``accepted`` (all of ``partial``'s metric, in record order); the number counted."""
+        return self.add_bounded(partial, accepted).counted
+
+    def add_bounded(self, partial: Partial, accepted: Sequence[Accepted]) -> Added:
+        """:meth:`add`, and how many reports of each ``accepted`` the key capacity refused (keyed metrics).
+
+        Keyed: the contribution bounds first (``admit_keyed``: over the bound -> ``over_bound``), then the
+        partial's key capacity (``KeyedMetric.key_capacity`` distinct keys per window and partition): an
+        admitted report of a key new to a full partial is not counted (the caller dead-letters it as
+        ``key_capacity``). The capacity only removes reports, after the bounds: Δ0, Δ∞ do not grow.
+        """
         metric = self.metrics[partial.metric]
         pseudonyms = _concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         columns = [a.columns for a in accepted]
@@ -151,10 +172,16 @@ class Aggregator:
             if not isinstance(metric, KeyedMetric):
                 raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be keyed for keyed reports")
             keys = [k for c in columns for k in c.keys]  # type: ignore[union-attr]
-            ok = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
+            admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
+            ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
             bits = _concat([c.bits for c in columns])  # type: ignore[union-attr]
             partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
-            return int(ok.sum())
+            refused = admitted & ~ok
+            per_record, start = [], 0
+            for a in accepted:
+                per_record.append(int(np.count_nonzero(refused[start : start + a.reports])))
+                start += a.reports
+            return Added(int(ok.sum()), tuple(per_record))
         ok = partial.admit(pseudonyms, metric.reports_per_window)
         counted = int(np.count_nonzero(ok))
         keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
@@ -186,7 +213,7 @@ class Aggregator:
             if not isinstance(metric, RegressionMetric):
                 raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be regression for (x, y) reports")
             partial.add_points(column("x"), column("y"), self.shapes[metric.name])
-        return counted
+        return Added(counted)
 
 
 def _concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:

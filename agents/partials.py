@@ -289,6 +289,28 @@ class Partial:
         self.over_bound += int(len(pse) - ok.sum())
         return ok
 
+    def fit_key_capacity(self, keys: Sequence[str], admitted: NDArray[np.bool_], capacity: int) -> NDArray[np.bool_]:
+        """Mask of the ``admitted`` keyed reports that fit a partial of at most ``capacity`` distinct keys.
+
+        In order: a report fits iff its key is already in :attr:`keyed` (or in an earlier fitting report of
+        this call) or fewer than ``capacity`` keys are held by then; nothing is counted here. Keys only enter
+        a partial, so once it is full a new key never fits later: the keys of the final partial are exactly
+        the keys of the reports that fitted (a restart's replay needs no capacity bookkeeping).
+        """
+        fits = np.array(admitted, dtype=np.bool_, copy=True)
+        room = capacity - len(self.keyed)
+        present, new = self.keyed, set()
+        for i in np.flatnonzero(fits).tolist():
+            key = keys[i]
+            if key in present or key in new:
+                continue
+            if room > 0:
+                new.add(key)
+                room -= 1
+            else:
+                fits[i] = False
+        return fits
+
     # ------------------------------------------------------------------------------------------
     # aggregation (numpy, one call per batch)
 

@@ -142,6 +142,7 @@ class PartitionState:
         if not records:
             return out
         groups: dict[tuple[str, int], list[Accepted]] = {}
+        sources: dict[tuple[str, int], list[SourceRecord]] = {}  # the record of each group entry
         first_offsets: dict[tuple[str, int], int] = {}
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
         check, start_of = self.validator.check, self.window.start_of
@@ -174,15 +175,29 @@ class PartitionState:
                     group = groups.get(key)
                     if group is None:
                         groups[key] = [in_window]
+                        sources[key] = [rec]
                         first_offsets[key] = rec.offset
                     else:
                         group.append(in_window)
+                        sources[key].append(rec)
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
+        capacity_refused = False
         for (name, start), accepted in groups.items():
             partial = self._partial(name, start, first_offsets[(name, start)])
-            out.counted += self.aggregator.add(partial, accepted)
+            added = self.aggregator.add_bounded(partial, accepted)
+            out.counted += added.counted
             self._dirty.add((name, start))
+            for rec, verdict, refused in zip(sources[(name, start)], accepted, added.capacity_refused, strict=False):
+                if refused:
+                    detail = (
+                        f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
+                        f"which already holds its {len(partial.keyed)} keys on partition {self.partition}"
+                    )
+                    self._reject(out, rec, "key_capacity", detail, refused)
+                    capacity_refused = True
+        if capacity_refused:  # dead letters in source-offset order (a record's window_mismatch first: stable)
+            out.dead_letters.sort(key=lambda d: d.record.offset)
         return out
 
     def _stale(self, changed: dict[tuple[str, int], str | None], metric: str, start_ms: int) -> str | None:

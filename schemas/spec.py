@@ -38,7 +38,9 @@ Metric kinds (``kind`` is the discriminator):
   Theil-Sen (seed 003) with ``x_bounds``, ``y_bounds``, ``scale``, ``runs``.
 
 Contribution bounds are per client pseudonym and window (see ``schemas.wire``): ``reports_per_window``
-for every kind, ``keys_per_window`` for keyed metrics. ``budget`` is per metric over the retention
+for every kind, ``keys_per_window`` for keyed metrics (and, per window and source partition rather than
+per client, ``max_keys_per_partition`` distinct keys, which bounds the agents' state records; default
+:func:`default_max_keys_per_partition`). ``budget`` is per metric over the retention
 horizon ``window.retention_s``: ``(epsilon, delta)`` or ``(rho, delta)``. For the local kinds the spec
 checks at load that the budget covers the local loss of ``reports_per_window * windows_per_horizon``
 reports (RAPPOR: at most ε∞, thanks to the memoized PRR); for keyed and regression metrics the budget
@@ -95,6 +97,7 @@ from mechanisms.theil_sen import make_private_theil_sen
 from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
 
 __all__ = [
+    "KEYED_PARTIAL_KEY_BYTES",
     "SPEC_VERSION",
     "BinsSpec",
     "BoolMetric",
@@ -112,6 +115,8 @@ __all__ = [
     "ThresholdReleaseSpec",
     "TopicsSpec",
     "WindowSpec",
+    "default_max_keys_per_partition",
+    "keyed_entry_bytes",
     "load_spec",
     "parse_spec",
 ]
@@ -127,6 +132,27 @@ _METRIC_NAME = r"^[a-z][a-z0-9_.\-]{0,62}$"
 _TOPIC_NAME = r"^[a-zA-Z0-9._\-]{1,249}$"
 
 Real = StrictFloat | StrictInt
+
+#: Bytes the keys of one keyed partial may take in its serialized form (a stage-1 state record, a hand-over
+#: entry): half of the agents' 16 MiB record limit (``agents.topics.MAX_RECORD_BYTES``), the rest left for
+#: the header, the key and the framing.
+KEYED_PARTIAL_KEY_BYTES = 8 << 20
+
+
+def keyed_entry_bytes(max_key_bytes: int) -> int:
+    """Largest serialized entry ``"key":[reports,true],`` of one key in a partial's JSON header.
+
+    ``json.dumps`` escapes a control byte as ``\\u00XX`` (6 characters per UTF-8 byte, the worst case: a
+    2-byte character becomes 6, a 3-byte one 6, a 4-byte one 12), plus 2 quotes, ``:[``, ``,``, ``],`` and
+    two int64 counts of at most 19 digits: ``6·max_key_bytes + 45``.
+    """
+    return 6 * max_key_bytes + 45
+
+
+def default_max_keys_per_partition(max_key_bytes: int) -> int:
+    """Distinct keys per (window, partition) partial whose worst-case entries fit
+    :data:`KEYED_PARTIAL_KEY_BYTES`: ``⌊8 MiB / (6·max_key_bytes + 45)⌋`` (19,553 for 64-byte keys)."""
+    return KEYED_PARTIAL_KEY_BYTES // keyed_entry_bytes(max_key_bytes)
 
 
 class SpecFieldError(ValueError):
@@ -580,6 +606,10 @@ class KeyedMetric(_MetricBase):
     keys_per_window: Annotated[StrictInt, Field(ge=1, le=10_000)]
     #: Longest key in UTF-8 bytes (longer keys are rejected on the device).
     max_key_bytes: Annotated[StrictInt, Field(ge=1, le=255)] = 64
+    #: Distinct keys one (window, source partition) partial counts; a report of a new key beyond it is
+    #: dead-lettered (``key_capacity``). ``None``: :func:`default_max_keys_per_partition` of ``max_key_bytes``,
+    #: so the partial's state record stays under half the 16 MiB record limit. Read :attr:`key_capacity`.
+    max_keys_per_partition: Annotated[StrictInt, Field(ge=1)] | None = None
     value: RandomizedResponseSpec
     release: ThresholdReleaseSpec
 
@@ -597,10 +627,24 @@ class KeyedMetric(_MetricBase):
         first, delta = m.map((l0, l0, 1) if rel.mechanism == "laplace" else (l0, math.sqrt(l0), 1))
         return ("epsilon" if rel.mechanism == "laplace" else "rho"), float(first), float(delta)
 
+    @property
+    def key_capacity(self) -> int:
+        """Distinct keys per (window, partition) partial: ``max_keys_per_partition`` or its default."""
+        if self.max_keys_per_partition is not None:
+            return self.max_keys_per_partition
+        return default_max_keys_per_partition(self.max_key_bytes)
+
     @model_validator(mode="after")
     def _valid(self) -> KeyedMetric:
         if self.keys_per_window > self.reports_per_window:
             raise SpecFieldError("keys_per_window", f"must be at most reports_per_window ({self.reports_per_window})")
+        limit = default_max_keys_per_partition(self.max_key_bytes)
+        if self.key_capacity > limit:  # worst-case entries must fit the partial's key budget
+            raise SpecFieldError(
+                "max_keys_per_partition",
+                f"must be at most {limit} for max_key_bytes = {self.max_key_bytes} (a partial's keys take up to "
+                f"{keyed_entry_bytes(self.max_key_bytes)} bytes each, {KEYED_PARTIAL_KEY_BYTES} in all)",
+            )
         return self
 
 

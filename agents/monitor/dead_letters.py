@@ -11,8 +11,10 @@ source offset; the headers say why and where from::
 So, read committed, the source offsets of one source partition's dead letters strictly increase, and a
 dead letter seen again (Faust redelivery after a crash, a re-read after a rebalance) carries a source offset
 at or below the largest one already counted. The monitor keeps, per source ``"<topic>/<p>"``, a *tally*
-``{"offset": largest source offset counted, "records": {reason: n}, "reports": {reason: n}}`` and counts a
-dead letter only if its source offset is above the tally's ``offset``: one watermark per source partition
+``{"offset": largest source offset counted, "records": {reason: n}, "reports": {reason: n}, "at": [reasons
+counted at offset]}`` and counts a dead letter only if its source offset is above the tally's ``offset``
+(or equal with a reason not in ``at``: one record may have two dead letters of different reasons, see
+:func:`apply_note`): one watermark per source partition
 (O(partitions) state, not one entry per dead letter), and the count is exact however often a dead letter
 is delivered. A record without a readable ``ptel.source`` is identified by its own position in the
 dead-letter topic instead (``"<dead-letter topic>/<partition>"``, its own offset), which still makes Faust
@@ -116,15 +118,30 @@ def parse_dead_letter(headers: Headers, *, topic: str, partition: int, offset: i
 
 
 def apply_note(tally: Mapping[str, Any] | None, note: DeadLetterNote) -> Tally | None:
-    """The source's tally after ``note``, or ``None`` if ``note`` is a duplicate (source offset at or below
-    the tally's watermark): then the table is left unchanged. Never mutates ``tally``."""
-    if tally is not None and note.offset <= int(tally["offset"]):
-        return None
+    """The source's tally after ``note``, or ``None`` if ``note`` is a duplicate: then the table is left
+    unchanged. Never mutates ``tally``.
+
+    A duplicate has a source offset below the tally's watermark, or equal to it with a reason already
+    counted there (``"at"``: the reasons counted at ``offset``). Stage 1 writes at most one dead letter per
+    record and reason -- one record can have ``window_mismatch`` rows and ``key_capacity`` rows, in that
+    order -- so (source offset, reason) names a dead letter. A tally stored before ``"at"`` existed counts
+    every reason at its offset as seen (the old rule).
+    """
+    at: list[str] = []
+    if tally is not None:
+        watermark = int(tally["offset"])
+        if note.offset < watermark:
+            return None
+        if note.offset == watermark:
+            seen = tally.get("at")
+            if seen is None or note.reason in seen:
+                return None
+            at = [str(r) for r in seen]
     records = dict(tally["records"]) if tally is not None else {}
     reports = dict(tally["reports"]) if tally is not None else {}
     records[note.reason] = int(records.get(note.reason, 0)) + 1
     reports[note.reason] = int(reports.get(note.reason, 0)) + note.reports
-    return {"offset": note.offset, "records": records, "reports": reports}
+    return {"offset": note.offset, "records": records, "reports": reports, "at": sorted([*at, note.reason])}
 
 
 def totals(tallies: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:

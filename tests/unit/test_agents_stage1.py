@@ -412,3 +412,106 @@ def test_a_restored_partial_of_an_old_spec_shape_gets_no_new_reports() -> None:
     # stage 2 refuses the old-shape window by the same check
     assert shape_mismatch(new_spec.metric("theme"), handed["theme"]) is not None
     assert shape_mismatch(new_spec.metric("crashed"), handed["crashed"]) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# key capacity: a flood of distinct keys cannot grow one partial (one state record) without bound
+
+
+def _capped_state(cap: int) -> PartitionState:
+    spec = parse_spec(
+        {
+            "name": "unit",
+            "window": {"size_s": 10, "grace_s": 2},
+            "metrics": [
+                {
+                    "name": "errors",
+                    "kind": "keyed",
+                    "keys_per_window": 2,
+                    "reports_per_window": 3,
+                    "max_key_bytes": 8,
+                    "max_keys_per_partition": cap,
+                    "value": {"prob": 0.75},
+                    "release": {"scale": 1.0, "threshold": 5},
+                },
+            ],
+        }
+    )
+    assert spec.metrics[0].fingerprint == FP["errors"]  # the capacity is agent-side: devices send the same
+    return PartitionState(0, WindowSpec(10, 2), Validator(spec, {}), Aggregator(spec))
+
+
+def _keyed_batch(rows: list[tuple[int, str]], times: list[int] | None = None) -> bytes:
+    """A batch of keyed reports (pseudonym, key), value True, device time 5 s (window 0) unless ``times``."""
+    n = len(rows)
+    t = np.full(n, 5, np.uint32) if times is None else np.array(times, np.uint32)
+    cols = KeyedColumns(tuple(k for _, k in rows), np.ones(n, np.bool_))
+    return encode_batch(ReportBatch("errors", FP["errors"], np.array([p for p, _ in rows], np.uint64), t, cols))
+
+
+def _key_flood() -> list[SourceRecord]:
+    return [
+        _rec(0, 1_000, _keyed_batch([(1, "a"), (1, "b"), (2, "c")])),  # 3 keys: the partial is full
+        # new keys d, e refused; a, c counted; client 1's third key is over its bound (over_bound, not capacity)
+        _rec(1, 1_100, _keyed_batch([(3, "d"), (3, "a"), (4, "e"), (5, "c"), (1, "x")])),
+        _rec(2, 1_200, b"junk"),
+        _rec(3, 1_300, _keyed_batch([(7, "z")])),
+        # row 0 is of device window 1 (window_mismatch), row 1 a new key (key_capacity), row 2 counted
+        _rec(4, 1_400, _keyed_batch([(8, "y"), (9, "w"), (6, "b")], times=[15, 5, 5])),
+    ]
+
+
+def test_key_capacity_refuses_new_keys_and_counts_known_ones() -> None:
+    st = _capped_state(3)
+    res = st.process(_key_flood())
+    assert [(d.record.offset, d.reason, d.reports) for d in res.dead_letters] == [
+        (1, "key_capacity", 2),
+        (2, "wire.truncated", 1),
+        (3, "key_capacity", 1),
+        (4, "window_mismatch", 1),  # one dead letter per reason and record, in source-offset order
+        (4, "key_capacity", 1),
+    ]
+    assert res.dead_letters[0].record.value == _key_flood()[1].value  # the original bytes
+    p = st.partials[("errors", 0)]
+    assert p.keyed == {"a": [2, 2], "b": [2, 2], "c": [2, 2]}
+    assert (res.counted, p.n, p.over_bound) == (6, 6, 1)  # 11 in-window rows: 6 counted, 1 over, 4 refused
+    assert st.rejected_total()["key_capacity"] == (3, 4)
+    # a later batch: known keys still counted, new ones still refused
+    more = st.process([_rec(5, 1_500, _keyed_batch([(10, "c"), (10, "new")]))])
+    assert more.counted == 1 and [(d.reason, d.reports) for d in more.dead_letters] == [("key_capacity", 1)]
+    assert len(p.keyed) == 3
+
+
+def test_key_capacity_restore_and_replay_rebuild_the_same_partial() -> None:
+    flood = _key_flood()
+    st = _capped_state(3)
+    st.process(flood)
+    restored = _capped_state(3)
+    restored.restore(st.state_records())
+    assert restored.rebuild_clients(flood) == 10  # the rows within the bounds: 6 counted + 4 key_capacity
+    before, after = st.partials[("errors", 0)], restored.partials[("errors", 0)]
+    assert after.client_keys == before.client_keys and same_counts(after, before)
+    # the same next batch gives the same counts and dead letters on both
+    nxt = [_rec(5, 1_500, _keyed_batch([(3, "a"), (3, "b"), (11, "b"), (11, "q"), (12, "r")]))]
+    a, b = st.process(nxt), restored.process(nxt)
+    assert [(d.reason, d.reports) for d in a.dead_letters] == [(d.reason, d.reports) for d in b.dead_letters]
+    # client 3: a again (Δ∞) and b (its keys d -- refused -- and a used Δ0): both over the bound; 11's b counted
+    assert a.counted == b.counted == 1 and [(d.reason, d.reports) for d in a.dead_letters] == [("key_capacity", 2)]
+    assert st.partials[("errors", 0)].over_bound == 1 + 2
+    assert same_counts(st.partials[("errors", 0)], restored.partials[("errors", 0)])
+    assert restored.partials[("errors", 0)].client_keys == st.partials[("errors", 0)].client_keys
+
+
+@pytest.mark.parametrize("max_key_bytes", [8, 64, 255])
+def test_a_full_partial_of_worst_case_keys_fits_a_state_record(max_key_bytes: int) -> None:
+    from agents.topics import MAX_RECORD_BYTES
+    from schemas.spec import KEYED_PARTIAL_KEY_BYTES, default_max_keys_per_partition
+
+    cap = default_max_keys_per_partition(max_key_bytes)
+    p = Partial(metric="m" * 63, kind="keyed", window_start_ms=2**62, n=2**62, over_bound=2**62, first_offset=2**62)
+    for i in range(cap):  # control bytes (each a 6-character JSON escape), counts of 19 digits
+        key = "".join(chr(14 + int(d)) for d in f"{i:06d}").ljust(max_key_bytes, "\x01")  # 0x0e-0x17: \u00XX
+        p.keyed[key] = [2**63 - 1, 2**63 - 1]
+    size = len(p.to_bytes())
+    assert KEYED_PARTIAL_KEY_BYTES * 0.98 < size <= KEYED_PARTIAL_KEY_BYTES + 1024  # the bound is nearly tight
+    assert 2 * KEYED_PARTIAL_KEY_BYTES == MAX_RECORD_BYTES  # half the record limit: room for header and framing

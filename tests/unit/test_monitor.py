@@ -207,12 +207,25 @@ def test_parse_never_raises(headers: list[tuple[str, bytes]] | None, partition: 
 
 def test_apply_counts_once_per_source_offset_and_never_mutates() -> None:
     first = apply_note(None, DeadLetterNote("late", "r/0", 5, 2))
-    assert first == {"offset": 5, "records": {"late": 1}, "reports": {"late": 2}}
+    assert first == {"offset": 5, "records": {"late": 1}, "reports": {"late": 2}, "at": ["late"]}
     assert apply_note(first, DeadLetterNote("late", "r/0", 5, 2)) is None  # the same dead letter again
     assert apply_note(first, DeadLetterNote("wire.empty", "r/0", 3, 1)) is None  # below the watermark
     second = apply_note(first, DeadLetterNote("wire.empty", "r/0", 9, 1))
-    assert second == {"offset": 9, "records": {"late": 1, "wire.empty": 1}, "reports": {"late": 2, "wire.empty": 1}}
-    assert first == {"offset": 5, "records": {"late": 1}, "reports": {"late": 2}}
+    assert second == {
+        "offset": 9,
+        "records": {"late": 1, "wire.empty": 1},
+        "reports": {"late": 2, "wire.empty": 1},
+        "at": ["wire.empty"],
+    }
+    assert first == {"offset": 5, "records": {"late": 1}, "reports": {"late": 2}, "at": ["late"]}
+    # one record, two reasons (stage 1: window_mismatch rows, then key_capacity rows): both count, once each
+    third = apply_note(second, DeadLetterNote("key_capacity", "r/0", 9, 4))
+    assert third is not None and third["records"]["key_capacity"] == 1 and third["at"] == ["key_capacity", "wire.empty"]
+    assert apply_note(third, DeadLetterNote("wire.empty", "r/0", 9, 1)) is None
+    assert apply_note(third, DeadLetterNote("key_capacity", "r/0", 9, 4)) is None
+    # a tally stored before "at" existed: every reason at its offset was seen (the old rule)
+    old = {"offset": 9, "records": {"late": 1}, "reports": {"late": 2}}
+    assert apply_note(old, DeadLetterNote("key_capacity", "r/0", 9, 4)) is None
 
 
 @given(
@@ -224,12 +237,18 @@ def test_apply_counts_once_per_source_offset_and_never_mutates() -> None:
 def test_dead_letter_counts_are_exact_under_any_redelivery(
     letters: list[tuple[int, str, int]], rnd: random.Random
 ) -> None:
-    """Per source partition the agents write increasing source offsets; Faust may deliver any dead-letter
-    partition again from an earlier offset. The counts equal those of the distinct dead letters."""
+    """Per source partition the agents write non-decreasing source offsets (several only for distinct
+    reasons); Faust may deliver any dead-letter partition again from an earlier position. The counts equal
+    those of the distinct dead letters."""
     next_offset = Counter[int]()
+    reasons_at: dict[int, set[str]] = {}  # reasons already written at each partition's current offset
     per_partition: dict[int, list[DeadLetterNote]] = {}
     for p, reason, reports in letters:
-        next_offset[p] += rnd.randint(1, 3)
+        step = rnd.randint(0, 3)  # 0: another reason of the same record (stage 1: one dead letter per reason)
+        if step == 0 and (p not in reasons_at or reason in reasons_at[p]):
+            step = 1
+        next_offset[p] += step
+        reasons_at[p] = (reasons_at[p] if step == 0 else set()) | {reason}
         per_partition.setdefault(p, []).append(DeadLetterNote(reason, f"r/{p}", next_offset[p], reports))
     table: dict[str, Any] = {}
     for notes in per_partition.values():

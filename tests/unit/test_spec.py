@@ -339,3 +339,57 @@ def test_central_budgets_must_cover_the_horizon() -> None:
     keyed, regression = spec.metric("errors"), spec.metric("latency_vs_payload")
     assert isinstance(keyed, KeyedMetric) and isinstance(regression, RegressionMetric)
     assert keyed.window_cost()[:2] == ("epsilon", 1.0) and regression.window_cost() == ("epsilon", 1.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# keyed metrics: distinct keys per (window, partition) partial, so a stage-1 state record stays bounded
+
+
+def test_key_capacity_default_fits_the_worst_case_entry() -> None:
+    from schemas.spec import KEYED_PARTIAL_KEY_BYTES, default_max_keys_per_partition, keyed_entry_bytes
+
+    keyed = load_spec(DEMO).metrics[4]
+    assert isinstance(keyed, KeyedMetric) and keyed.max_keys_per_partition is None  # existing specs still load
+    assert keyed.key_capacity == default_max_keys_per_partition(keyed.max_key_bytes)
+    # closed forms: entry = 6·B + 45 (every UTF-8 byte a \u00XX escape, two 19-digit counts), cap = ⌊8 MiB / entry⌋
+    assert keyed_entry_bytes(64) == 429 and default_max_keys_per_partition(64) == (8 << 20) // 429 == 19_553
+    assert default_max_keys_per_partition(8) == 90_200 and default_max_keys_per_partition(255) == 5_326
+    for b in (1, 8, 64, 255):
+        cap = default_max_keys_per_partition(b)
+        assert cap * keyed_entry_bytes(b) <= KEYED_PARTIAL_KEY_BYTES < (cap + 1) * keyed_entry_bytes(b)
+
+
+def test_key_capacity_explicit_values_are_checked_and_named() -> None:
+    doc = demo_doc()
+    doc["metrics"][4]["max_keys_per_partition"] = 1_000
+    spec = parse_spec(doc)
+    keyed = spec.metrics[4]
+    assert isinstance(keyed, KeyedMetric) and keyed.key_capacity == 1_000
+    # an agent-side limit: devices send the same reports, the fingerprint does not change
+    assert keyed.fingerprint == load_spec(DEMO).metrics[4].fingerprint
+    doc["metrics"][4]["max_keys_per_partition"] = 19_554
+    assert problems_of(doc) == [
+        (
+            "metrics[4].max_keys_per_partition",
+            "must be at most 19553 for max_key_bytes = 64 (a partial's keys take up to 429 bytes each, 8388608 in all)",
+        )
+    ]
+    doc["metrics"][4]["max_keys_per_partition"] = 0
+    assert problems_of(doc) == [("metrics[4].max_keys_per_partition", "input should be greater than or equal to 1")]
+    doc["metrics"][4]["max_keys_per_partition"] = "100"
+    assert [p for p, _ in problems_of(doc)] == ["metrics[4].max_keys_per_partition"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 255), st.integers(1, 200_000))
+def test_key_capacity_loads_iff_its_worst_case_fits(max_key_bytes: int, cap: int) -> None:
+    from schemas.spec import KEYED_PARTIAL_KEY_BYTES, keyed_entry_bytes
+
+    doc = demo_doc()
+    doc["metrics"][4]["max_key_bytes"] = max_key_bytes
+    doc["metrics"][4]["max_keys_per_partition"] = cap
+    if cap * keyed_entry_bytes(max_key_bytes) <= KEYED_PARTIAL_KEY_BYTES:
+        keyed = parse_spec(doc).metrics[4]
+        assert isinstance(keyed, KeyedMetric) and keyed.key_capacity == cap
+    else:
+        assert [p for p, _ in problems_of(doc)] == ["metrics[4].max_keys_per_partition"]
