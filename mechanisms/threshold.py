@@ -214,12 +214,13 @@ def _check_sensitivity(name: str, value: object) -> Fraction:
 
 
 def _check_unique_keys(keys: NDArray[Any]) -> None:
-    """DomainError if a key repeats (vectorized sort for orderable keys, a set otherwise)."""
+    """DomainError if a key repeats (a sort for numeric keys, a hash set otherwise: both O(n log n) or better)."""
     if keys.size < 2:
         return
-    try:
-        distinct = int(np.unique(keys).size)
-    except TypeError:  # keys of mixed, unorderable types
+    if keys.dtype.kind in "iufb":
+        ordered = np.sort(keys, kind="stable")
+        distinct = 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
+    else:
         try:
             distinct = len(set(keys.tolist()))
         except TypeError as err:
@@ -445,12 +446,12 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
         if keys.ndim != 1 or vals.ndim != 1 or keys.shape != vals.shape:
             raise DomainError(f"keys and values must be 1-d arrays of one length, got {keys.shape}, {vals.shape}")
         _check_unique_keys(keys)  # a repeated key would get two independent noisy copies: the map assumes a map
-        src = resolve(rng if rng is not None else self._rng)
-        if self.is_float:
-            noisy, keep = self._release_float(vals, src)
-        else:
-            noisy, keep = self._release_int(vals, src)
+        noisy, keep = self._release_values(vals, resolve(rng if rng is not None else self._rng))
         return keys[keep], noisy[keep]
+
+    def _release_values(self, vals: NDArray[Any], rng: RandomSource) -> tuple[NDArray[Any], NDArray[np.bool_]]:
+        """Noisy values of distinct keys and the mask of those that pass the threshold."""
+        return self._release_float(vals, rng) if self.is_float else self._release_int(vals, rng)
 
     def _release_float(self, vals: NDArray[Any], rng: RandomSource) -> tuple[NDArray[Any], NDArray[np.bool_]]:
         if vals.dtype.kind not in "fiu":
@@ -507,7 +508,8 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
         keys = list(data.keys())
         vals = self._values_array(list(data.values()))
         src = resolve(self._rng)
-        kept_idx, noisy = self.release_arrays(np.arange(len(keys)), vals, src)
+        noisy_all, keep = self._release_values(vals, src)  # a mapping's keys are distinct by construction
+        kept_idx, noisy = np.flatnonzero(keep), noisy_all[keep]
         order = np.argsort(src.uint64(int(kept_idx.size)), kind="stable")  # a random order hides the input order
         kept_keys = [keys[i] for i in kept_idx[order].tolist()]
         return dict(zip(kept_keys, noisy[order].tolist(), strict=True))
