@@ -64,6 +64,11 @@ RESULTS = Path(__file__).resolve().parent / "results" / "agent_throughput.json"
 PARTITIONS = 4
 
 
+#: Window of the throughput phases: one day, so every preloaded report falls in the window of its send time
+#: (reports carry their send time, and stage 1 dead-letters a report whose client window is not its broker window).
+THROUGHPUT_WINDOW_S = 86_400
+
+
 def make_spec(tag: str, metrics: int = 1, size_s: int = 2, grace_s: int = 1) -> CollectionSpec:
     return parse_spec(
         {
@@ -74,7 +79,7 @@ def make_spec(tag: str, metrics: int = 1, size_s: int = 2, grace_s: int = 1) -> 
                 "dead_letter": f"ptel-bench-{tag}.dead-letter",
                 "partitions": PARTITIONS,
             },
-            "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": 3600},
+            "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": max(3600, 2 * size_s)},
             "metrics": [{"name": f"m{i}", "kind": "bool", "prob": 0.75} for i in range(metrics)],
         }
     )
@@ -156,7 +161,7 @@ async def throughput(
     threads: int | None = None,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
-    spec = make_spec(tag)
+    spec = make_spec(tag, size_s=THROUGHPUT_WINDOW_S)
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g0"))
     await preload(bootstrap, spec.topics.reports, messages)
     runs = []
@@ -224,7 +229,8 @@ async def latency(bootstrap: str, live_s: float, metrics: int, rate: int) -> dic
             for _ in range(rate // 20):
                 pseudonym += 1
                 name = f"m{pseudonym % metrics}"
-                value = encode_report(Report(name, fps[name], pseudonym, 0, BoolPayload(pseudonym % 3 == 0)))
+                now_s = int(time.time())  # the send time: the window stage 1 expects this report in
+                value = encode_report(Report(name, fps[name], pseudonym, now_s, BoolPayload(pseudonym % 3 == 0)))
                 futures.append(await producer.send(spec.topics.reports, value, key=partition_key(name, pseudonym % 64)))
             await asyncio.gather(*futures)
             await asyncio.sleep(0.05)
@@ -270,7 +276,11 @@ async def delete_topics(bootstrap: str, names: list[str]) -> None:
         await admin.close()
 
 
-def batch_messages(batches: int, size: int, pseudonyms: str = "sequential") -> list[tuple[bytes, bytes]]:
+def batch_messages(
+    batches: int, size: int, pseudonyms: str = "sequential", client_time: int | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Batch messages of bool reports sent at ``client_time`` (default: now)."""
+    sent_s = int(time.time()) if client_time is None else client_time
     spec = make_spec("fp")  # metric m0: the fingerprint depends only on name, kind and prob
     fp = spec.metrics[0].fingerprint
     gen = np.random.default_rng(20261121)  # bench data only: stands in for the devices' PRF pseudonyms
@@ -280,7 +290,7 @@ def batch_messages(batches: int, size: int, pseudonyms: str = "sequential") -> l
             ids = gen.integers(0, 1 << 64, size, dtype=np.uint64, endpoint=False)
         else:
             ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64)
-        batch = ReportBatch("m0", fp, ids, np.zeros(size, np.uint32), BoolColumns(ids % 4 == 0))
+        batch = ReportBatch("m0", fp, ids, np.full(size, sent_s, np.uint32), BoolColumns(ids % 4 == 0))
         out.append((partition_key("m0", b % 64), encode_batch(batch)))
     return out
 
@@ -292,7 +302,7 @@ def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
     spec = make_spec("cpu")
     validator = Validator(spec, resolve_protocols(spec))
     aggregator = Aggregator(spec)
-    msgs = batch_messages(2000, 1000, pseudonyms)
+    msgs = batch_messages(2000, 1000, pseudonyms, client_time=1_700_000_000)
     records = [SourceRecord(i, 1_700_000_000_000, k, v) for i, (k, v) in enumerate(msgs)]
     one = records[:500]
     accepted = [validator.check(r.value) for r in one]
@@ -326,8 +336,10 @@ def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
 
 def single_messages(n: int) -> list[tuple[bytes, bytes]]:
     fp = make_spec("fp").metrics[0].fingerprint
+    sent_s = int(time.time())  # the send time (see THROUGHPUT_WINDOW_S)
     return [
-        (partition_key("m0", i % 64), encode_report(Report("m0", fp, i, 0, BoolPayload(i % 4 == 0)))) for i in range(n)
+        (partition_key("m0", i % 64), encode_report(Report("m0", fp, i, sent_s, BoolPayload(i % 4 == 0))))
+        for i in range(n)
     ]
 
 
