@@ -229,6 +229,19 @@ class CategoryPayload:
         object.__setattr__(self, "index", _check_uint("index", self.index, _U16 - 1))
 
 
+def _check_packed_bits(k: object, bits: bytes) -> int:
+    """``k`` (1..65535) and ``bits``: exactly ``ceil(k/8)`` bytes, MSB first, zero padding; returns ``k``."""
+    n = _check_uint("k", k, _U16)
+    _check(n >= 1, "bad_value", "k must be at least 1")
+    _check(
+        isinstance(bits, bytes) and len(bits) == _packed_len(n),
+        "bad_value",
+        f"bits must be {_packed_len(n)} packed bytes for k = {n}",
+    )
+    _check_padding(bits, n, "bits")
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class UnaryPayload:
     """Optimized unary encoding: ``k`` privatized bits packed MSB first (``np.packbits``), zero padding."""
@@ -237,15 +250,7 @@ class UnaryPayload:
     bits: bytes
 
     def __post_init__(self) -> None:
-        k = _check_uint("k", self.k, _U16)
-        _check(k >= 1, "bad_value", "k must be at least 1")
-        _check(
-            isinstance(self.bits, bytes) and len(self.bits) == _packed_len(k),
-            "bad_value",
-            f"bits must be {_packed_len(k)} packed bytes for k = {k}",
-        )
-        _check_padding(self.bits, k, "bits")
-        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "k", _check_packed_bits(self.k, self.bits))
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,15 +275,7 @@ class RapporPayload:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cohort", _check_uint("cohort", self.cohort, _U16))
-        k = _check_uint("k", self.k, _U16)
-        _check(k >= 1, "bad_value", "k must be at least 1")
-        _check(
-            isinstance(self.bits, bytes) and len(self.bits) == _packed_len(k),
-            "bad_value",
-            f"bits must be {_packed_len(k)} packed bytes for k = {k}",
-        )
-        _check_padding(self.bits, k, "bits")
-        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "k", _check_packed_bits(self.k, self.bits))
 
 
 @dataclass(frozen=True, slots=True)
