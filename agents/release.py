@@ -40,6 +40,7 @@ from agents.kinds import local_measurement, shape_mismatch, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.validation import AnyMetric, Protocol
+from mechanisms import core
 from mechanisms.errors import MechanismError
 from mechanisms.estimates import Estimate
 from mechanisms.frequency_estimation import estimate_counts
@@ -49,7 +50,7 @@ from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMet
 
 log = logging.getLogger(__name__)
 
-MAX_DIVERGENCE = "MaxDivergence"
+MAX_DIVERGENCE = str(core.MAX_DIVERGENCE)
 
 
 def build_release(
@@ -312,19 +313,11 @@ def _keyed_release(
     base: dict[str, Any],
     rng: RandomSource | None,
 ) -> Release:
-    from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
-
     rel = metric.release
-    dtype = "i64" if rel.dtype == "int" else "f64"
-    threshold: Any = int(rel.threshold) if rel.dtype == "int" else float(rel.threshold)
-    make = make_laplace_threshold if rel.mechanism == "laplace" else make_gaussian_threshold
-    m = make(float(rel.scale), threshold, dtype=dtype, rng=rng)
-    l0 = metric.keys_per_window
-    # a client adds 1 to at most L0 cells (key, bit): Δ0 = L0, Δ∞ = 1, Δ1 = L0 (Laplace), Δ2 = √L0 (Gaussian)
-    d_in = (l0, l0, 1) if rel.mechanism == "laplace" else (l0, math.sqrt(l0), 1)
-    first, delta = m.map(d_in)
-    measure = "Approximate<MaxDivergence>" if rel.mechanism == "laplace" else "Approximate<ZeroConcentratedDivergence>"
-    entry = ledger.charge(rid, merged.window_start_ms, (float(first), float(delta)), measure)
+    m = rel.build(rng)
+    # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity
+    first, delta = m.map(metric.sensitivity())
+    entry = ledger.charge(rid, merged.window_start_ms, (float(first), float(delta)), str(m.output_measure))
     keys = sorted(merged.keyed)  # a data-independent order for the mechanism's inputs
     cells = np.array([[merged.keyed[k][0] - merged.keyed[k][1], merged.keyed[k][1]] for k in keys], np.int64)
     values = cells.reshape(-1) if keys else np.zeros(0, np.int64)
@@ -377,20 +370,9 @@ def _regression_release(
     base: dict[str, Any],
     rng: RandomSource | None,
 ) -> Release:
-    from mechanisms.theil_sen import make_private_theil_sen
-
-    m = make_private_theil_sen(
-        (float(metric.x_bounds[0]), float(metric.x_bounds[1])),
-        (float(metric.y_bounds[0]), float(metric.y_bounds[1])),
-        float(metric.scale),
-        runs=metric.runs,
-        output_measure=metric.measure,
-        candidates_count=metric.candidates,
-        rng=rng,
-    )
+    m = metric.build(rng)
     loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
-    measure = MAX_DIVERGENCE if metric.measure == "max_divergence" else "ZeroConcentratedDivergence"
-    entry: LedgerEntry = ledger.charge(rid, merged.window_start_ms, loss, measure)
+    entry: LedgerEntry = ledger.charge(rid, merged.window_start_ms, loss, str(m.output_measure))
     x, y = merged.points(shape_of(metric))
     slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
     privacy = (

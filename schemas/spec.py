@@ -84,6 +84,7 @@ from pydantic import (
     model_validator,
 )
 
+from mechanisms.core import Measurement
 from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.protocol_choice import choose_protocol
 from mechanisms.randomized_response import (
@@ -93,8 +94,9 @@ from mechanisms.randomized_response import (
     randomized_response_prob,
 )
 from mechanisms.rappor import RapporParams, RapporVariant
+from mechanisms.rng import RandomSource
 from mechanisms.theil_sen import make_private_theil_sen
-from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
+from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
 
 __all__ = [
     "KEYED_PARTIAL_KEY_BYTES",
@@ -579,11 +581,8 @@ class ThresholdReleaseSpec(_Frozen):
         if self.threshold < 1:
             # a key one client alone holds has count at most Δ∞ = 1: the threshold must be at least that
             raise SpecFieldError("threshold", "must be at least 1 (Δ∞, one report per key, client and window)")
-        # the mechanism's own checks (scale, threshold for the dtype)
-        make = make_laplace_threshold if self.mechanism == "laplace" else make_gaussian_threshold
-        threshold = int(self.threshold) if self.dtype == "int" else float(self.threshold)
-        try:
-            make(float(self.scale), threshold, dtype=self.mechanism_dtype)
+        try:  # the mechanism's own checks (scale, threshold for the dtype)
+            self.build()
         except ParameterError as err:
             raise SpecFieldError(err.name if err.name in ("scale", "threshold") else "dtype", err.requirement) from err
         except (MechanismError, ArithmeticError) as err:
@@ -594,6 +593,12 @@ class ThresholdReleaseSpec(_Frozen):
     def mechanism_dtype(self) -> Literal["i64", "f64"]:
         """The dtype of :mod:`mechanisms.threshold`: ``i64`` for ``int``, ``f64`` for ``float``."""
         return "i64" if self.dtype == "int" else "f64"
+
+    def build(self, rng: RandomSource | None = None) -> ThresholdMeasurement:
+        """The thresholded Laplace or Gaussian measurement these parameters describe (one place builds it)."""
+        make = make_laplace_threshold if self.mechanism == "laplace" else make_gaussian_threshold
+        threshold = int(self.threshold) if self.dtype == "int" else float(self.threshold)
+        return make(float(self.scale), threshold, dtype=self.mechanism_dtype, rng=rng)
 
 
 class KeyedMetric(_MetricBase):
@@ -619,13 +624,17 @@ class KeyedMetric(_MetricBase):
         A client adds 1 to at most ``keys_per_window`` (key, bit) cells: Δ0 = Δ1 = keys_per_window, Δ∞ = 1
         (Laplace), Δ2 = sqrt(keys_per_window) (Gaussian).
         """
-        rel = self.release
-        make = make_laplace_threshold if rel.mechanism == "laplace" else make_gaussian_threshold
-        threshold = int(rel.threshold) if rel.dtype == "int" else float(rel.threshold)
-        m = make(float(rel.scale), threshold, dtype=rel.mechanism_dtype)
+        first, delta = self.release.build().map(self.sensitivity())
+        return ("epsilon" if self.release.mechanism == "laplace" else "rho"), float(first), float(delta)
+
+    def sensitivity(self) -> tuple[int, float, int]:
+        """``d_in`` of the (key, RR bit) cell histogram: ``(Δ0, Δ1, Δ∞)`` for Laplace, ``(Δ0, Δ2, Δ∞)`` for Gaussian.
+
+        The agents' bounds let a client add 1 to at most ``L0 = keys_per_window`` cells, so Δ0 = Δ1 = L0,
+        Δ2 = √L0, Δ∞ = 1.
+        """
         l0 = self.keys_per_window
-        first, delta = m.map((l0, l0, 1) if rel.mechanism == "laplace" else (l0, math.sqrt(l0), 1))
-        return ("epsilon" if rel.mechanism == "laplace" else "rho"), float(first), float(delta)
+        return (l0, l0, 1) if self.release.mechanism == "laplace" else (l0, math.sqrt(l0), 1)
 
     @property
     def key_capacity(self) -> int:
@@ -668,16 +677,20 @@ class RegressionMetric(_MetricBase):
 
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
         """``(unit, ε or ρ, 0)`` of one window's DP Theil-Sen release: its map at d_in = ``reports_per_window``."""
-        m = make_private_theil_sen(
+        unit: Literal["epsilon", "rho"] = "epsilon" if self.measure == "max_divergence" else "rho"
+        return unit, float(self.build().map(self.reports_per_window)), 0.0
+
+    def build(self, rng: RandomSource | None = None) -> Measurement[Any, Any]:
+        """The DP Theil-Sen measurement these parameters describe (one place builds it)."""
+        return make_private_theil_sen(
             (float(self.x_bounds[0]), float(self.x_bounds[1])),
             (float(self.y_bounds[0]), float(self.y_bounds[1])),
             float(self.scale),
             runs=self.runs,
             output_measure=self.measure,
             candidates_count=self.candidates,
+            rng=rng,
         )
-        unit: Literal["epsilon", "rho"] = "epsilon" if self.measure == "max_divergence" else "rho"
-        return unit, float(m.map(self.reports_per_window)), 0.0
 
     @field_validator("measure", mode="before")
     @classmethod
