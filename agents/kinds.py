@@ -190,11 +190,8 @@ class Aggregator:
             return _concat([getattr(c, name) for c in columns])[keep]
 
         if isinstance(first, BoolColumns):
-            if counted == ok.size:  # all admitted: count the ones message by message, no concatenation
-                ones = 0
-                for c in columns:
-                    ones += int(np.count_nonzero(c.bits))  # type: ignore[union-attr]
-                partial.add_bool_counts(ones, counted)
+            if counted == ok.size:  # all admitted: count the ones, no mask
+                partial.add_bool_counts(int(np.count_nonzero(column("bits"))), counted)
             else:
                 partial.add_bool(column("bits"))
         elif isinstance(first, CategoryColumns):

@@ -34,7 +34,7 @@ from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceRecord:
     """One record of the reports topic, as stage 1 needs it."""
 
@@ -96,6 +96,16 @@ class BatchResult:
     counted: int = 0
 
 
+@dataclass
+class PreparedBatch:
+    """A batch after :meth:`PartitionState.prepare`: its dead letters so far, and per (metric, window start)
+    the accepted reports and their records (in offset order), not yet counted."""
+
+    result: BatchResult
+    groups: dict[tuple[str, int], list[Accepted]]
+    sources: dict[tuple[str, int], list[SourceRecord]]
+
+
 def watermark_key(partition: int) -> bytes:
     return f"p{partition}/wm".encode()
 
@@ -137,13 +147,19 @@ class PartitionState:
     # processing
 
     def process(self, records: Sequence[SourceRecord]) -> BatchResult:
-        """Validate, window and aggregate one batch of records (in offset order)."""
+        """Validate, window and aggregate one batch of records (in offset order):
+        :meth:`aggregate` of :meth:`prepare`."""
+        return self.aggregate(self.prepare(records))
+
+    def prepare(self, records: Sequence[SourceRecord]) -> PreparedBatch:
+        """The per-record half of :meth:`process` (Python, one iteration per record): decode and validate,
+        window by broker time, move the watermark, dead-letter wire errors, late and ``spec_changed`` records,
+        and group the others by (metric, window). Nothing is counted until :meth:`aggregate`; call the two
+        in order, once per batch (a worker overlaps one partition's ``prepare`` with another's ``aggregate``).
+        """
         out = BatchResult()
-        if not records:
-            return out
-        groups: dict[tuple[str, int], list[Accepted]] = {}
+        groups: dict[tuple[str, int], list[Accepted]] = {}  # (metric, window start) -> its records' reports
         sources: dict[tuple[str, int], list[SourceRecord]] = {}  # the record of each group entry
-        first_offsets: dict[tuple[str, int], int] = {}
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
         check, start_of = self.validator.check, self.window.start_of
         last_ts: int | None = None
@@ -163,40 +179,47 @@ class PartitionState:
                 detail = f"window {start} of {verdict.metric.name!r} was counted under another spec: {stale}"
                 self._reject(out, rec, "spec_changed", detail, verdict.reports)
             else:
-                in_window, mismatched = self._in_window(verdict, start)
-                if mismatched:
-                    detail = (
-                        f"{mismatched} of {verdict.reports} reports have client_time // {self.window.size_s} != "
-                        f"broker window {start // self.window.size_ms} (pseudonym of another window)"
-                    )
-                    self._reject(out, rec, "window_mismatch", detail, mismatched)
-                if in_window is not None:
-                    key = (in_window.metric.name, start)
-                    group = groups.get(key)
-                    if group is None:
-                        groups[key] = [in_window]
-                        sources[key] = [rec]
-                        first_offsets[key] = rec.offset
-                    else:
-                        group.append(in_window)
-                        sources[key].append(rec)
+                key = (verdict.metric.name, start)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [verdict]
+                    sources[key] = [rec]
+                else:
+                    group.append(verdict)
+                    sources[key].append(rec)
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
-        capacity_refused = False
+        return PreparedBatch(out, groups, sources)
+
+    def aggregate(self, prepared: PreparedBatch) -> BatchResult:
+        """The per-window half of :meth:`process` (numpy, one pass per (metric, window) of the batch): drop and
+        dead-letter reports of another pseudonym window, apply the contribution bounds and count."""
+        out, groups, sources = prepared.result, prepared.groups, prepared.sources
+        reordered = False  # dead letters added after the loop: sort them back into source-offset order
         for (name, start), accepted in groups.items():
-            partial = self._partial(name, start, first_offsets[(name, start)])
+            accepted, recs, mismatched = self._in_window(accepted, sources[(name, start)], start)
+            for rec, verdict, wrong in mismatched:
+                detail = (
+                    f"{wrong} of {verdict.reports} reports have client_time // {self.window.size_s} != "
+                    f"broker window {start // self.window.size_ms} (pseudonym of another window)"
+                )
+                self._reject(out, rec, "window_mismatch", detail, wrong)
+                reordered = True
+            if not accepted:
+                continue
+            partial = self._partial(name, start, recs[0].offset)
             added = self.aggregator.add_bounded(partial, accepted)
             out.counted += added.counted
             self._dirty.add((name, start))
-            for rec, verdict, refused in zip(sources[(name, start)], accepted, added.capacity_refused, strict=False):
+            for rec, verdict, refused in zip(recs, accepted, added.capacity_refused, strict=False):
                 if refused:
                     detail = (
                         f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
                         f"which already holds its {len(partial.keyed)} keys on partition {self.partition}"
                     )
                     self._reject(out, rec, "key_capacity", detail, refused)
-                    capacity_refused = True
-        if capacity_refused:  # dead letters in source-offset order (a record's window_mismatch first: stable)
+                    reordered = True
+        if reordered:  # dead letters in source-offset order (a record's window_mismatch first: stable)
             out.dead_letters.sort(key=lambda d: d.record.offset)
         return out
 
@@ -215,25 +238,45 @@ class PartitionState:
         why = changed[key] = None if partial is None else self.aggregator.mismatch(partial)
         return why
 
-    def _in_window(self, verdict: Accepted, start_ms: int) -> tuple[Accepted | None, int]:
-        """The reports of ``verdict`` whose pseudonym window ``client_time // size_s`` is the broker window
-        starting at ``start_ms`` (``None`` if none), and how many others there are.
+    def _in_window(
+        self, accepted: list[Accepted], records: list[SourceRecord], start_ms: int
+    ) -> tuple[list[Accepted], list[SourceRecord], list[tuple[SourceRecord, Accepted, int]]]:
+        """The reports of ``accepted`` (one broker window's records, in order) whose pseudonym window
+        ``client_time // size_s`` is the broker window starting at ``start_ms``, with their records, and
+        ``(record, verdict, reports of another window)`` for every record holding others.
 
         Contribution bounds are counted per pseudonym, and a device derives its pseudonym from its window
         ``client_time // size_s``: a report of another device window would bring a second pseudonym -- a
         second quota -- of one device into this broker window, and break the Δ0/Δ∞ the release is charged.
+        One numpy pass over the group's client times; per record only when some report is of another window.
         """
-        size_s, want = self.window.size_s, start_ms // self.window.size_ms
-        times = verdict.client_times
-        if times.shape[0] == 1:  # a single report: no numpy
-            return (verdict, 0) if int(times[0]) // size_s == want else (None, 1)
-        ok = (times.astype(np.int64) // size_s) == want
-        matching = int(np.count_nonzero(ok))
-        if matching == ok.size:
-            return verdict, 0
-        if matching == 0:
-            return None, int(ok.size)
-        return verdict.subset(ok), int(ok.size) - matching
+        size_s = self.window.size_s
+        lo = start_ms // self.window.size_ms * size_s  # client_time // size_s == want  <=>  0 <= t - lo < size_s
+        times = accepted[0].client_times if len(accepted) == 1 else np.concatenate([a.client_times for a in accepted])
+        if lo >= 0 and lo + size_s <= 1 << 32:  # uint32 arithmetic: t - lo wraps above size_s when t < lo
+            ok = (times - np.uint32(lo)) < np.uint32(size_s)
+        else:  # windows at the ends of the uint32 range
+            offset = times.astype(np.int64) - lo
+            ok = (offset >= 0) & (offset < size_s)
+        if bool(ok.all()):
+            return accepted, records, []
+        kept: list[Accepted] = []
+        kept_records: list[SourceRecord] = []
+        mismatched: list[tuple[SourceRecord, Accepted, int]] = []
+        at = 0
+        for rec, verdict in zip(records, accepted, strict=True):
+            rows = ok[at : at + verdict.reports]
+            at += verdict.reports
+            matching = int(np.count_nonzero(rows))
+            if matching < rows.size:
+                mismatched.append((rec, verdict, int(rows.size) - matching))
+            if matching == rows.size:
+                kept.append(verdict)
+                kept_records.append(rec)
+            elif matching:
+                kept.append(verdict.subset(rows))
+                kept_records.append(rec)
+        return kept, kept_records, mismatched
 
     def _observe(self, ts_ms: int) -> None:
         self.watermark_ms = advance(self.watermark_ms, ts_ms)
@@ -351,6 +394,7 @@ class PartitionState:
         Returns the number of reports re-admitted.
         """
         groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
+        sources: dict[tuple[str, int], list[SourceRecord]] = defaultdict(list)
         changed: dict[tuple[str, int], str | None] = {}
         for rec in records:
             verdict = self.validator.check(rec.value)
@@ -360,9 +404,10 @@ class PartitionState:
             partial = self.partials.get(key)
             if partial is None or rec.offset < partial.first_offset or self._stale(changed, *key) is not None:
                 continue  # not open, not counted here, or counted under another spec (process() refuses it)
-            in_window, _ = self._in_window(verdict, key[1])  # the rows process() admitted, no others
-            if in_window is not None:
-                groups[key].append(in_window)
+            groups[key].append(verdict)
+            sources[key].append(rec)
+        for key in list(groups):  # the rows process() admitted, no others (the same split)
+            groups[key] = self._in_window(groups[key], sources[key], key[1])[0]
         readmitted = 0
         for key, accepted in groups.items():
             partial = self.partials[key]

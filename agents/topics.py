@@ -122,14 +122,23 @@ async def ensure_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float =
 
 
 async def _wait_for_metadata(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Until every partition of every topic in ``names`` has a leader and an in-sync replica (a fresh topic's
+    first produce would otherwise be refused and retried after a backoff)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        if set(names) <= set(await admin.list_topics()):
+        waiting = set(names) - set(await admin.list_topics())
+        if not waiting:
+            for d in await admin.describe_topics(names):
+                parts = d.get("partitions") or []
+                led = all(not p["error_code"] and p["leader"] >= 0 and p["isr"] for p in parts)
+                if d.get("error_code", 0) or not parts or not led:
+                    waiting.add(d["topic"])
+        if not waiting:
             return
         if loop.time() > deadline:
-            raise TopicError(f"topics {sorted(set(names) - set(await admin.list_topics()))} did not appear")
-        await asyncio.sleep(0.2)
+            raise TopicError(f"topics {sorted(waiting)} did not get a leader in {timeout_s:g} s")
+        await asyncio.sleep(0.1)
 
 
 async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:

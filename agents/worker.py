@@ -32,7 +32,13 @@ from agents.stage1 import DeadLetter, Handover, PartitionState, SourceRecord
 from agents.stage2 import ReleaserState
 from agents.topics import MAX_RELEASE_BYTES, WorkerTopics
 from agents.validation import Protocol, Validator
-from agents.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy, caught_up_at_fetch, untrusted_timestamp
+from agents.watermarks import (
+    FUTURE_TOLERANCE_MS,
+    LOG_APPEND_TIME,
+    IdlePolicy,
+    caught_up_at_fetch,
+    untrusted_timestamp,
+)
 from agents.windows import WindowSpec
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
@@ -54,9 +60,9 @@ class WorkerSettings:
     max_batch: int = 2_000
     poll_timeout_ms: int = 100
     session_timeout_ms: int = 10_000
-    #: Threads for stage-1 CPU work (decode, bound, count), shared by the worker's partitions. Two overlap
-    #: numpy kernels (which release the GIL); one per partition would keep the event loop -- fetching,
-    #: committing the transactions -- waiting for the GIL behind all of them.
+    #: Threads for stage-1 numpy work (bound, count), shared by the worker's partitions (decoding has a thread
+    #: of its own). Two overlap numpy kernels (which release the GIL); one per partition would keep the event
+    #: loop -- fetching, committing the transactions -- waiting for the GIL behind all of them.
     stage1_threads: int = 2
     #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
     #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
@@ -80,6 +86,10 @@ class WorkerStats:
     last_commit_s: float | None = None
 
 
+#: Batches of one partition between the start of their CPU work and the end of their transaction (at most).
+PIPELINE_DEPTH = 2
+
+
 @dataclass
 class _Stage1Slot:
     state: PartitionState
@@ -87,6 +97,22 @@ class _Stage1Slot:
     last_activity_ms: int
     #: Offset the next record must have at least (records fetched before a re-assignment are dropped).
     next_offset: int
+    #: The transaction of this partition's latest batch (the next one commits after it, never before).
+    last_commit: asyncio.Task[None] | None = None
+    #: Held by each batch from its CPU work to the end of its transaction (see :data:`PIPELINE_DEPTH`).
+    inflight: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PIPELINE_DEPTH))
+
+
+@dataclass(frozen=True)
+class _Stage1Commit:
+    """What one stage-1 transaction writes, taken from the state right after the batch's CPU work."""
+
+    dead: list[DeadLetter]
+    changes: list[tuple[bytes, bytes | None]]
+    handover: Handover | None
+    next_offset: int | None
+    records: int = 0
+    counted: int = 0
 
 
 @dataclass
@@ -134,6 +160,8 @@ class Worker:
         #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
+        #: ... and the per-record half (decode, validate, window) here, one thread (see :meth:`_stage1_batch`).
+        self._decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptel-decode")
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
 
@@ -156,7 +184,13 @@ class Worker:
         self._consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
 
     async def run(self) -> None:
-        """Process until :meth:`stop`; re-raises the error that stopped the worker, if any."""
+        """Process until :meth:`stop`; re-raises the error that stopped the worker, if any.
+
+        Stage 1 is a pipeline per partition: a batch's CPU work (:meth:`_stage1_batch`) runs while the
+        previous batch's transaction commits, and the loop fetches the next batch as soon as every
+        partition's CPU work is done. A partition's transactions still commit one at a time and in order,
+        and none commits after one has failed (:meth:`_stage1_commit_after`).
+        """
         if self._consumer is None:
             raise AgentError("Worker.run() before start()")
         consumer = self._consumer
@@ -166,8 +200,10 @@ class Worker:
             )
             async with self._lock:
                 try:
-                    # partitions are independent (own state, own transactional producer): their transactions
-                    # overlap, while the CPU work of each batch runs before its first await
+                    if self._failure is not None:  # a background transaction failed
+                        raise self._failure
+                    # partitions are independent (own state, own transactional producer): their CPU work
+                    # overlaps on the threads, their transactions overlap in the background
                     await asyncio.gather(
                         *(
                             self._stage1_batch(tp, records)
@@ -180,8 +216,10 @@ class Worker:
                             await self._stage2_batch(tp, records)
                     await self._idle_tick(consumer, {tp.partition for tp, r in batches.items() if r})
                 except BaseException as err:
-                    self._failure = err
+                    if self._failure is None:
+                        self._failure = err
                     raise
+        await self._drain()
         if self._failure is not None:
             raise self._failure
 
@@ -193,6 +231,7 @@ class Worker:
         """Leave the group and stop every producer (idempotent)."""
         self._stopping.set()
         async with self._lock:
+            await self._drain()
             for slot in list(self._stage1.values()):
                 await slot.producer.stop()
             self._stage1.clear()
@@ -203,6 +242,7 @@ class Worker:
             consumer, self._consumer = self._consumer, None
             await consumer.stop()
         self._cpu.shutdown(wait=False)
+        self._decode.shutdown(wait=False)
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -230,11 +270,20 @@ class Worker:
                     self._failure = err
                 self._stopping.set()
 
+    async def _drain(self) -> None:
+        """Wait for every stage-1 transaction under way (each records its own failure)."""
+        pending = [slot.last_commit for slot in self._stage1.values() if slot.last_commit is not None]
+        if pending:
+            await asyncio.wait(pending)
+
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
             for tp in tps:
                 if tp.topic == self.topics.reports and tp.partition in self._stage1:
-                    await self._stage1.pop(tp.partition).producer.stop()
+                    slot = self._stage1.pop(tp.partition)
+                    if slot.last_commit is not None:  # its batches commit before the partition is given up
+                        await asyncio.wait([slot.last_commit])
+                    await slot.producer.stop()
                 elif tp.topic == self.topics.partials and self._stage2 is not None:
                     await self._stage2.producer.stop()
                     self._stage2 = None
@@ -298,6 +347,7 @@ class Worker:
     # stage 1
 
     async def _stage1_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
+        """The CPU work of one batch; its transaction is left running (:meth:`_stage1_commit_after`)."""
         slot = self._stage1[tp.partition]
         records = [r for r in records if r.offset >= slot.next_offset]
         if not records:
@@ -305,17 +355,26 @@ class Worker:
         slot.next_offset = records[-1].offset + 1
         if self.stats.first_record_s is None:
             self.stats.first_record_s = time.perf_counter()
-        source, refused = self._screen_timestamps(slot.state, records)
-        # CPU work off the event loop: the fetcher keeps fetching, earlier partitions' transactions proceed, and
-        # numpy releases the GIL in its kernels
-        result = await asyncio.get_running_loop().run_in_executor(self._cpu, slot.state.process, source)
-        slot.last_activity_ms = _now_ms()
-        # one partition's dead letters in source-offset order (the monitor's exactness relies on it)
-        dead = sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
-        await self._stage1_commit(slot, tp, dead, next_offset=records[-1].offset + 1)
-        self.stats.records += len(records)
-        self.stats.reports_counted += result.counted
-        self.stats.dead_letters += len(dead)
+        await slot.inflight.acquire()  # back-pressure: at most PIPELINE_DEPTH batches of a partition in flight
+        try:
+            source, refused = self._screen_timestamps(slot.state, records)
+            # CPU work off the event loop (the fetcher keeps fetching, transactions proceed), in two halves: the
+            # per-record Python half on one thread shared by the partitions (it holds the GIL: more threads would
+            # only take turns), then the numpy half on the pool (its kernels release the GIL), so one partition's
+            # records are decoded while another's reports are sorted and counted
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(self._decode, slot.state.prepare, source)
+            result = await loop.run_in_executor(self._cpu, slot.state.aggregate, prepared)
+            slot.last_activity_ms = _now_ms()
+            # one partition's dead letters in source-offset order (the monitor's exactness relies on it)
+            dead = (
+                sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
+            )
+            work = self._stage1_snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted)
+        except BaseException:
+            slot.inflight.release()
+            raise
+        self._chain_commit(slot, tp, work)
 
     def _untrusted(self, r: ConsumerRecord[Any, Any], now_ms: int) -> tuple[str, str] | None:
         return untrusted_timestamp(r.timestamp_type, r.timestamp, now_ms, self.settings.future_tolerance_ms)
@@ -327,6 +386,9 @@ class Worker:
         must not be used (not LogAppendTime, or far in the future): those never reach stage 1, so they never
         move its watermark."""
         now = _now_ms()
+        latest = now + self.settings.future_tolerance_ms
+        if all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records):  # the usual case
+            return [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records], []
         source: list[SourceRecord] = []
         refused: list[DeadLetter] = []
         for r in records:
@@ -351,16 +413,48 @@ class Worker:
             )
         return source, refused
 
-    async def _stage1_commit(
-        self, slot: _Stage1Slot, tp: TopicPartition, dead: list[DeadLetter], next_offset: int | None
-    ) -> None:
-        state, producer, p = slot.state, slot.producer, tp.partition
-        handover = state.take_closed()
-        changes = state.state_records()
+    def _stage1_snapshot(
+        self, slot: _Stage1Slot, dead: list[DeadLetter], next_offset: int | None, records: int = 0, counted: int = 0
+    ) -> _Stage1Commit | None:
+        """What the partition's next transaction writes, taken now (before the next batch changes the state);
+        ``None`` if there is nothing to write."""
+        handover = slot.state.take_closed()
+        changes = slot.state.state_records()
         if next_offset is None and handover is None and not changes:
+            return None
+        return _Stage1Commit(dead, changes, handover, next_offset, records, counted)
+
+    def _chain_commit(self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit | None) -> None:
+        """Start ``work``'s transaction after the partition's previous one (the caller holds ``slot.inflight``)."""
+        if work is None:
+            slot.inflight.release()
             return
+        slot.last_commit = asyncio.create_task(self._stage1_commit_after(slot, tp, slot.last_commit, work))
+
+    async def _stage1_commit_after(
+        self, slot: _Stage1Slot, tp: TopicPartition, previous: asyncio.Task[None] | None, work: _Stage1Commit
+    ) -> None:
+        """Commit ``work`` once ``previous`` has ended -- and not at all if any transaction of this worker failed:
+        ``work`` holds only the changes made after ``previous``'s, so committing it alone would lose those. A
+        failure stops the worker (crash-only: a restart resumes from the last committed transaction)."""
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            if self._failure is not None:
+                return
+            await self._stage1_commit(slot, tp, work)
+        except BaseException as err:
+            if self._failure is None:
+                self._failure = err
+            self._stopping.set()
+            log.error("stage-1 transaction of partition %d failed, stopping the worker: %r", tp.partition, err)
+        finally:
+            slot.inflight.release()
+
+    async def _stage1_commit(self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit) -> None:
+        producer, p = slot.producer, tp.partition
         async with producer.transaction():
-            for d in dead:
+            for d in work.dead:
                 await producer.send(
                     self.topics.dead_letter,
                     d.record.value or b"",
@@ -368,14 +462,17 @@ class Worker:
                     partition=p,
                     headers=_dead_letter_headers(d, self.topics.reports, p),
                 )
-            for key, value in changes:
+            for key, value in work.changes:
                 await producer.send(self.topics.stage1_state, value, key=key, partition=p)
-            if handover is not None:
-                await producer.send(self.topics.partials, handover.to_bytes(), key=f"p{p}".encode(), partition=0)
+            if work.handover is not None:
+                await producer.send(self.topics.partials, work.handover.to_bytes(), key=f"p{p}".encode(), partition=0)
                 self.stats.handovers += 1
-            if next_offset is not None:
-                await producer.send_offsets_to_transaction({tp: next_offset}, self.settings.group)
+            if work.next_offset is not None:
+                await producer.send_offsets_to_transaction({tp: work.next_offset}, self.settings.group)
         self.stats.transactions += 1
+        self.stats.records += work.records
+        self.stats.reports_counted += work.counted
+        self.stats.dead_letters += len(work.dead)
         self.stats.last_commit_s = time.perf_counter()
 
     async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
@@ -390,7 +487,8 @@ class Worker:
             if fetch_ms is None:
                 continue
             if slot.state.advance_idle(now, slot.last_activity_ms, True, fetch_ms):
-                await self._stage1_commit(slot, tp, [], next_offset=None)
+                await slot.inflight.acquire()  # the state changed after every batch's CPU work: commit after them
+                self._chain_commit(slot, tp, self._stage1_snapshot(slot, [], next_offset=None))
 
     # ------------------------------------------------------------------------------------------
     # stage 2

@@ -162,7 +162,8 @@ async def throughput(
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     spec = make_spec(tag, size_s=THROUGHPUT_WINDOW_S)
-    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g0"))
+    for i in range(repeat):  # every repetition's state topics, made before any is timed
+        await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g{i}"))
     await preload(bootstrap, spec.topics.reports, messages)
     runs = []
     for i in range(repeat):  # same topic, same run: the bare consumer, then a fresh worker group
@@ -187,9 +188,11 @@ async def throughput(
             f"{reports / worker_s:,.0f} reports/s, ratio {bare_s / worker_s:.2f} (load {os.getloadavg()[0]:.1f})",
             flush=True,
         )
-        if i + 1 < repeat:  # keep the reports topic for the next repetition
-            topics = WorkerTopics.for_spec(spec, group)
-            await delete_topics(bootstrap, [topics.stage1_state, topics.partials, topics.stage2_state])
+    # topics are deleted after the last repetition, not between them: a deletion churns the broker's partition
+    # state, and a worker starting meanwhile had its first produce refused (NOT_ENOUGH_REPLICAS, 100 ms backoff)
+    for i in range(repeat - 1):
+        topics = WorkerTopics.for_spec(spec, f"{spec.name}-g{i}")
+        await delete_topics(bootstrap, [topics.stage1_state, topics.partials, topics.stage2_state])
     await delete(bootstrap, spec, f"{spec.name}-g{repeat - 1}")
     bare_med = statistics.median(r["bare_s"] for r in runs)
     worker_med = statistics.median(r["worker_s"] for r in runs)

@@ -42,6 +42,7 @@ import json
 import math
 import re
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -547,11 +548,9 @@ class ReportBatch:
         """A batch of arrays the decoder has already checked (read-only, schema dtypes and shapes, values in
         range): no validation, no copy. Only this module's decoder may call it."""
         batch = object.__new__(cls)
-        object.__setattr__(batch, "metric", metric)
-        object.__setattr__(batch, "fingerprint", fingerprint)
-        object.__setattr__(batch, "pseudonyms", pseudonyms)
-        object.__setattr__(batch, "client_times", client_times)
-        object.__setattr__(batch, "columns", columns)
+        batch.__dict__.update(  # frozen: fields are set once, here, as the constructor would
+            metric=metric, fingerprint=fingerprint, pseudonyms=pseudonyms, client_times=client_times, columns=columns
+        )
         return batch
 
     def __len__(self) -> int:
@@ -931,7 +930,48 @@ def _decode_columns(r: _Reader, kind: PayloadKind, n: int) -> BatchColumns:
 _KIND_OF_BYTE = {int(k): k for k in PayloadKind}
 
 
+#: Header bytes (``_HEADER`` + metric name) already parsed and checked -> (version, message type, kind,
+#: fingerprint, metric). Only headers that passed every check are kept; bounded (cleared past 10,000).
+_HEADERS: dict[bytes, tuple[int, int, PayloadKind, int, str]] = {}
+_LITTLE = sys.byteorder == "little"
+_LE_U8, _LE_U4 = np.dtype("<u8"), np.dtype("<u4")
+
+
 def _decode_binary(data: bytes) -> Report | ReportBatch:
+    """Fast path for a batch whose header was seen before (a stream repeats a few headers): the header is
+    looked up instead of parsed, and the two common columns are read straight from the bytes. Anything
+    unusual -- a new header, a length that does not add up, a big-endian host -- takes :func:`_decode_general`,
+    so both paths accept and reject exactly the same messages."""
+    if _LITTLE and len(data) > 9:
+        end = 9 + data[8]
+        head = _HEADERS.get(data[:end])
+        if head is not None and head[1] == 2 and head[0] == 1:  # a version-1 batch
+            n = int.from_bytes(data[end : end + 4], "little")
+            size = len(data)
+            if 1 <= n <= MAX_BATCH_REPORTS and end + 4 + 12 * n <= size:
+                pse = np.frombuffer(data, _LE_U8, n, end + 4)
+                times = np.frombuffer(data, _LE_U4, n, end + 4 + 8 * n)
+                at = end + 4 + 12 * n
+                columns: BatchColumns | None = None
+                if head[2] == PayloadKind.BOOL:  # the commonest kind, without the reader
+                    width = (n + 7) >> 3
+                    if at + width == size and not (n & 7 and data[-1] & ((1 << (8 - (n & 7))) - 1)):
+                        bits = np.unpackbits(np.frombuffer(data, np.uint8, width, at), count=n).view(np.bool_)
+                        bits.flags.writeable = False
+                        columns, at = BoolColumns(bits), size
+                else:
+                    r = _Reader(data)
+                    r.pos = at
+                    try:
+                        columns, at = _decode_columns(r, head[2], n), r.pos
+                    except WireError:
+                        columns = None  # the general path raises the same error, with its detail
+                if columns is not None and at == size:
+                    return ReportBatch._trusted(head[4], head[3], pse, times, columns)
+    return _decode_general(data)
+
+
+def _decode_general(data: bytes) -> Report | ReportBatch:
     # hot path (one call per Kafka record): checks are plain ``if``s so that details are formatted on failure only
     r = _Reader(data)
     version, mtype, kind_b, flags, fingerprint, name_len = r.unpack(_HEADER, "header")
@@ -945,6 +985,9 @@ def _decode_binary(data: bytes) -> Report | ReportBatch:
     if flags and version == 1:
         raise WireError("bad_flags", f"flags must be 0 in version 1, not {flags:#04x}")
     metric = _check_metric(_utf8(r.take(name_len, "metric"), "metric"))
+    if len(_HEADERS) > 10_000:
+        _HEADERS.clear()
+    _HEADERS[data[: r.pos]] = (version, mtype, kind, fingerprint, metric)  # every header check passed
     out: Report | ReportBatch
     if mtype == MessageType.REPORT:
         pseudonym, client_time = r.unpack(_REPORT_COMMON, "pseudonym, client_time")

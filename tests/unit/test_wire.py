@@ -290,3 +290,41 @@ def test_partition_key_spreads_cohorts_and_pseudonyms() -> None:
     assert shards == set(range(16))
     with pytest.raises(WireError):
         partition_key("Bad", 0)
+
+
+def _outcome(f: object, raw: bytes) -> tuple[object, ...]:
+    """What decoding ``raw`` gives: the error reason, or the decoded batch's fields and columns."""
+    try:
+        out = f(raw)  # type: ignore[operator]
+    except WireError as err:
+        return ("error", err.reason, err.detail)
+    except Exception as err:  # decode() turns these into WireError: both paths must agree
+        return ("exception", type(err).__name__, str(err))
+    if not isinstance(out, ReportBatch):
+        return ("report", out)
+    cols = tuple((name, np.asarray(v).dtype.str, np.asarray(v).tobytes()) for name, v in vars(out.columns).items())
+    return ("batch", out.metric, out.fingerprint, out.pseudonyms.tobytes(), out.client_times.tobytes(), cols)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(same_kind_reports(), st.data())
+def test_header_cache_fast_path_decodes_exactly_like_the_general_path(rs: list[Report], data: st.DataObject) -> None:
+    """A batch whose header was seen before takes a fast path; for every byte string -- valid, corrupted,
+    truncated or extended -- it must give what the general decoder gives (same batch, or same error)."""
+    from schemas import wire
+
+    valid = encode_batch(ReportBatch.from_reports(rs))
+    decode(valid)  # its header is now known: later messages with it take the fast path
+    raw = bytearray(valid)
+    for _ in range(data.draw(st.integers(0, 3))):
+        action = data.draw(st.sampled_from(["flip", "cut", "extend"]))
+        if action == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.integers(0, 255))
+        elif action == "cut":
+            del raw[data.draw(st.integers(0, len(raw))) :]
+        else:
+            raw += data.draw(st.binary(min_size=1, max_size=8))
+    if not raw or raw[:1] == b"{":  # decode() answers these itself, before the binary decoders
+        return
+    assert _outcome(wire._decode_binary, bytes(raw)) == _outcome(wire._decode_general, bytes(raw))
