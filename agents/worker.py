@@ -12,6 +12,7 @@ with the error: a restart resumes from the last committed transaction (crash-onl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from agents.errors import AgentError, ConfigurationError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
-from agents.stage1 import DeadLetter, Handover, PartitionState, SourceRecord
+from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, SourceRecord
 from agents.stage2 import ReleaserState
 from agents.topics import MAX_RELEASE_BYTES, WorkerTopics
 from agents.validation import Protocol, Validator
@@ -97,6 +98,8 @@ class _Stage1Slot:
     last_activity_ms: int
     #: Offset the next record must have at least (records fetched before a re-assignment are dropped).
     next_offset: int
+    #: The CPU work of this partition's latest batch (the next batch's starts after it: state changes in order).
+    last_work: asyncio.Task[None] | None = None
     #: The transaction of this partition's latest batch (the next one commits after it, never before).
     last_commit: asyncio.Task[None] | None = None
     #: Held by each batch from its CPU work to the end of its transaction (see :data:`PIPELINE_DEPTH`).
@@ -160,7 +163,7 @@ class Worker:
         #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
-        #: ... and the per-record half (decode, validate, window) here, one thread (see :meth:`_stage1_batch`).
+        #: ... and the per-record half (decode, validate, window) here, one thread (see :meth:`_stage1_work`).
         self._decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptel-decode")
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
@@ -186,10 +189,11 @@ class Worker:
     async def run(self) -> None:
         """Process until :meth:`stop`; re-raises the error that stopped the worker, if any.
 
-        Stage 1 is a pipeline per partition: a batch's CPU work (:meth:`_stage1_batch`) runs while the
-        previous batch's transaction commits, and the loop fetches the next batch as soon as every
-        partition's CPU work is done. A partition's transactions still commit one at a time and in order,
-        and none commits after one has failed (:meth:`_stage1_commit_after`).
+        Stage 1 is a pipeline: the loop hands each partition's batch to a task (:meth:`_stage1_work`) and
+        fetches the next batch at once -- parsing fetched records on the event loop while the threads decode
+        and count the previous ones, and earlier batches' transactions commit. Per partition the CPU work of
+        batches runs in offset order, transactions commit one at a time in the same order, none commits after
+        one has failed (:meth:`_stage1_commit_after`), and at most :data:`PIPELINE_DEPTH` batches are in flight.
         """
         if self._consumer is None:
             raise AgentError("Worker.run() before start()")
@@ -204,13 +208,9 @@ class Worker:
                         raise self._failure
                     # partitions are independent (own state, own transactional producer): their CPU work
                     # overlaps on the threads, their transactions overlap in the background
-                    await asyncio.gather(
-                        *(
-                            self._stage1_batch(tp, records)
-                            for tp, records in batches.items()
-                            if records and tp.topic == self.topics.reports and tp.partition in self._stage1
-                        )
-                    )
+                    for tp, records in batches.items():
+                        if records and tp.topic == self.topics.reports and tp.partition in self._stage1:
+                            await self._stage1_dispatch(tp, records)
                     for tp, records in batches.items():
                         if records and tp.topic == self.topics.partials and self._stage2 is not None:
                             await self._stage2_batch(tp, records)
@@ -271,18 +271,21 @@ class Worker:
                 self._stopping.set()
 
     async def _drain(self) -> None:
-        """Wait for every stage-1 transaction under way (each records its own failure)."""
-        pending = [slot.last_commit for slot in self._stage1.values() if slot.last_commit is not None]
-        if pending:
-            await asyncio.wait(pending)
+        """Wait for every stage-1 batch under way, CPU work then transaction (each records its own failure)."""
+        for attr in ("last_work", "last_commit"):
+            pending = [t for slot in self._stage1.values() if (t := getattr(slot, attr)) is not None]
+            if pending:
+                await asyncio.wait(pending)
 
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
             for tp in tps:
                 if tp.topic == self.topics.reports and tp.partition in self._stage1:
                     slot = self._stage1.pop(tp.partition)
-                    if slot.last_commit is not None:  # its batches commit before the partition is given up
-                        await asyncio.wait([slot.last_commit])
+                    for attr in ("last_work", "last_commit"):  # its batches commit before it is given up
+                        task = getattr(slot, attr)  # (read after the work: the work chains the last commit)
+                        if task is not None:
+                            await asyncio.wait([task])
                     await slot.producer.stop()
                 elif tp.topic == self.topics.partials and self._stage2 is not None:
                     await self._stage2.producer.stop()
@@ -346,8 +349,9 @@ class Worker:
     # ------------------------------------------------------------------------------------------
     # stage 1
 
-    async def _stage1_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
-        """The CPU work of one batch; its transaction is left running (:meth:`_stage1_commit_after`)."""
+    async def _stage1_dispatch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
+        """Hand one batch of partition ``tp`` to a task of its own (after earlier batches of ``tp``); waits only
+        while :data:`PIPELINE_DEPTH` batches of ``tp`` are in flight (back-pressure)."""
         slot = self._stage1[tp.partition]
         records = [r for r in records if r.offset >= slot.next_offset]
         if not records:
@@ -355,26 +359,57 @@ class Worker:
         slot.next_offset = records[-1].offset + 1
         if self.stats.first_record_s is None:
             self.stats.first_record_s = time.perf_counter()
-        await slot.inflight.acquire()  # back-pressure: at most PIPELINE_DEPTH batches of a partition in flight
+        await slot.inflight.acquire()  # released when the batch's transaction ends (or its CPU work fails)
+        slot.last_work = asyncio.create_task(self._stage1_work(slot, tp, records, slot.last_work))
+
+    async def _stage1_work(
+        self,
+        slot: _Stage1Slot,
+        tp: TopicPartition,
+        records: list[ConsumerRecord[Any, Any]],
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        """The CPU work of one batch, after ``previous`` (the partition's batch before it), then its transaction
+        is chained (:meth:`_chain_commit`). A failure stops the worker (crash-only)."""
         try:
-            source, refused = self._screen_timestamps(slot.state, records)
-            # CPU work off the event loop (the fetcher keeps fetching, transactions proceed), in two halves: the
-            # per-record Python half on one thread shared by the partitions (it holds the GIL: more threads would
-            # only take turns), then the numpy half on the pool (its kernels release the GIL), so one partition's
-            # records are decoded while another's reports are sorted and counted
+            if previous is not None:
+                await asyncio.wait([previous])
+            if self._failure is not None:  # an earlier batch failed: its successors must not change the state
+                slot.inflight.release()
+                return
+            # CPU work off the event loop (which keeps fetching and committing), in two halves: the per-record
+            # Python half on one thread shared by the partitions (it holds the GIL: more threads would only take
+            # turns), then the numpy half on the pool (its kernels release the GIL), so one partition's records
+            # are decoded while another's reports are sorted and counted
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._decode, slot.state.prepare, source)
-            result = await loop.run_in_executor(self._cpu, slot.state.aggregate, prepared)
+            refused, aggregated = await loop.run_in_executor(
+                self._decode, self._prepare_then_aggregate, slot.state, records
+            )
+            result = await asyncio.wrap_future(aggregated)
             slot.last_activity_ms = _now_ms()
             # one partition's dead letters in source-offset order (the monitor's exactness relies on it)
             dead = (
                 sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
             )
             work = self._stage1_snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted)
-        except BaseException:
+        except BaseException as err:
             slot.inflight.release()
-            raise
+            if self._failure is None:
+                self._failure = err
+            self._stopping.set()
+            log.error("stage-1 batch of partition %d failed, stopping the worker: %r", tp.partition, err)
+            return
         self._chain_commit(slot, tp, work)
+
+    def _prepare_then_aggregate(
+        self, state: PartitionState, records: list[ConsumerRecord[Any, Any]]
+    ) -> tuple[list[DeadLetter], concurrent.futures.Future[BatchResult]]:
+        """On the decode thread: screen the timestamps and run the per-record half, then hand the numpy half to
+        the pool straight away (not through the event loop, which is busy fetching). Returns the timestamp
+        dead letters and the numpy half's future."""
+        source, refused = self._screen_timestamps(state, records)
+        prepared = state.prepare(source)
+        return refused, self._cpu.submit(state.aggregate, prepared)
 
     def _untrusted(self, r: ConsumerRecord[Any, Any], now_ms: int) -> tuple[str, str] | None:
         return untrusted_timestamp(r.timestamp_type, r.timestamp, now_ms, self.settings.future_tolerance_ms)
@@ -478,8 +513,8 @@ class Worker:
     async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
         now = _now_ms()
         for p, slot in self._stage1.items():
-            if p in active:
-                continue
+            if p in active or (slot.last_work is not None and not slot.last_work.done()):
+                continue  # not idle (and its state is the CPU work's until that ends)
             tp = TopicPartition(self.topics.reports, p)
             # lso and its fetch time come from the same fetch response: advance to t_fetch - skew, never now - skew
             position = await consumer.position(tp)
