@@ -938,8 +938,9 @@ _LE_U8, _LE_U4 = np.dtype("<u8"), np.dtype("<u4")
 
 
 def _decode_binary(data: bytes) -> Report | ReportBatch:
-    """Fast path for a batch whose header was seen before (a stream repeats a few headers): the header is
-    looked up instead of parsed, and the two common columns are read straight from the bytes. Anything
+    """Fast path for a message whose header was seen before (a stream repeats a few headers): the header is
+    looked up instead of parsed; a batch's two common columns are read straight from the bytes, a single
+    bool, category or local-hash report is built without re-checking what its layout bounds. Anything
     unusual -- a new header, a length that does not add up, a big-endian host -- takes :func:`_decode_general`,
     so both paths accept and reject exactly the same messages."""
     if _LITTLE and len(data) > 9:
@@ -968,7 +969,49 @@ def _decode_binary(data: bytes) -> Report | ReportBatch:
                         columns = None  # the general path raises the same error, with its detail
                 if columns is not None and at == size:
                     return ReportBatch._trusted(head[4], head[3], pse, times, columns)
+        elif head is not None and head[1] == 1 and head[0] == 1:  # a version-1 single report
+            payload = _fixed_payload(data, end + 12, head[2])
+            if payload is not None:
+                pseudonym, client_time = _REPORT_COMMON.unpack_from(data, end)
+                report = object.__new__(Report)  # every field checked: the header above, the payload by
+                for name, value in (  # _fixed_payload, the integers by their struct widths
+                    ("metric", head[4]),
+                    ("fingerprint", head[3]),
+                    ("pseudonym", pseudonym),
+                    ("client_time", client_time),
+                    ("payload", payload),
+                ):
+                    object.__setattr__(report, name, value)
+                return report
     return _decode_general(data)
+
+
+_BOOL_PAYLOADS = (BoolPayload(False), BoolPayload(True))  # frozen: shared by every decoded bool report
+_U16_ONE = struct.Struct("<H")
+
+
+def _fixed_payload(data: bytes, at: int, kind: PayloadKind) -> Payload | None:
+    """The payload of a version-1 single report of a fixed-size kind starting at ``at`` if it fills the rest of
+    ``data`` exactly and passes the checks of :func:`_decode_payload`; ``None`` for anything else (the general
+    path then decodes it, or raises its error)."""
+    rest = len(data) - at
+    if kind == PayloadKind.BOOL:
+        if rest == 1 and data[at] <= 1:
+            return _BOOL_PAYLOADS[data[at]]
+    elif kind == PayloadKind.CATEGORY:
+        if rest == 2:
+            (index,) = _U16_ONE.unpack_from(data, at)
+            if index < _U16:  # CategoryPayload's bound
+                payload = object.__new__(CategoryPayload)
+                object.__setattr__(payload, "index", index)
+                return payload
+    elif kind == PayloadKind.LOCAL_HASH and rest == _OLH.size:
+        seed, value = _OLH.unpack_from(data, at)
+        payload = object.__new__(LocalHashPayload)
+        object.__setattr__(payload, "seed", seed)
+        object.__setattr__(payload, "value", value)
+        return payload
+    return None
 
 
 def _decode_general(data: bytes) -> Report | ReportBatch:

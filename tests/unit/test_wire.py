@@ -317,10 +317,14 @@ def test_header_cache_fast_path_decodes_exactly_like_the_general_path(rs: list[R
     decode(valid)  # its header is now known: later messages with it take the fast path
     raw = bytearray(valid)
     for _ in range(data.draw(st.integers(0, 3))):
-        action = data.draw(st.sampled_from(["flip", "cut", "extend"]))
+        action = data.draw(st.sampled_from(["flip", "saturate", "cut", "extend"]))
         if action == "flip" and raw:
             i = data.draw(st.integers(0, len(raw) - 1))
-            raw[i] = data.draw(st.integers(0, 255))
+            raw[i] = data.draw(st.one_of(st.integers(0, 3), st.integers(0, 255)))  # small: flags, bits, kinds
+        elif action == "saturate" and raw:  # a field at its maximum (or zero): bounds its width does not give
+            i = data.draw(st.integers(0, len(raw) - 1))
+            j = min(len(raw), i + data.draw(st.integers(1, 8)))
+            raw[i:j] = bytes([data.draw(st.sampled_from([0, 255]))]) * (j - i)
         elif action == "cut":
             del raw[data.draw(st.integers(0, len(raw))) :]
         else:
@@ -328,3 +332,54 @@ def test_header_cache_fast_path_decodes_exactly_like_the_general_path(rs: list[R
     if not raw or raw[:1] == b"{":  # decode() answers these itself, before the binary decoders
         return
     assert _outcome(wire._decode_binary, bytes(raw)) == _outcome(wire._decode_general, bytes(raw))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(reports(), st.data())
+def test_header_cache_fast_path_decodes_single_reports_like_the_general_path(
+    report: Report, data: st.DataObject
+) -> None:
+    """The same for single reports (bool, category and local-hash ones take the fast path)."""
+    from schemas import wire
+
+    valid = encode_report(report)
+    decode(valid)
+    raw = bytearray(valid)
+    for _ in range(data.draw(st.integers(0, 3))):
+        action = data.draw(st.sampled_from(["flip", "saturate", "cut", "extend"]))
+        if action == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.one_of(st.integers(0, 3), st.integers(0, 255)))  # small: flags, bits, kinds
+        elif action == "saturate" and raw:  # a field at its maximum (or zero): bounds its width does not give
+            i = data.draw(st.integers(0, len(raw) - 1))
+            j = min(len(raw), i + data.draw(st.integers(1, 8)))
+            raw[i:j] = bytes([data.draw(st.sampled_from([0, 255]))]) * (j - i)
+        elif action == "cut":
+            del raw[data.draw(st.integers(0, len(raw))) :]
+        else:
+            raw += data.draw(st.binary(min_size=1, max_size=8))
+    if not raw or raw[:1] == b"{":
+        return
+    assert _outcome(wire._decode_binary, bytes(raw)) == _outcome(wire._decode_general, bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        encode_report(_report(BoolPayload(True))),
+        encode_report(_report(CategoryPayload(65534))),
+        encode_report(_report(LocalHashPayload(2**64 - 1, 2**32 - 1))),
+        encode_batch(ReportBatch.from_reports([_report(BoolPayload(i % 2 == 0)) for i in range(3)])),
+        encode_batch(ReportBatch.from_reports([_report(CategoryPayload(i)) for i in range(3)])),
+    ],
+    ids=["bool", "category", "local-hash", "bool-batch", "category-batch"],
+)
+def test_fast_path_agrees_with_the_general_path_on_every_single_byte_change(message: bytes) -> None:
+    """Exhaustive: every value of every byte of a fast-path message (known header), decoded both ways."""
+    from schemas import wire
+
+    decode(message)  # the header is known from now on
+    for i in range(len(message)):
+        for value in range(256):
+            raw = message[:i] + bytes([value]) + message[i + 1 :]
+            assert _outcome(wire._decode_binary, raw) == _outcome(wire._decode_general, raw), (i, value)
