@@ -1007,10 +1007,10 @@ def _fixed_payload(data: bytes, at: int, kind: PayloadKind) -> Payload | None:
                 return payload
     elif kind == PayloadKind.LOCAL_HASH and rest == _OLH.size:
         seed, value = _OLH.unpack_from(data, at)
-        payload = object.__new__(LocalHashPayload)
-        object.__setattr__(payload, "seed", seed)
-        object.__setattr__(payload, "value", value)
-        return payload
+        olh = object.__new__(LocalHashPayload)
+        object.__setattr__(olh, "seed", seed)
+        object.__setattr__(olh, "value", value)
+        return olh
     return None
 
 
