@@ -292,6 +292,14 @@ class PartitionState:
         counter[1] += reports
         self._mark_dirty = True
 
+    def count_rejected(self, reason: str, reports: int) -> None:
+        """Count a record the worker refused before stage 1 (its timestamp): written in the same transaction
+        as its dead letter, like every other rejection."""
+        counter = self.rejected[reason]
+        counter[0] += 1
+        counter[1] += reports
+        self._mark_dirty = True
+
     def _partial(self, metric: str, start: int, first_offset: int) -> Partial:
         partial = self.partials.get((metric, start))
         if partial is None:
@@ -410,6 +418,8 @@ class PartitionState:
             groups[key] = self._in_window(groups[key], sources[key], key[1])[0]
         readmitted = 0
         for key, accepted in groups.items():
+            if not accepted:  # every replayed report of this window was of another pseudonym window
+                continue
             partial = self.partials[key]
             over_bound = partial.over_bound
             readmitted += self.aggregator.admit(partial, accepted)

@@ -374,6 +374,9 @@ class Worker:
         try:
             if previous is not None:
                 await asyncio.wait([previous])
+                if previous.cancelled() and self._failure is None:  # cancelled before it ran: it recorded nothing
+                    self._failure = AgentError(f"an earlier batch of partition {tp.partition} was cancelled")
+                    self._stopping.set()
             if self._failure is not None:  # an earlier batch failed: its successors must not change the state
                 slot.inflight.release()
                 return
@@ -434,10 +437,8 @@ class Worker:
                 continue
             reports = self.validator.check(r.value).reports  # rare path: decode only to count its reports
             refused.append(DeadLetter(rec, why[0], why[1], reports))
-            # stage 1's per-reason counters (persisted with its next watermark record)
-            counter = state.rejected[why[0]]
-            counter[0] += 1
-            counter[1] += reports
+            # stage 1's per-reason counters, written in the same transaction as the dead letters
+            state.count_rejected(why[0], reports)
         if refused:  # one line per batch, not per record (a changed topic config refuses every record)
             log.warning(
                 "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
@@ -475,6 +476,9 @@ class Worker:
         try:
             if previous is not None:
                 await asyncio.wait([previous])
+                if previous.cancelled() and self._failure is None:  # cancelled before it ran: it recorded nothing
+                    self._failure = AgentError(f"an earlier transaction of partition {tp.partition} was cancelled")
+                    self._stopping.set()
             if self._failure is not None:
                 return
             await self._stage1_commit(slot, tp, work)
