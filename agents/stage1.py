@@ -18,6 +18,7 @@ replay re-admits exactly the records that were admitted, in the same order.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -142,6 +143,9 @@ class PartitionState:
         self._removed: set[tuple[str, int]] = set()
         self._mark_dirty = False
         self._last_handover_cb: int | None = None
+        #: ``[start, end)`` source offsets refused for a future timestamp, ascending, kept while a replay could
+        #: read them (pruned below :meth:`replay_from`): a replay skips exactly these, not a fresh clock check.
+        self.future_refused: list[list[int]] = []
 
     # ------------------------------------------------------------------------------------------
     # processing
@@ -292,13 +296,26 @@ class PartitionState:
         counter[1] += reports
         self._mark_dirty = True
 
-    def count_rejected(self, reason: str, reports: int) -> None:
+    def count_rejected(self, reason: str, reports: int, offset: int | None = None) -> None:
         """Count a record the worker refused before stage 1 (its timestamp): written in the same transaction
-        as its dead letter, like every other rejection."""
+        as its dead letter, like every other rejection. A ``future_timestamp`` refusal (``offset`` given) is
+        also remembered for replays (:meth:`refused_at`): it depended on the wall clock of that moment."""
         counter = self.rejected[reason]
         counter[0] += 1
         counter[1] += reports
         self._mark_dirty = True
+        if offset is not None:
+            last = self.future_refused[-1] if self.future_refused else None
+            if last is not None and last[1] == offset:
+                last[1] = offset + 1
+            else:
+                self.future_refused.append([offset, offset + 1])
+
+    def refused_at(self, offset: int) -> bool:
+        """Whether the record at ``offset`` was refused for a future timestamp (still remembered: it may be in
+        a replay's range)."""
+        i = bisect.bisect_right(self.future_refused, [offset, float("inf")]) - 1
+        return i >= 0 and self.future_refused[i][0] <= offset < self.future_refused[i][1]
 
     def _partial(self, metric: str, start: int, first_offset: int) -> Partial:
         partial = self.partials.get((metric, start))
@@ -352,11 +369,14 @@ class PartitionState:
         return out
 
     def _mark_bytes(self) -> bytes:
+        start = self.replay_from()  # monotone: windows close in order, new ones start at later offsets
+        self.future_refused = [] if start is None else [iv for iv in self.future_refused if iv[1] > start]
         doc: dict[str, Any] = {
             "wm": self.watermark_ms,
             "cb": self.closed_before_ms,
             "handed": self._last_handover_cb,
             "rejected": {r: list(v) for r, v in sorted(self.rejected.items())},
+            "future": self.future_refused,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -365,6 +385,7 @@ class PartitionState:
         self.watermark_ms = self.closed_before_ms = self._last_handover_cb = None
         self.partials.clear()
         self.rejected.clear()
+        self.future_refused = []
         latest: dict[bytes, bytes | None] = {}
         for key, value in records:
             latest[key] = value
@@ -381,6 +402,7 @@ class PartitionState:
                         self._last_handover_cb = int(doc["handed"])
                     for reason, (recs, reps) in doc["rejected"].items():
                         self.rejected[str(reason)] = [int(recs), int(reps)]
+                    self.future_refused = [[int(a), int(b)] for a, b in doc.get("future", [])]
                 except (ValueError, KeyError, TypeError) as err:
                     raise StateError(f"watermark record of partition {self.partition}: {err}") from err
             else:

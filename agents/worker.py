@@ -312,9 +312,9 @@ class Worker:
         readmitted = 0
         if replay is not None:  # rebuild the open windows' client maps from the source log
             records = await read_range(self.settings.bootstrap, tp, replay, offset)
-            # records dead-lettered for their timestamp were never counted: never re-admit them either
-            now = _now_ms()
-            trusted = [r for r in records if self._untrusted(r, now) is None]
+            # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
+            # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
+            trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
             readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
         self._stage1[p] = _Stage1Slot(state, producer, _now_ms(), offset)
         log.info(
@@ -438,7 +438,7 @@ class Worker:
             reports = self.validator.check(r.value).reports  # rare path: decode only to count its reports
             refused.append(DeadLetter(rec, why[0], why[1], reports))
             # stage 1's per-reason counters, written in the same transaction as the dead letters
-            state.count_rejected(why[0], reports)
+            state.count_rejected(why[0], reports, r.offset if why[0] == "future_timestamp" else None)
         if refused:  # one line per batch, not per record (a changed topic config refuses every record)
             log.warning(
                 "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",

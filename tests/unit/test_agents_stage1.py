@@ -515,3 +515,28 @@ def test_a_full_partial_of_worst_case_keys_fits_a_state_record(max_key_bytes: in
     size = len(p.to_bytes())
     assert KEYED_PARTIAL_KEY_BYTES * 0.98 < size <= KEYED_PARTIAL_KEY_BYTES + 1024  # the bound is nearly tight
     assert 2 * KEYED_PARTIAL_KEY_BYTES == MAX_RECORD_BYTES  # half the record limit: room for header and framing
+
+
+def test_future_timestamp_refusals_are_remembered_for_replays_and_pruned_when_windows_close() -> None:
+    """A replay must skip exactly the records refused for a future timestamp (a decision of the wall clock at
+    that moment, not of the record): their offsets persist with the watermark while a window could replay
+    them, then go."""
+    st = _state()
+    st.process([_rec(0, 1_000, _bool(1, True, t=1))])  # window [0, 10 s) opens at offset 0
+    for offset in (1, 2, 3, 7):  # refused by the worker before stage 1
+        st.count_rejected("future_timestamp", 1, offset)
+    st.count_rejected("timestamp_type", 1)  # decided by the record itself: nothing to remember
+    assert st.future_refused == [[1, 4], [7, 8]]
+    assert [o for o in range(10) if st.refused_at(o)] == [1, 2, 3, 7]
+    restored = _state()
+    restored.restore(st.state_records())
+    assert restored.future_refused == [[1, 4], [7, 8]] and restored.refused_at(7) and not restored.refused_at(4)
+    assert restored.rejected_total()["future_timestamp"] == (4, 4)
+    # the window closes: nothing is left to replay, the offsets are forgotten at the next state write
+    st.process([_rec(8, 12_000, _bool(2, True, t=12))])  # opens [10 s, 20 s) at offset 8, closes [0, 10 s)
+    st.take_closed()
+    records = st.state_records()
+    assert st.future_refused == [] and not st.refused_at(7)
+    again = _state()
+    again.restore(records)
+    assert again.future_refused == [] and again.replay_from() == 8
