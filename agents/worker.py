@@ -214,7 +214,8 @@ class Worker:
                     for tp, records in batches.items():
                         if records and tp.topic == self.topics.partials and self._stage2 is not None:
                             await self._stage2_batch(tp, records)
-                    await self._idle_tick(consumer, {tp.partition for tp, r in batches.items() if r})
+                    active = {tp.partition for tp, r in batches.items() if r and tp.topic == self.topics.reports}
+                    await self._idle_tick(consumer, active)
                 except BaseException as err:
                     if self._failure is None:
                         self._failure = err
