@@ -180,16 +180,16 @@ class Validator:
                 f"{message.kind.name.lower()} payload for {message.metric!r}, expected {rules.payload.name.lower()}",
                 n,
             )
-        batch = message if isinstance(message, ReportBatch) else None
-        columns = batch.columns if batch is not None else _columns_of(message)  # type: ignore[arg-type]
-        problem = _check_columns(rules, columns)
+        if isinstance(message, ReportBatch):
+            problem = _check_columns(rules, message.columns)
+            if problem is not None:
+                return Rejection(problem[0], problem[1], n)
+            return Accepted(rules.metric, message.pseudonyms, message.columns, message.client_times)
+        problem = _check_payload(rules, message.payload)  # the same checks on scalars: no one-row numpy reductions
         if problem is not None:
             return Rejection(problem[0], problem[1], n)
-        if batch is not None:
-            return Accepted(rules.metric, batch.pseudonyms, columns, batch.client_times)
-        single: Report = message  # type: ignore[assignment]
-        pseudonyms = np.array([single.pseudonym], np.uint64)
-        return Accepted(rules.metric, pseudonyms, columns, np.array([single.client_time], np.uint32))
+        pseudonyms = np.array([message.pseudonym], np.uint64)
+        return Accepted(rules.metric, pseudonyms, _columns_of(message), np.array([message.client_time], np.uint32))
 
 
 def _columns_of(report: Report) -> BatchColumns:
@@ -210,6 +210,30 @@ def _columns_of(report: Report) -> BatchColumns:
     if isinstance(p, RegressionPayload):
         return RegressionColumns(np.array([p.x]), np.array([p.y]))
     raise WireError("bad_kind", f"unknown payload {type(p).__name__}")
+
+
+def _check_payload(rules: MetricRules, p: object) -> tuple[str, str] | None:
+    """:func:`_check_columns` of the one-row columns of a single report's payload ``p`` (same reasons, same
+    details), on its scalars."""
+    if isinstance(p, CategoryPayload):
+        if p.index >= rules.k:
+            return "category_out_of_range", f"category index {p.index} >= k = {rules.k}"
+    elif isinstance(p, UnaryPayload):
+        if p.k != rules.k:
+            return "wrong_bit_length", f"{p.k} OUE bits, expected k = {rules.k}"
+    elif isinstance(p, LocalHashPayload):
+        if p.value >= rules.g:
+            return "hash_value_out_of_range", f"OLH value {p.value} >= g = {rules.g}"
+    elif isinstance(p, RapporPayload):
+        if p.k != rules.k:
+            return "wrong_bit_length", f"{p.k} RAPPOR bits, expected k = {rules.k}"
+        if p.cohort >= rules.m:
+            return "cohort_out_of_range", f"cohort {p.cohort} >= m = {rules.m}"
+    elif isinstance(p, KeyedPayload):
+        size = len(p.key.encode("utf-8"))
+        if size > rules.max_key_bytes:
+            return "key_too_long", f"key of {size} bytes > max_key_bytes = {rules.max_key_bytes}"
+    return None
 
 
 def _check_columns(rules: MetricRules, c: BatchColumns) -> tuple[str, str] | None:
