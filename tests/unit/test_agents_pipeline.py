@@ -1,0 +1,607 @@
+"""The worker's stage-1 pipeline without a broker: fake transactional producer and consumer at the seams.
+
+Guarantees under test (see :meth:`agents.worker.Worker.run` and docs/agents.md, "The stage-1 pipeline"): per
+partition the CPU work of batches runs in offset order, transactions commit one at a time in the same order, at
+most ``PIPELINE_DEPTH`` batches are in flight, nothing commits after a transaction or a CPU step has failed (or a
+predecessor was cancelled), revocation commits every dispatched batch before the producer stops, and what was
+committed restores to the state that was computed. Most tests step the worker's executors by hand
+(:class:`_StepExecutor`) so every interleaving they check is forced, not hoped for; the failure and interleaving
+tests run the real threads. Deterministic: fixed timestamps and seeds, no statistical assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, cast
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+
+from agents.errors import AgentError
+from agents.kinds import resolve_protocols
+from agents.stage1 import Handover, PartitionState, PreparedBatch, SourceRecord, watermark_key
+from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
+from agents.worker import PIPELINE_DEPTH, Worker, WorkerSettings, _Stage1Slot
+from tests.unit.test_agents_worker import SPEC, _bool, _no_release
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Broker time of the first record (fixed: windows, hand-overs and lateness are the same on every run).
+T0 = 1_700_000_000_000
+#: Records per batch in these tests.
+BATCH = 5
+#: Bound on a wait that takes milliseconds unless the pipeline is stuck (a hang then fails the test instead).
+HANG_S = 5.0
+
+
+class _CommitError(Exception):
+    """The fake producer's commit failure."""
+
+
+class _AggregateError(Exception):
+    """A failing numpy half of stage 1."""
+
+
+# ------------------------------------------------------------------------------------------------
+# fakes
+
+
+@dataclass
+class _Committed:
+    """One committed transaction: its sends ``(topic, key, value, headers)`` and its consumer offsets."""
+
+    sends: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]]
+    offsets: dict[TopicPartition, int] | None
+
+
+@dataclass
+class _FakeProducer:
+    """A transactional producer in memory: keeps committed transactions, counts open ones, refuses to commit
+    after :meth:`stop` (aiokafka aborts then), can fail the commit of transaction ``fail_at`` (1-based), and holds
+    every commit until ``gate`` is set (if given)."""
+
+    fail_at: int | None = None
+    gate: asyncio.Event | None = None
+    #: Seconds each commit takes, by transaction ordinal (default: none).
+    delay: Callable[[int], float] = lambda _: 0.0
+    committed: list[_Committed] = field(default_factory=list)
+    started: int = 0
+    open: int = 0
+    max_open: int = 0
+    stopped: bool = False
+    #: "commit <offset>" and "stop", in the order they happened.
+    events: list[str] = field(default_factory=list)
+    _sends: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = field(default_factory=list)
+    _offsets: dict[TopicPartition, int] | None = None
+
+    def transaction(self) -> _FakeTransaction:
+        return _FakeTransaction(self)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        if self.open != 1:
+            raise AssertionError("send outside one open transaction")
+        await asyncio.sleep(0)
+        self._sends.append((topic, key, value, headers))
+
+    async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+        await asyncio.sleep(0)
+        self._offsets = dict(offsets)
+
+    async def stop(self) -> None:
+        self.stopped = True
+        self.events.append("stop")
+
+    def offsets(self) -> list[int]:
+        """The committed consumer offsets, in commit order (transactions without one left out)."""
+        return [next(iter(c.offsets.values())) for c in self.committed if c.offsets]
+
+    def state_records(self, topic: str) -> list[tuple[bytes, bytes | None]]:
+        return [(k, v) for c in self.committed for t, k, v, _ in c.sends if t == topic and k is not None]
+
+
+class _FakeTransaction:
+    def __init__(self, producer: _FakeProducer) -> None:
+        self.producer = producer
+
+    async def __aenter__(self) -> None:
+        prod = self.producer
+        if prod.stopped:
+            raise RuntimeError("transaction on a stopped producer")
+        prod.started += 1
+        prod.open += 1
+        prod.max_open = max(prod.max_open, prod.open)
+        prod._sends, prod._offsets = [], None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        prod = self.producer
+        n = prod.started
+        try:
+            await asyncio.sleep(prod.delay(n))
+            if prod.gate is not None:
+                await prod.gate.wait()
+        finally:
+            prod.open -= 1
+        if exc_type is not None:
+            return False  # aborted
+        if prod.stopped:
+            raise RuntimeError("commit on a stopped producer (aborted)")
+        if prod.fail_at == n:
+            raise _CommitError(f"commit of transaction {n} failed")
+        prod.committed.append(_Committed(prod._sends, prod._offsets))
+        offset = next(iter(prod._offsets.values())) if prod._offsets else None
+        prod.events.append(f"commit {offset}")
+        return False
+
+
+@dataclass
+class _FakeConsumer:
+    """What :meth:`Worker._idle_tick` asks the consumer: caught up at ``position``, last fetch at ``fetch_ms``."""
+
+    position_of: dict[int, int] = field(default_factory=dict)
+    fetch_ms: int = T0
+
+    async def position(self, tp: TopicPartition) -> int:
+        await asyncio.sleep(0)
+        return self.position_of.get(tp.partition, 0)
+
+    def last_stable_offset(self, tp: TopicPartition) -> int:
+        return self.position_of.get(tp.partition, 0)
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int:
+        return self.fetch_ms
+
+
+class _StepExecutor(concurrent.futures.Executor):
+    """An executor that runs nothing until told to (:meth:`run_next`): the test decides every interleaving."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.queue.append((functools.partial(fn, *args, **kwargs), future))
+        return future
+
+    def run_next(self) -> None:
+        fn, future = self.queue.pop(0)
+        try:
+            future.set_result(fn())
+        except BaseException as err:
+            future.set_exception(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# builders
+
+
+def _record(offset: int, *, partition: int = 0, ts: int | None = None, pseudonym: int | None = None,
+            window_shift_s: int = 0, ts_type: int = LOG_APPEND_TIME) -> ConsumerRecord[Any, Any]:  # fmt: skip
+    """A report of one client, at broker time ``ts`` (default ``T0 + 700 ms per offset``: 10-s windows close
+    every ~14 records); ``window_shift_s`` moves the device time into another pseudonym window."""
+    ts = T0 + offset * 700 if ts is None else ts
+    value = _bool(offset % 7 if pseudonym is None else pseudonym, ts // 1000 + window_shift_s)
+    return ConsumerRecord("reports", partition, offset, ts, ts_type, None, value, None, 0, len(value), ())
+
+
+def _records(start: int, stop: int) -> list[ConsumerRecord[Any, Any]]:
+    return [_record(o) for o in range(start, stop)]
+
+
+def _source(records: Sequence[ConsumerRecord[Any, Any]]) -> list[SourceRecord]:
+    return [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records]
+
+
+def _state(worker: Worker, partition: int = 0) -> PartitionState:
+    return PartitionState(partition, worker.window, worker.validator, worker.aggregator, worker.settings.idle)
+
+
+def _slot(worker: Worker, producer: _FakeProducer, partition: int = 0) -> _Stage1Slot:
+    """Give ``worker`` source partition ``partition`` (as an assignment would, from offset 0)."""
+    slot = _Stage1Slot(_state(worker, partition), cast(AIOKafkaProducer, producer), 0, 0)
+    worker._stage1[partition] = slot
+    return slot
+
+
+def _tp(worker: Worker, partition: int = 0) -> TopicPartition:
+    return TopicPartition(worker.topics.reports, partition)
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    w = Worker(
+        SPEC,
+        WorkerSettings("127.0.0.1:1", "unit", idle=IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000)),
+        protocols=resolve_protocols(SPEC),
+        olh_range={},
+        builder=_no_release,
+    )
+    yield w
+    w._cpu.shutdown(wait=True)
+    w._decode.shutdown(wait=True)
+
+
+@dataclass
+class _Steps:
+    decode: _StepExecutor
+    cpu: _StepExecutor
+
+    async def settle(self, *, run: bool = True) -> None:
+        """Let every task run as far as it can; with ``run``, also run every queued CPU job (in FIFO order)."""
+        idle_rounds = 0
+        while idle_rounds < 20:
+            if run and (self.decode.queue or self.cpu.queue):
+                (self.decode if self.decode.queue else self.cpu).run_next()
+                idle_rounds = 0
+            else:
+                idle_rounds += 1
+            await asyncio.sleep(0)
+
+
+@pytest.fixture
+def steps(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
+    """Replace the worker's decode thread and numpy pool by executors the test steps by hand."""
+    s = _Steps(_StepExecutor(), _StepExecutor())
+    monkeypatch.setattr(worker, "_decode", s.decode)
+    monkeypatch.setattr(worker, "_cpu", s.cpu)
+    return s
+
+
+# ------------------------------------------------------------------------------------------------
+# what was committed, restored
+
+
+def _snapshot(st: PartitionState) -> tuple[object, ...]:
+    """What the state records must reproduce: windows, marks and counters. Not ``watermark_ms`` alone (written
+    only with a change of the mark it sets or of a window) nor the client maps (rebuilt by replay)."""
+    return (
+        st.closed_before_ms,
+        st._last_handover_cb,
+        {k: p.to_bytes() for k, p in st.partials.items()},
+        {r: v for r, v in st.rejected_total().items() if v != (0, 0)},
+        st.future_refused,
+    )
+
+
+def _totals(handovers: Sequence[Handover], st: PartitionState) -> dict[tuple[str, int], tuple[int, int, list[int]]]:
+    """(metric, window start) -> (reports counted, over the bound, counts) over hand-overs and open windows."""
+    out: dict[tuple[str, int], tuple[int, int, list[int]]] = {}
+    partials = [p for h in handovers for p in h.partials] + list(st.partials.values())
+    for p in partials:
+        key = (p.metric, p.window_start_ms)
+        if key in out:
+            raise AssertionError(f"window {key} handed over twice")
+        out[key] = (p.n, p.over_bound, [int(c) for c in p.counts])
+    return out
+
+
+def _assert_restart_equals_one_run(
+    worker: Worker, producer: _FakeProducer, records: Sequence[ConsumerRecord[Any, Any]]
+) -> None:
+    """A restart -- restore the committed state records, replay ``[replay_from, committed)`` into the client maps,
+    process the rest -- gives the counts and rejection totals of one uninterrupted run over all ``records``."""
+    offsets = producer.offsets()
+    assert offsets == sorted(set(offsets)), f"committed offsets not strictly increasing: {offsets}"
+    committed = offsets[-1] if offsets else 0
+    source = _source(records)
+    restarted = _state(worker)
+    restarted.restore(producer.state_records(worker.topics.stage1_state))
+    start = restarted.replay_from()
+    if start is not None:
+        restarted.rebuild_clients(s for s in source if start <= s.offset < committed)
+    restarted.process(source[committed:])
+    handed = [Handover.from_bytes(v) for c in producer.committed for t, _, v, _ in c.sends
+              if t == worker.topics.partials and v is not None]  # fmt: skip
+    last = restarted.take_closed()
+    straight = _state(worker)
+    straight.process(source)
+    final = straight.take_closed()
+    assert _totals([*handed, *([last] if last else [])], restarted) == _totals([final] if final else [], straight)
+    assert restarted.rejected_total() == straight.rejected_total()
+
+
+async def _dispatch_all(worker: Worker, records: Sequence[ConsumerRecord[Any, Any]], partition: int = 0) -> None:
+    """Hand ``records`` to the pipeline in batches of :data:`BATCH`, as the fetch loop does (under its lock)."""
+    async with asyncio.timeout(HANG_S):
+        for i in range(0, len(records), BATCH):
+            async with worker._lock:
+                await worker._stage1_dispatch(_tp(worker, partition), list(records[i : i + BATCH]))
+
+
+async def _drain(worker: Worker) -> None:
+    async with asyncio.timeout(HANG_S):
+        await worker._drain()
+
+
+# ------------------------------------------------------------------------------------------------
+# nothing commits after a failure; what did commit restores to one uninterrupted run
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 5])
+async def test_a_failed_transaction_stops_every_later_one(worker: Worker, fail_at: int) -> None:
+    producer = _FakeProducer(fail_at=fail_at, delay=lambda _: 0.001)
+    _slot(worker, producer)
+    records = _records(0, 60)
+    await _dispatch_all(worker, records)
+    await _drain(worker)
+    assert isinstance(worker._failure, _CommitError) and worker._stopping.is_set()
+    # the failed one aborted and none after it started: its successors hold only the changes made after it
+    assert producer.started == fail_at
+    assert producer.offsets() == [BATCH * k for k in range(1, fail_at)]
+    assert producer.max_open == 1
+    _assert_restart_equals_one_run(worker, producer, records)
+
+
+@pytest.mark.parametrize("fail_batch", [1, 2, 4])
+async def test_a_failed_batch_stops_its_successors(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, fail_batch: int
+) -> None:
+    producer = _FakeProducer(delay=lambda _: 0.001)
+    slot = _slot(worker, producer)
+    aggregate = slot.state.aggregate
+    calls: list[int] = []
+
+    def failing(prepared: PreparedBatch) -> Any:
+        calls.append(len(calls) + 1)
+        if len(calls) == fail_batch:
+            raise _AggregateError(f"batch {fail_batch}")
+        return aggregate(prepared)
+
+    monkeypatch.setattr(slot.state, "aggregate", failing)
+    records = _records(0, 60)
+    await _dispatch_all(worker, records)
+    await _drain(worker)
+    assert isinstance(worker._failure, _AggregateError) and worker._stopping.is_set()
+    assert calls == list(range(1, fail_batch + 1))  # no batch after the failed one touched the state
+    assert not producer.offsets() or producer.offsets()[-1] <= BATCH * (fail_batch - 1)
+    _assert_restart_equals_one_run(worker, producer, records)
+
+
+# ------------------------------------------------------------------------------------------------
+# order and back-pressure (stepped executors: every interleaving is forced)
+
+
+async def test_cpu_work_of_a_partition_runs_in_offset_order(worker: Worker, steps: _Steps) -> None:
+    producer = _FakeProducer()
+    _slot(worker, producer)
+    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    await steps.settle(run=False)
+    assert len(steps.decode.queue) == 1  # only the first batch's decode half: the second waits for it
+    steps.decode.run_next()
+    await steps.settle(run=False)
+    assert not steps.decode.queue and len(steps.cpu.queue) == 1  # ... and for its numpy half too
+    steps.cpu.run_next()
+    await steps.settle(run=False)
+    assert len(steps.decode.queue) == 1
+    await steps.settle()
+    assert producer.offsets() == [BATCH, 2 * BATCH] and worker._failure is None
+
+
+async def test_transactions_of_a_partition_commit_one_at_a_time_in_order(worker: Worker, steps: _Steps) -> None:
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    _slot(worker, producer)
+    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    await steps.settle()  # both batches' CPU work done; the first transaction is held open by the gate
+    assert producer.started == 1 and not producer.committed
+    gate.set()
+    await steps.settle()
+    assert producer.offsets() == [BATCH, 2 * BATCH] and producer.max_open == 1
+    assert worker._failure is None
+
+
+async def test_at_most_pipeline_depth_batches_are_in_flight(worker: Worker, steps: _Steps) -> None:
+    assert PIPELINE_DEPTH == 2  # the counts below
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    _slot(worker, producer)
+    records = _records(0, 3 * BATCH)
+    await _dispatch_all(worker, records[: 2 * BATCH])
+    await steps.settle()
+    third = asyncio.create_task(_dispatch_all(worker, records[2 * BATCH :]))
+    await steps.settle()
+    assert not third.done()  # back-pressure: the fetch loop waits while two batches are in flight
+    gate.set()
+    await steps.settle()
+    assert third.done()
+    await third
+    await steps.settle()
+    assert producer.offsets() == [BATCH, 2 * BATCH, 3 * BATCH]
+
+
+async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(worker: Worker, steps: _Steps) -> None:
+    producer = _FakeProducer()
+    slot = _slot(worker, producer)
+    records = _records(0, BATCH)
+    await _dispatch_all(worker, records)
+    await steps.settle(run=False)  # the batch's CPU work is under way (queued on the decode thread)
+    # caught up, idle, and the last fetch far ahead: an idle advance now would close the batch's window
+    consumer = _FakeConsumer({0: BATCH}, fetch_ms=T0 + 60_000)
+    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+    assert slot.state.watermark_ms is None and slot.last_commit is None
+    await steps.settle()
+    assert producer.offsets() == [BATCH]
+    assert slot.state.rejected_total() == {}  # every report counted, none late
+    assert sum(p.n for p in slot.state.partials.values()) == BATCH
+    # once the work is done, the same tick advances the watermark and commits it (after the batch)
+    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+    await steps.settle()
+    assert slot.state.watermark_ms == T0 + 60_000 - 1_000 and not slot.state.partials
+    assert len(producer.committed) == 2 and producer.committed[1].offsets is None
+
+
+# ------------------------------------------------------------------------------------------------
+# a cancelled predecessor stops the worker (it recorded nothing, so nothing after it may commit)
+
+
+async def test_a_cancelled_batch_stops_the_worker(worker: Worker, steps: _Steps) -> None:
+    producer = _FakeProducer()
+    slot = _slot(worker, producer)
+    async with worker._lock:
+        await worker._stage1_dispatch(_tp(worker), _records(0, BATCH))
+        assert slot.last_work is not None
+        slot.last_work.cancel()  # before it ran
+        await worker._stage1_dispatch(_tp(worker), _records(BATCH, 2 * BATCH))
+    await steps.settle()
+    assert isinstance(worker._failure, AgentError) and "earlier batch of partition 0 was cancelled" in str(
+        worker._failure
+    )
+    assert worker._stopping.is_set()
+    assert producer.started == 0 and not slot.state.partials  # the second batch neither counted nor committed
+
+
+async def test_a_cancelled_transaction_stops_the_worker(worker: Worker, steps: _Steps) -> None:
+    producer = _FakeProducer()
+    slot = _slot(worker, producer)
+    tp = _tp(worker)
+    slot.state.process(_source(_records(0, BATCH)))  # the first batch's CPU work, done
+    work = worker._stage1_snapshot(slot, [], BATCH, BATCH)
+    await slot.inflight.acquire()
+    worker._chain_commit(slot, tp, work)
+    assert slot.last_commit is not None
+    slot.last_commit.cancel()  # before it ran: its records are lost
+    slot.next_offset = BATCH
+    async with worker._lock:
+        await worker._stage1_dispatch(tp, _records(BATCH, 2 * BATCH))
+    await steps.settle()
+    assert isinstance(worker._failure, AgentError) and "earlier transaction of partition 0 was cancelled" in str(
+        worker._failure
+    )
+    assert worker._stopping.is_set() and producer.started == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# revocation
+
+
+async def test_revocation_commits_every_dispatched_batch_before_the_producer_stops(
+    worker: Worker, steps: _Steps
+) -> None:
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    _slot(worker, producer)
+    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    await steps.settle(run=False)
+    steps.decode.run_next()  # the first batch's CPU work ...
+    await steps.settle(run=False)
+    steps.cpu.run_next()
+    await steps.settle(run=False)  # ... done: its transaction is held open, the second batch's work is queued
+    assert producer.started == 1 and len(steps.decode.queue) == 1
+    revoke = asyncio.create_task(worker._revoke({_tp(worker)}))
+    await steps.settle(run=False)
+    assert not revoke.done() and not producer.stopped
+    await steps.settle()  # the second batch's work chains its transaction while the revocation waits
+    gate.set()
+    await steps.settle()
+    async with asyncio.timeout(HANG_S):
+        await revoke
+    assert producer.events == [f"commit {BATCH}", f"commit {2 * BATCH}", "stop"]
+    assert 0 not in worker._stage1 and worker._failure is None
+
+
+# ------------------------------------------------------------------------------------------------
+# random interleavings (real threads): what was committed restores to the state in memory
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_interleavings_restore_to_the_state_in_memory(worker: Worker, seed: int) -> None:
+    rng = random.Random(seed)
+    # commit delays from a generator of their own: the records and steps drawn from ``rng`` are the same on every run
+    delays = random.Random(1_000 + seed)
+    producers = {p: _FakeProducer(delay=lambda _: delays.random() * 0.002) for p in (0, 1)}
+    for p, producer in producers.items():
+        _slot(worker, producer, p)
+    consumer = _FakeConsumer()
+    dispatched = {0: 0, 1: 0}
+    latest_ts = T0
+    for _ in range(40):
+        p = rng.choice((0, 1))
+        async with worker._lock:
+            if rng.random() < 0.7:
+                start, stop = dispatched[p], dispatched[p] + rng.randint(1, 6)
+                batch = []
+                for o in range(start, stop):
+                    # late records, records of another pseudonym window, window closes and hand-overs
+                    ts = T0 + o * 400 + rng.randint(-3_000, 300)
+                    latest_ts = max(latest_ts, ts)
+                    shift = rng.choice((0, 0, 0, -11))
+                    batch.append(_record(o, partition=p, ts=ts, pseudonym=rng.randint(0, 5), window_shift_s=shift))
+                dispatched[p] = consumer.position_of[p] = stop
+                async with asyncio.timeout(HANG_S):
+                    await worker._stage1_dispatch(_tp(worker, p), batch)
+            else:
+                consumer.fetch_ms = latest_ts + rng.randint(0, 4_000)
+                async with asyncio.timeout(HANG_S):
+                    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+        await asyncio.sleep(rng.random() * 0.002)
+    await _drain(worker)
+    assert worker._failure is None
+    for p, producer in producers.items():
+        restored = _state(worker, p)
+        restored.restore(producer.state_records(worker.topics.stage1_state))
+        assert _snapshot(restored) == _snapshot(worker._stage1[p].state)
+        offsets = producer.offsets()
+        assert offsets == sorted(set(offsets)) and (offsets[-1] if offsets else 0) == dispatched[p]
+        assert producer.max_open == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# review fixes: empty replay groups; timestamp refusals are written with their dead letters
+
+
+def test_a_replay_with_no_report_left_for_an_open_window_rebuilds_nothing(worker: Worker) -> None:
+    st = _state(worker)
+    ts = T0 + 5_000
+    good = SourceRecord(0, ts, None, _bool(1, ts // 1000))  # opens the window (first offset 0)
+    other = SourceRecord(1, ts + 1, None, _bool(2, ts // 1000 - 60))  # pseudonym of another window: refused
+    res = st.process([good, other])
+    assert res.counted == 1 and [d.reason for d in res.dead_letters] == ["window_mismatch"]
+    restored = _state(worker)
+    restored.restore(st.state_records())
+    assert restored.replay_from() == 0
+    # the replay lost the window's one counted record (e.g. re-screened as future_timestamp): nothing to re-admit
+    assert restored.rebuild_clients([other]) == 0
+    assert restored.rebuild_clients([good, other]) == 1
+
+
+@pytest.mark.parametrize("reason", ["timestamp_type", "future_timestamp"])
+async def test_timestamp_refusals_are_committed_with_their_counters(worker: Worker, steps: _Steps, reason: str) -> None:
+    producer = _FakeProducer()
+    slot = _slot(worker, producer)
+    if reason == "timestamp_type":  # CreateTime, not LogAppendTime
+        refused = [_record(o, ts_type=0) for o in range(1, 4)]
+    else:  # a broker clock jump of ~50 min
+        future = int(time.time() * 1000) + 10 * FUTURE_TOLERANCE_MS
+        refused = [_record(o, ts=future + o) for o in range(1, 4)]
+    await _dispatch_all(worker, [_record(0)])  # counted: opens a window (replayed from offset 0 on a restart)
+    await _dispatch_all(worker, refused)  # a batch whose only change is the refusals
+    await steps.settle()
+    _, txn = producer.committed
+    dead = [h for t, _, _, h in txn.sends if t == worker.topics.dead_letter]
+    assert len(dead) == 3 and all(h is not None and ("ptel.reason", reason.encode()) in h for h in dead)
+    assert txn.offsets == {_tp(worker): 4}
+    assert [k for t, k, _, _ in txn.sends if t == worker.topics.stage1_state] == [watermark_key(0)]
+    restored = _state(worker)
+    restored.restore(producer.state_records(worker.topics.stage1_state))
+    assert restored.rejected_total() == slot.state.rejected_total() == {reason: (3, 3)}
+    assert restored.watermark_ms == T0  # refused timestamps never move the watermark
+    # a replay of the open window (from offset 0) must skip exactly the records refused for the wall clock
+    assert restored.replay_from() == 0
+    assert [restored.refused_at(o) for o in range(5)] == [False, *[reason == "future_timestamp"] * 3, False]
