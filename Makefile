@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python -m bench.threshold_throughput
 	$(BIN)/python -m bench.producer_throughput
 	$(BIN)/python -m bench.agent_throughput
+	$(BIN)/python -m bench.transaction_latency
 
 broker-start: setup
 	$(BIN)/ptel broker start

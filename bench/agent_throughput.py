@@ -437,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_before": list(load_before),
             "load_average_after": list(os.getloadavg()),
         },
+        "command": " ".join(
+            [".venv/bin/python", "bench/agent_throughput.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "parameters": {k: v for k, v in vars(args).items() if k != "output"} | {"partitions": PARTITIONS},
         **results,
     }
