@@ -108,10 +108,12 @@ def check_range_retained(tp: TopicPartition, start: int, end: int, log_start: in
         )
 
 
-#: Retry backoff of the transactional producers (aiokafka's default is 100 ms). A broker that verifies
-#: transactional produce requests (KIP-890 part 1, on by default since Kafka 3.6) refuses one that overtakes
-#: the coordinator's record of ``AddPartitionsToTxn`` with the retriable ``NOT_ENOUGH_REPLICAS`` (the error
-#: older clients understand); each such retry cost a transaction 100 ms.
+#: Default retry backoff of the transactional producers (aiokafka's default is 100 ms;
+#: ``WorkerSettings.retry_backoff_ms``). A broker that verifies transactional produce requests (KIP-890 part 1,
+#: on by default since Kafka 3.6) refuses one that overtakes the coordinator's record of ``AddPartitionsToTxn``
+#: with the retriable ``NOT_ENOUGH_REPLICAS`` (the error older clients understand); each such retry cost a
+#: transaction 100 ms. The backoff is fixed (aiokafka has no exponential one): on a cluster whose leader
+#: elections take seconds, a larger value sends fewer retries meanwhile.
 TRANSACTIONAL_RETRY_BACKOFF_MS = 10
 
 #: Seconds aiokafka waits before retrying ``AddPartitionsToTxn`` answered ``CONCURRENT_TRANSACTIONS``.
@@ -134,7 +136,9 @@ def shorten_concurrent_transactions_backoff(seconds: float = CONCURRENT_TRANSACT
     aiokafka_sender.BACKOFF_OVERRIDE = seconds
 
 
-async def start_transactional_producer(bootstrap: str, transactional_id: str) -> AIOKafkaProducer:
+async def start_transactional_producer(
+    bootstrap: str, transactional_id: str, retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
+) -> AIOKafkaProducer:
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
     Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly
@@ -148,7 +152,7 @@ async def start_transactional_producer(bootstrap: str, transactional_id: str) ->
         acks="all",
         linger_ms=5,
         max_request_size=MAX_RECORD_BYTES,  # = max.message.bytes of the topics it writes
-        retry_backoff_ms=TRANSACTIONAL_RETRY_BACKOFF_MS,
+        retry_backoff_ms=retry_backoff_ms,
     )
     await producer.start()
     return producer

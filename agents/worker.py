@@ -24,7 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
-from agents.changelog import read_range, read_to_end, start_transactional_producer
+from agents.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS, read_range, read_to_end, start_transactional_producer
 from agents.errors import AgentError, ConfigurationError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
@@ -65,6 +65,8 @@ class WorkerSettings:
     #: of its own). Two overlap numpy kernels (which release the GIL); one per partition would keep the event
     #: loop -- fetching, committing the transactions -- waiting for the GIL behind all of them.
     stage1_threads: int = 2
+    #: Retry backoff of the transactional producers (see :data:`agents.changelog.TRANSACTIONAL_RETRY_BACKOFF_MS`).
+    retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
     #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
     #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
     future_tolerance_ms: int = FUTURE_TOLERANCE_MS
@@ -157,6 +159,9 @@ class Worker:
         self._lock = asyncio.Lock()
         if settings.stage1_threads < 1:
             raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
+        backoff = settings.retry_backoff_ms
+        if isinstance(backoff, bool) or not isinstance(backoff, int) or backoff < 1:
+            raise ConfigurationError("retry_backoff_ms", backoff, "must be an integer in [1, ∞)")
         tolerance = settings.future_tolerance_ms
         if isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance < 0:
             raise ConfigurationError("future_tolerance_ms", tolerance, "must be an integer in [0, ∞)")
@@ -305,7 +310,9 @@ class Worker:
 
     async def _assign_stage1(self, tp: TopicPartition) -> None:
         p = tp.partition
-        producer = await start_transactional_producer(self.settings.bootstrap, f"{self.settings.group}.stage1.{p}")
+        producer = await start_transactional_producer(
+            self.settings.bootstrap, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
+        )
         state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle)
         state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage1_state, p)))
         offset = await self._seek_committed(tp)
@@ -328,7 +335,9 @@ class Worker:
         )
 
     async def _assign_stage2(self, tp: TopicPartition) -> None:
-        producer = await start_transactional_producer(self.settings.bootstrap, f"{self.settings.group}.stage2")
+        producer = await start_transactional_producer(
+            self.settings.bootstrap, f"{self.settings.group}.stage2", self.settings.retry_backoff_ms
+        )
         retention_ms = self.spec.window.retention_s * 1000
         ledgers = {m.name: MetricLedger(m.name, m.budget, retention_ms) for m in self.spec.metrics}
         state = ReleaserState(self.topics.partitions, ledgers, retention_ms)

@@ -105,11 +105,15 @@ def test_untrusted_records_are_dead_lettered_and_never_move_the_watermark(worker
     assert not refused and st.process(source).counted == 1
 
 
-def test_future_tolerance_is_validated() -> None:
-    with pytest.raises(ConfigurationError, match="future_tolerance_ms"):
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("future_tolerance_ms", -1), ("retry_backoff_ms", 0), ("retry_backoff_ms", True), ("stage1_threads", 0)],
+)
+def test_worker_settings_are_validated(field: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=field):
         Worker(
             SPEC,
-            WorkerSettings("127.0.0.1:1", "unit", future_tolerance_ms=-1),
+            WorkerSettings("127.0.0.1:1", "unit", **{field: value}),  # type: ignore[arg-type]
             protocols=resolve_protocols(SPEC),
             olh_range={},
             builder=_no_release,
