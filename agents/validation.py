@@ -185,11 +185,12 @@ class Validator:
             if problem is not None:
                 return Rejection(problem[0], problem[1], n)
             return Accepted(rules.metric, message.pseudonyms, message.columns, message.client_times)
-        problem = _check_payload(rules, message.payload)  # the same checks on scalars: no one-row numpy reductions
+        columns = _columns_of(message)
+        problem = _check_columns(rules, columns)
         if problem is not None:
             return Rejection(problem[0], problem[1], n)
         pseudonyms = np.array([message.pseudonym], np.uint64)
-        return Accepted(rules.metric, pseudonyms, _columns_of(message), np.array([message.client_time], np.uint32))
+        return Accepted(rules.metric, pseudonyms, columns, np.array([message.client_time], np.uint32))
 
 
 def _columns_of(report: Report) -> BatchColumns:
@@ -212,45 +213,26 @@ def _columns_of(report: Report) -> BatchColumns:
     raise WireError("bad_kind", f"unknown payload {type(p).__name__}")
 
 
-def _check_payload(rules: MetricRules, p: object) -> tuple[str, str] | None:
-    """:func:`_check_columns` of the one-row columns of a single report's payload ``p`` (same reasons, same
-    details), on its scalars."""
-    if isinstance(p, CategoryPayload):
-        if p.index >= rules.k:
-            return "category_out_of_range", f"category index {p.index} >= k = {rules.k}"
-    elif isinstance(p, UnaryPayload):
-        if p.k != rules.k:
-            return "wrong_bit_length", f"{p.k} OUE bits, expected k = {rules.k}"
-    elif isinstance(p, LocalHashPayload):
-        if p.value >= rules.g:
-            return "hash_value_out_of_range", f"OLH value {p.value} >= g = {rules.g}"
-    elif isinstance(p, RapporPayload):
-        if p.k != rules.k:
-            return "wrong_bit_length", f"{p.k} RAPPOR bits, expected k = {rules.k}"
-        if p.cohort >= rules.m:
-            return "cohort_out_of_range", f"cohort {p.cohort} >= m = {rules.m}"
-    elif isinstance(p, KeyedPayload):
-        size = len(p.key.encode("utf-8"))
-        if size > rules.max_key_bytes:
-            return "key_too_long", f"key of {size} bytes > max_key_bytes = {rules.max_key_bytes}"
-    return None
+def _largest(a: np.ndarray) -> int:
+    """``max(a)`` of a non-empty integer column (a single report's one row without a numpy reduction)."""
+    return int(a[0]) if a.size == 1 else int(a.max())
 
 
 def _check_columns(rules: MetricRules, c: BatchColumns) -> tuple[str, str] | None:
     if isinstance(c, CategoryColumns):
-        if c.indices.size and int(c.indices.max()) >= rules.k:
-            return "category_out_of_range", f"category index {int(c.indices.max())} >= k = {rules.k}"
+        if c.indices.size and (top := _largest(c.indices)) >= rules.k:
+            return "category_out_of_range", f"category index {top} >= k = {rules.k}"
     elif isinstance(c, UnaryColumns):
         if c.k != rules.k:
             return "wrong_bit_length", f"{c.k} OUE bits, expected k = {rules.k}"
     elif isinstance(c, LocalHashColumns):
-        if c.values.size and int(c.values.max()) >= rules.g:
-            return "hash_value_out_of_range", f"OLH value {int(c.values.max())} >= g = {rules.g}"
+        if c.values.size and (top := _largest(c.values)) >= rules.g:
+            return "hash_value_out_of_range", f"OLH value {top} >= g = {rules.g}"
     elif isinstance(c, RapporColumns):
         if c.k != rules.k:
             return "wrong_bit_length", f"{c.k} RAPPOR bits, expected k = {rules.k}"
-        if c.cohorts.size and int(c.cohorts.max()) >= rules.m:
-            return "cohort_out_of_range", f"cohort {int(c.cohorts.max())} >= m = {rules.m}"
+        if c.cohorts.size and (top := _largest(c.cohorts)) >= rules.m:
+            return "cohort_out_of_range", f"cohort {top} >= m = {rules.m}"
     elif isinstance(c, KeyedColumns):
         longest = max((len(key.encode("utf-8")) for key in c.keys), default=0)
         if longest > rules.max_key_bytes:

@@ -159,12 +159,10 @@ class Worker:
         self._lock = asyncio.Lock()
         if settings.stage1_threads < 1:
             raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
-        backoff = settings.retry_backoff_ms
-        if isinstance(backoff, bool) or not isinstance(backoff, int) or backoff < 1:
-            raise ConfigurationError("retry_backoff_ms", backoff, "must be an integer in [1, ∞)")
-        tolerance = settings.future_tolerance_ms
-        if isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance < 0:
-            raise ConfigurationError("future_tolerance_ms", tolerance, "must be an integer in [0, ∞)")
+        for name, lowest in (("retry_backoff_ms", 1), ("future_tolerance_ms", 0)):
+            value = getattr(settings, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise ConfigurationError(name, value, f"must be an integer in [{lowest}, ∞)")
         #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
@@ -277,21 +275,16 @@ class Worker:
                 self._stopping.set()
 
     async def _drain(self) -> None:
-        """Wait for every stage-1 batch under way, CPU work then transaction (each records its own failure)."""
-        for attr in ("last_work", "last_commit"):
-            pending = [t for slot in self._stage1.values() if (t := getattr(slot, attr)) is not None]
-            if pending:
-                await asyncio.wait(pending)
+        """Wait for every stage-1 batch under way (each records its own failure)."""
+        for slot in self._stage1.values():
+            await _settle(slot)
 
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
             for tp in tps:
                 if tp.topic == self.topics.reports and tp.partition in self._stage1:
                     slot = self._stage1.pop(tp.partition)
-                    for attr in ("last_work", "last_commit"):  # its batches commit before it is given up
-                        task = getattr(slot, attr)  # (read after the work: the work chains the last commit)
-                        if task is not None:
-                            await asyncio.wait([task])
+                    await _settle(slot)  # its batches commit before it is given up
                     await slot.producer.stop()
                 elif tp.topic == self.topics.partials and self._stage2 is not None:
                     await self._stage2.producer.stop()
@@ -382,13 +375,8 @@ class Worker:
         """The CPU work of one batch, after ``previous`` (the partition's batch before it), then its transaction
         is chained (:meth:`_chain_commit`). A failure stops the worker (crash-only)."""
         try:
-            if previous is not None:
-                await asyncio.wait([previous])
-                if previous.cancelled() and self._failure is None:  # cancelled before it ran: it recorded nothing
-                    self._failure = AgentError(f"an earlier batch of partition {tp.partition} was cancelled")
-                    self._stopping.set()
-            if self._failure is not None:  # an earlier batch failed: its successors must not change the state
-                slot.inflight.release()
+            if not await self._after(previous, f"an earlier batch of partition {tp.partition}"):
+                slot.inflight.release()  # its successors must not change the state
                 return
             # CPU work off the event loop (which keeps fetching and committing), in two halves: the per-record
             # Python half on one thread shared by the partitions (it holds the GIL: more threads would only take
@@ -407,12 +395,25 @@ class Worker:
             work = self._stage1_snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted)
         except BaseException as err:
             slot.inflight.release()
-            if self._failure is None:
-                self._failure = err
-            self._stopping.set()
-            log.error("stage-1 batch of partition %d failed, stopping the worker: %r", tp.partition, err)
+            self._fail(err, f"stage-1 batch of partition {tp.partition}")
             return
         self._chain_commit(slot, tp, work)
+
+    async def _after(self, previous: asyncio.Task[None] | None, what: str) -> bool:
+        """Wait for ``previous`` (the task before this one in a partition's chain); whether this one may go on:
+        not after any failure of the worker. A ``previous`` cancelled before it ran recorded nothing: a failure."""
+        if previous is not None:
+            await asyncio.wait([previous])
+            if previous.cancelled():
+                self._fail(AgentError(f"{what} was cancelled"), what)
+        return self._failure is None
+
+    def _fail(self, err: BaseException, what: str) -> None:
+        """Record the worker's (first) failure and stop it (crash-only: a restart resumes from the last commit)."""
+        if self._failure is None:
+            self._failure = err
+        self._stopping.set()
+        log.error("%s failed, stopping the worker: %r", what, err)
 
     def _prepare_then_aggregate(
         self, state: PartitionState, records: list[ConsumerRecord[Any, Any]]
@@ -484,19 +485,10 @@ class Worker:
         ``work`` holds only the changes made after ``previous``'s, so committing it alone would lose those. A
         failure stops the worker (crash-only: a restart resumes from the last committed transaction)."""
         try:
-            if previous is not None:
-                await asyncio.wait([previous])
-                if previous.cancelled() and self._failure is None:  # cancelled before it ran: it recorded nothing
-                    self._failure = AgentError(f"an earlier transaction of partition {tp.partition} was cancelled")
-                    self._stopping.set()
-            if self._failure is not None:
-                return
-            await self._stage1_commit(slot, tp, work)
+            if await self._after(previous, f"an earlier transaction of partition {tp.partition}"):
+                await self._stage1_commit(slot, tp, work)
         except BaseException as err:
-            if self._failure is None:
-                self._failure = err
-            self._stopping.set()
-            log.error("stage-1 transaction of partition %d failed, stopping the worker: %r", tp.partition, err)
+            self._fail(err, f"stage-1 transaction of partition {tp.partition}")
         finally:
             slot.inflight.release()
 
@@ -577,6 +569,15 @@ class Worker:
             self.stats.release_wall_ms.append((rel.key, now))
             if self.on_release is not None:
                 self.on_release(rel)
+
+
+async def _settle(slot: _Stage1Slot) -> None:
+    """Wait for the partition's last batch: its CPU work, then its transaction (read after the work: the work
+    chains it)."""
+    if slot.last_work is not None:
+        await asyncio.wait([slot.last_work])
+    if slot.last_commit is not None:
+        await asyncio.wait([slot.last_commit])
 
 
 def _dead_letter_headers(d: DeadLetter, topic: str, partition: int) -> list[tuple[str, bytes]]:

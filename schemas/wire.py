@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import math
 import re
@@ -46,7 +47,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -934,7 +935,6 @@ _KIND_OF_BYTE = {int(k): k for k in PayloadKind}
 #: fingerprint, metric). Only headers that passed every check are kept; bounded (cleared past 10,000).
 _HEADERS: dict[bytes, tuple[int, int, PayloadKind, int, str]] = {}
 _LITTLE = sys.byteorder == "little"
-_LE_U8, _LE_U4 = np.dtype("<u8"), np.dtype("<u4")
 
 
 def _decode_binary(data: bytes) -> Report | ReportBatch:
@@ -950,44 +950,50 @@ def _decode_binary(data: bytes) -> Report | ReportBatch:
             n = int.from_bytes(data[end : end + 4], "little")
             size = len(data)
             if 1 <= n <= MAX_BATCH_REPORTS and end + 4 + 12 * n <= size:
-                pse = np.frombuffer(data, _LE_U8, n, end + 4)
-                times = np.frombuffer(data, _LE_U4, n, end + 4 + 8 * n)
+                pse = np.frombuffer(data, _DTYPES["<u8"], n, end + 4)
+                times = np.frombuffer(data, _DTYPES["<u4"], n, end + 4 + 8 * n)
                 at = end + 4 + 12 * n
-                columns: BatchColumns | None = None
-                if head[2] == PayloadKind.BOOL:  # the commonest kind, without the reader
+                # a bad column raises WireError: the general path raises it again, with its detail
+                if head[2] == PayloadKind.BOOL:  # the commonest kind: its one column without the reader
                     width = (n + 7) >> 3
-                    if at + width == size and not (n & 7 and data[-1] & ((1 << (8 - (n & 7))) - 1)):
-                        bits = np.unpackbits(np.frombuffer(data, np.uint8, width, at), count=n).view(np.bool_)
-                        bits.flags.writeable = False
-                        columns, at = BoolColumns(bits), size
+                    if at + width == size:
+                        with contextlib.suppress(WireError):
+                            bits = _unpack_bits(np.frombuffer(data, np.uint8, width, at), n, "bits")
+                            return ReportBatch._trusted(head[4], head[3], pse, times, BoolColumns(bits))
                 else:
                     r = _Reader(data)
                     r.pos = at
-                    try:
-                        columns, at = _decode_columns(r, head[2], n), r.pos
-                    except WireError:
-                        columns = None  # the general path raises the same error, with its detail
-                if columns is not None and at == size:
-                    return ReportBatch._trusted(head[4], head[3], pse, times, columns)
+                    with contextlib.suppress(WireError):
+                        columns = _decode_columns(r, head[2], n)
+                        if r.pos == size:
+                            return ReportBatch._trusted(head[4], head[3], pse, times, columns)
         elif head is not None and head[1] == 1 and head[0] == 1:  # a version-1 single report
             payload = _fixed_payload(data, end + 12, head[2])
             if payload is not None:
                 pseudonym, client_time = _REPORT_COMMON.unpack_from(data, end)
-                report = object.__new__(Report)  # every field checked: the header above, the payload by
-                for name, value in (  # _fixed_payload, the integers by their struct widths
-                    ("metric", head[4]),
-                    ("fingerprint", head[3]),
-                    ("pseudonym", pseudonym),
-                    ("client_time", client_time),
-                    ("payload", payload),
-                ):
-                    object.__setattr__(report, name, value)
-                return report
+                # every field checked: the header above, the payload by _fixed_payload, the integers by their widths
+                return _checked(
+                    Report,
+                    metric=head[4],
+                    fingerprint=head[3],
+                    pseudonym=pseudonym,
+                    client_time=client_time,
+                    payload=payload,
+                )
     return _decode_general(data)
 
 
 _BOOL_PAYLOADS = (BoolPayload(False), BoolPayload(True))  # frozen: shared by every decoded bool report
-_U16_ONE = struct.Struct("<H")
+_T = TypeVar("_T")
+
+
+def _checked(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the frozen, slotted dataclass ``cls`` from ``fields`` already checked by the decoder
+    (its ``__post_init__`` would check them again)."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def _fixed_payload(data: bytes, at: int, kind: PayloadKind) -> Payload | None:
@@ -1000,17 +1006,12 @@ def _fixed_payload(data: bytes, at: int, kind: PayloadKind) -> Payload | None:
             return _BOOL_PAYLOADS[data[at]]
     elif kind == PayloadKind.CATEGORY:
         if rest == 2:
-            (index,) = _U16_ONE.unpack_from(data, at)
+            (index,) = _U16S.unpack_from(data, at)
             if index < _U16:  # CategoryPayload's bound
-                payload = object.__new__(CategoryPayload)
-                object.__setattr__(payload, "index", index)
-                return payload
+                return _checked(CategoryPayload, index=index)
     elif kind == PayloadKind.LOCAL_HASH and rest == _OLH.size:
         seed, value = _OLH.unpack_from(data, at)
-        olh = object.__new__(LocalHashPayload)
-        object.__setattr__(olh, "seed", seed)
-        object.__setattr__(olh, "value", value)
-        return olh
+        return _checked(LocalHashPayload, seed=seed, value=value)
     return None
 
 

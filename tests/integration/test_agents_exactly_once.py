@@ -4,8 +4,10 @@ the produced counts exactly (contribution bounds included), with no duplicate re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,52 +127,55 @@ async def _check_released_exactly_once(
     assert sum(expected.values()) > 10_000 and sum(over.values()) > 500
 
 
-async def test_kill9_and_restart_releases_exact_counts_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _group(bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Any, str, Callable[[], WorkerProcess]]]:
+    """A fresh spec, its group with its topics, and a starter of ``ptel worker`` processes of the group (one log);
+    on exit every worker started is killed and the group's topics are deleted."""
     spec, spec_path = make_spec(tmp_path, METRICS, partitions=4, size_s=3, grace_s=1)
     group = f"ptel-agents.{spec.name}"
-    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
-    log = tmp_path / "worker.log"
-    first = WorkerProcess(spec_path, kafka_bootstrap, log).start()
-    second: WorkerProcess | None = None
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, group))
+    started: list[WorkerProcess] = []
+
+    def start() -> WorkerProcess:
+        started.append(WorkerProcess(spec_path, bootstrap, tmp_path / "worker.log").start())
+        return started[-1]
+
     try:
+        yield spec, group, start
+    finally:
+        for worker in started:
+            worker.kill9()
+        await delete_worker_topics(bootstrap, spec, group)
+
+
+async def test_kill9_and_restart_releases_exact_counts_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    async with _group(kafka_bootstrap, tmp_path) as (spec, group, start):
+        first = start()
         production = asyncio.create_task(_produce(kafka_bootstrap, spec, seconds=14.0, rate=1500))
         await asyncio.sleep(7.0)  # mid-stream, with transactions in flight
         assert first.alive(), log.read_text()
         first.kill9()
         await asyncio.sleep(1.0)
-        second = WorkerProcess(spec_path, kafka_bootstrap, log).start()
+        second = start()
         within_bound, sent = await production
         await _check_released_exactly_once(kafka_bootstrap, spec, group, within_bound, sent)
         assert second.alive(), log.read_text()[-3000:]
-    finally:
-        first.kill9()
-        if second is not None:
-            second.stop()
-        await delete_worker_topics(kafka_bootstrap, spec, group)
 
 
 async def test_rebalances_mid_stream_release_exact_counts_once(kafka_bootstrap: str, tmp_path: Path) -> None:
     """A second worker joins mid-stream, then the first leaves (SIGTERM): partitions move twice while batches
     are in flight in the stage-1 pipeline (revocation waits for their transactions), and still every report
     within the bound is released exactly once."""
-    spec, spec_path = make_spec(tmp_path, METRICS, partitions=4, size_s=3, grace_s=1)
-    group = f"ptel-agents.{spec.name}"
-    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
     log = tmp_path / "worker.log"
-    first = WorkerProcess(spec_path, kafka_bootstrap, log).start()
-    second: WorkerProcess | None = None
-    try:
+    async with _group(kafka_bootstrap, tmp_path) as (spec, group, start):
+        first = start()
         production = asyncio.create_task(_produce(kafka_bootstrap, spec, seconds=16.0, rate=1500))
         await asyncio.sleep(5.0)
-        second = WorkerProcess(spec_path, kafka_bootstrap, log).start()  # the group rebalances: 2 + 2 partitions
+        second = start()  # the group rebalances: 2 + 2 partitions
         await asyncio.sleep(5.0)
         assert first.alive() and second.alive(), log.read_text()[-3000:]
         assert first.stop() == 0, log.read_text()[-3000:]  # graceful: its in-flight batches commit, then it leaves
         within_bound, sent = await production
         await _check_released_exactly_once(kafka_bootstrap, spec, group, within_bound, sent)
         assert second.alive(), log.read_text()[-3000:]
-    finally:
-        first.kill9()
-        if second is not None:
-            second.stop()
-        await delete_worker_topics(kafka_bootstrap, spec, group)

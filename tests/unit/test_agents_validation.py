@@ -1,11 +1,11 @@
-"""Single reports are checked on their scalars: the same verdicts as the one-row columns' checks."""
+"""A single report's one-row columns are checked without a numpy reduction: the same verdicts as a batch's."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.validation import MetricRules, _check_columns, _check_payload, _columns_of
+from agents.validation import MetricRules, _check_columns, _columns_of
 from schemas.spec import parse_spec
 from schemas.wire import (
     BoolPayload,
@@ -16,6 +16,7 @@ from schemas.wire import (
     PayloadKind,
     RapporPayload,
     Report,
+    ReportBatch,
     UnaryPayload,
 )
 
@@ -45,7 +46,8 @@ payloads: st.SearchStrategy[Payload] = st.one_of(
 
 @settings(max_examples=1000, deadline=None)
 @given(payloads, st.integers(1, 300), st.integers(1, 70_000), st.integers(2, 70_000), st.integers(1, 255))
-def test_scalar_checks_give_the_column_checks_verdicts(p: Payload, k: int, m: int, g: int, key_bytes: int) -> None:
+def test_one_row_checks_give_the_batch_checks_verdicts(p: Payload, k: int, m: int, g: int, key_bytes: int) -> None:
     rules = MetricRules(_METRIC, 0, PayloadKind.BOOL, k=k, m=m, g=g, max_key_bytes=key_bytes)
     report = Report("m", 0, 1, 2, p)
-    assert _check_payload(rules, p) == _check_columns(rules, _columns_of(report))
+    batch = ReportBatch.from_reports([report, report])  # two rows: the reductions' path
+    assert _check_columns(rules, _columns_of(report)) == _check_columns(rules, batch.columns)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schemas import wire
 from schemas.wire import (
     MAX_BATCH_REPORTS,
     WIRE_ERROR_REASONS,
@@ -126,22 +127,33 @@ def test_arbitrary_bytes_raise_only_wire_error(data: bytes) -> None:
         assert err.reason in WIRE_ERROR_REASONS
 
 
+def _corrupt(valid: bytes, data: st.DataObject, least: int, most: int) -> bytes:
+    """``valid`` after ``least``-``most`` random edits: byte flips (small values likelier: flags, bits, kinds),
+    saturated runs (a field at 0 or its maximum, bounds its width does not give), cuts and extensions."""
+    raw = bytearray(valid)
+    for _ in range(data.draw(st.integers(least, most))):
+        action = data.draw(st.sampled_from(["flip", "saturate", "cut", "extend"]))
+        if action == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.one_of(st.integers(0, 3), st.integers(0, 255)))
+        elif action == "saturate" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            j = min(len(raw), i + data.draw(st.integers(1, 8)))
+            raw[i:j] = bytes([data.draw(st.sampled_from([0, 255]))]) * (j - i)
+        elif action == "cut":
+            del raw[data.draw(st.integers(0, len(raw))) :]
+        else:
+            raw += data.draw(st.binary(min_size=1, max_size=8))
+    return bytes(raw)
+
+
 @settings(max_examples=1500, deadline=None)
 @given(reports(), st.data())
 def test_corrupted_messages_raise_only_wire_error(report: Report, data: st.DataObject) -> None:
     """Flip, cut and extend valid messages (much likelier to get deep into the decoder than random bytes)."""
-    raw = bytearray(encode_report(report, format=data.draw(st.sampled_from(["binary", "json"]))))
-    for _ in range(data.draw(st.integers(1, 4))):
-        op = data.draw(st.sampled_from(["flip", "cut", "extend"]))
-        if op == "flip" and raw:
-            i = data.draw(st.integers(0, len(raw) - 1))
-            raw[i] = data.draw(st.integers(0, 255))
-        elif op == "cut":
-            del raw[data.draw(st.integers(0, len(raw))) :]
-        else:
-            raw += data.draw(st.binary(min_size=1, max_size=8))
+    raw = _corrupt(encode_report(report, format=data.draw(st.sampled_from(["binary", "json"]))), data, 1, 4)
     try:
-        decode(bytes(raw))
+        decode(raw)
     except WireError as err:
         assert err.reason in WIRE_ERROR_REASONS
 
@@ -306,32 +318,22 @@ def _outcome(f: object, raw: bytes) -> tuple[object, ...]:
     return ("batch", out.metric, out.fingerprint, out.pseudonyms.tobytes(), out.client_times.tobytes(), cols)
 
 
+def _assert_both_paths_agree_on_a_corruption_of(valid: bytes, data: st.DataObject) -> None:
+    """Make ``valid``'s header known (later messages with it take the fast path), corrupt a copy (0-3 edits:
+    :func:`_corrupt`) and decode it both ways: same message, or same error."""
+    decode(valid)
+    raw = _corrupt(valid, data, 0, 3)
+    if not raw or raw[:1] == b"{":  # decode() answers these itself, before the binary decoders
+        return
+    assert _outcome(wire._decode_binary, raw) == _outcome(wire._decode_general, raw)
+
+
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(same_kind_reports(), st.data())
 def test_header_cache_fast_path_decodes_exactly_like_the_general_path(rs: list[Report], data: st.DataObject) -> None:
     """A batch whose header was seen before takes a fast path; for every byte string -- valid, corrupted,
     truncated or extended -- it must give what the general decoder gives (same batch, or same error)."""
-    from schemas import wire
-
-    valid = encode_batch(ReportBatch.from_reports(rs))
-    decode(valid)  # its header is now known: later messages with it take the fast path
-    raw = bytearray(valid)
-    for _ in range(data.draw(st.integers(0, 3))):
-        action = data.draw(st.sampled_from(["flip", "saturate", "cut", "extend"]))
-        if action == "flip" and raw:
-            i = data.draw(st.integers(0, len(raw) - 1))
-            raw[i] = data.draw(st.one_of(st.integers(0, 3), st.integers(0, 255)))  # small: flags, bits, kinds
-        elif action == "saturate" and raw:  # a field at its maximum (or zero): bounds its width does not give
-            i = data.draw(st.integers(0, len(raw) - 1))
-            j = min(len(raw), i + data.draw(st.integers(1, 8)))
-            raw[i:j] = bytes([data.draw(st.sampled_from([0, 255]))]) * (j - i)
-        elif action == "cut":
-            del raw[data.draw(st.integers(0, len(raw))) :]
-        else:
-            raw += data.draw(st.binary(min_size=1, max_size=8))
-    if not raw or raw[:1] == b"{":  # decode() answers these itself, before the binary decoders
-        return
-    assert _outcome(wire._decode_binary, bytes(raw)) == _outcome(wire._decode_general, bytes(raw))
+    _assert_both_paths_agree_on_a_corruption_of(encode_batch(ReportBatch.from_reports(rs)), data)
 
 
 @settings(max_examples=1500, deadline=None)
@@ -340,27 +342,7 @@ def test_header_cache_fast_path_decodes_single_reports_like_the_general_path(
     report: Report, data: st.DataObject
 ) -> None:
     """The same for single reports (bool, category and local-hash ones take the fast path)."""
-    from schemas import wire
-
-    valid = encode_report(report)
-    decode(valid)
-    raw = bytearray(valid)
-    for _ in range(data.draw(st.integers(0, 3))):
-        action = data.draw(st.sampled_from(["flip", "saturate", "cut", "extend"]))
-        if action == "flip" and raw:
-            i = data.draw(st.integers(0, len(raw) - 1))
-            raw[i] = data.draw(st.one_of(st.integers(0, 3), st.integers(0, 255)))  # small: flags, bits, kinds
-        elif action == "saturate" and raw:  # a field at its maximum (or zero): bounds its width does not give
-            i = data.draw(st.integers(0, len(raw) - 1))
-            j = min(len(raw), i + data.draw(st.integers(1, 8)))
-            raw[i:j] = bytes([data.draw(st.sampled_from([0, 255]))]) * (j - i)
-        elif action == "cut":
-            del raw[data.draw(st.integers(0, len(raw))) :]
-        else:
-            raw += data.draw(st.binary(min_size=1, max_size=8))
-    if not raw or raw[:1] == b"{":
-        return
-    assert _outcome(wire._decode_binary, bytes(raw)) == _outcome(wire._decode_general, bytes(raw))
+    _assert_both_paths_agree_on_a_corruption_of(encode_report(report), data)
 
 
 @pytest.mark.parametrize(
@@ -376,8 +358,6 @@ def test_header_cache_fast_path_decodes_single_reports_like_the_general_path(
 )
 def test_fast_path_agrees_with_the_general_path_on_every_single_byte_change(message: bytes) -> None:
     """Exhaustive: every value of every byte of a fast-path message (known header), decoded both ways."""
-    from schemas import wire
-
     decode(message)  # the header is known from now on
     for i in range(len(message)):
         for value in range(256):
