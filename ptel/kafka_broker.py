@@ -178,6 +178,10 @@ def render_properties(props: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: One escape of a properties value, read left to right (``\\n`` is a backslash and an ``n``, not a newline).
+_UNESCAPE = re.compile(r"\\(.)")
+
+
 def parse_properties(text: str) -> dict[str, str]:
     """The ``key=value`` pairs of simple Java properties text (comments and blank lines ignored)."""
     props: dict[str, str] = {}
@@ -187,7 +191,7 @@ def parse_properties(text: str) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         if sep:
-            props[key.strip()] = value.strip().replace("\\n", "\n").replace("\\\\", "\\")
+            props[key.strip()] = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value.strip())
     return props
 
 

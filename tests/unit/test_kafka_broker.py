@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mechanisms.errors import ParameterError
@@ -102,6 +102,7 @@ def test_properties_reject_bad_ports(tmp_path: Path, port: int, controller_port:
         max_size=10,
     )
 )
+@example({"a": "\\n"})  # a backslash then an n: not a newline
 def test_render_then_parse_roundtrips(props: dict[str, str]) -> None:
     assert parse_properties(render_properties(props)) == props
 
