@@ -82,9 +82,12 @@ class WorkerStats:
     handovers: int = 0
     releases: int = 0
     transactions: int = 0
+    #: Source records fetched again after the worker had taken them up (dropped, never counted twice).
+    records_refetched: int = 0
     #: (release key, wall ms of its commit) of the latest releases (bounded: a worker runs for months).
     release_wall_ms: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=10_000))
-    #: ``time.perf_counter()`` when the first source record was taken up, and after the latest stage-1 commit.
+    #: ``time.perf_counter()`` when the fetch that brought the first source record began (not before the worker's
+    #: partitions were assigned and positioned), and after the latest stage-1 commit.
     first_record_s: float | None = None
     last_commit_s: float | None = None
 
@@ -170,6 +173,9 @@ class Worker:
         self._decode = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptel-decode")
         self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
+        #: ``time.perf_counter()`` when the latest fetch began and when the latest assignment was in place.
+        self._fetch_started_s = 0.0
+        self._assigned_s = 0.0
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -202,6 +208,7 @@ class Worker:
             raise AgentError("Worker.run() before start()")
         consumer = self._consumer
         while not self._stopping.is_set():
+            self._fetch_started_s = time.perf_counter()
             batches = await consumer.getmany(
                 timeout_ms=self.settings.poll_timeout_ms, max_records=self.settings.max_batch
             )
@@ -259,6 +266,12 @@ class Worker:
     # assignment
 
     async def _assign(self, tps: set[TopicPartition]) -> None:
+        consumer = self._consumer
+        # aiokafka starts fetching newly assigned partitions before this callback returns, and the seeks below
+        # discard what it fetched -- after the loop may have parsed it, so the records would be fetched and
+        # parsed twice (dropped the second time by ``next_offset``): hold them until they are positioned
+        if consumer is not None:
+            consumer.pause(*tps)
         async with self._lock:
             try:
                 # partitions are independent: fence, restore and seek them concurrently
@@ -268,11 +281,15 @@ class Worker:
                 )
             except Exception as err:
                 # aiokafka only logs a listener's exception and keeps the partition assigned (and unprocessed):
-                # stop the worker with the error instead (crash-only), e.g. a ReplayError
+                # stop the worker with the error instead (crash-only), e.g. a ReplayError; its partitions stay paused
                 log.error("assignment failed, stopping the worker: %r", err)
                 if self._failure is None:
                     self._failure = err
                 self._stopping.set()
+                return
+            self._assigned_s = time.perf_counter()
+        if consumer is not None:
+            consumer.resume(*(tps & consumer.assignment()))
 
     async def _drain(self) -> None:
         """Wait for every stage-1 batch under way (each records its own failure)."""
@@ -356,12 +373,14 @@ class Worker:
         """Hand one batch of partition ``tp`` to a task of its own (after earlier batches of ``tp``); waits only
         while :data:`PIPELINE_DEPTH` batches of ``tp`` are in flight (back-pressure)."""
         slot = self._stage1[tp.partition]
+        fetched = len(records)
         records = [r for r in records if r.offset >= slot.next_offset]
+        self.stats.records_refetched += fetched - len(records)
         if not records:
             return
         slot.next_offset = records[-1].offset + 1
         if self.stats.first_record_s is None:
-            self.stats.first_record_s = time.perf_counter()
+            self.stats.first_record_s = max(self._fetch_started_s, self._assigned_s)
         await slot.inflight.acquire()  # released when the batch's transaction ends (or its CPU work fails)
         slot.last_work = asyncio.create_task(self._stage1_work(slot, tp, records, slot.last_work))
 

@@ -8,7 +8,9 @@ Phase 1 (throughput), on two preloaded topics of 4 partitions each (LogAppendTim
 For each topic, in the same run: the bare aiokafka consumer rate (read every message from the beginning,
 no decoding: messages/s, and reports/s = messages/s × reports per message), then one agents worker
 (in this process) counting the same topic -- decode, validate, window, bound, aggregate, and one Kafka
-transaction per partition batch with the state and offsets -- timed from its first record to its last.
+transaction per partition batch with the state and offsets -- timed from the start of the fetch that brought
+its first record (once its partitions are assigned and positioned, as the bare consumer's are when its clock
+starts) to its last commit.
 The ratio worker/bare is in reports/s (the target is >= 0.5 for batch messages). Each phase preloads its
 topic once, then repeats (bare consumer, then a fresh worker group) ``--repeat`` times on it; the summary
 is the median of the repetitions (every repetition is kept in the JSON), beside the load average.
@@ -129,7 +131,8 @@ async def bare_consume(bootstrap: str, topic: str, total: int) -> float:
 async def worker_consume(
     bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
 ) -> tuple[float, Worker]:
-    """Seconds from a fresh worker's first record to the commit of its ``total``-th (the worker's own clocks)."""
+    """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
+    worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`)."""
     settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000)
     if threads is not None:
         settings = replace(settings, stage1_threads=threads)

@@ -517,6 +517,51 @@ async def test_revocation_commits_every_dispatched_batch_before_the_producer_sto
 
 
 # ------------------------------------------------------------------------------------------------
+# assignment
+
+
+@dataclass
+class _PausingConsumer:
+    """What :meth:`Worker._assign` asks the consumer: pause, resume, and the current assignment."""
+
+    assigned: set[TopicPartition]
+    paused: set[TopicPartition] = field(default_factory=set)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused.difference_update(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_assignment_holds_new_partitions_until_they_are_positioned(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    tps = {_tp(worker, 0), _tp(worker, 1)}
+    consumer = _PausingConsumer(assigned=set(tps))
+    monkeypatch.setattr(worker, "_consumer", consumer)
+    held: list[bool] = []
+
+    async def position(tp: TopicPartition) -> None:  # what an assignment does: restore, replay, seek
+        await asyncio.sleep(0)
+        held.append(tp in consumer.paused)
+        if fails and tp.partition == 1:
+            raise AgentError("replay failed")
+
+    monkeypatch.setattr(worker, "_assign_stage1", position)
+    await worker._assign(tps)
+    assert held == [True, True]  # no record of either is taken up (or parsed) before its seek
+    if fails:  # the worker stops, and takes nothing up meanwhile
+        assert consumer.paused == tps and worker._stopping.is_set() and isinstance(worker._failure, AgentError)
+    else:
+        assert not consumer.paused and worker._failure is None
+
+
+# ------------------------------------------------------------------------------------------------
 # random interleavings (real threads): what was committed restores to the state in memory
 
 
