@@ -544,10 +544,10 @@ class Worker:
             # lso and its fetch time come from the same fetch response: advance to t_fetch - skew, never now - skew
             position = await consumer.position(tp)
             fetch_ms = caught_up_at_fetch(position, consumer.last_stable_offset(tp), consumer.last_poll_timestamp(tp))
-            if fetch_ms is None:
-                continue
+            if fetch_ms is None or slot.inflight.locked():
+                continue  # (its transactions fill the pipeline: not idle, and waiting would hold up the loop)
             if slot.state.advance_idle(now, slot.last_activity_ms, True, fetch_ms):
-                await slot.inflight.acquire()  # the state changed after every batch's CPU work: commit after them
+                await slot.inflight.acquire()  # free: checked above, no await since; commits after every batch
                 self._chain_commit(slot, tp, self._stage1_snapshot(slot, [], next_offset=None))
 
     # ------------------------------------------------------------------------------------------

@@ -447,6 +447,23 @@ async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(worker: Wo
     assert len(producer.committed) == 2 and producer.committed[1].offsets is None
 
 
+async def test_idle_tick_skips_a_partition_whose_transactions_fill_the_pipeline(worker: Worker, steps: _Steps) -> None:
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    slot = _slot(worker, producer)
+    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    await steps.settle()  # both batches' CPU work is done; their transactions wait at the gate
+    assert slot.last_work is not None and slot.last_work.done() and slot.inflight.locked()
+    before = (slot.state.watermark_ms, sorted(slot.state.partials))
+    consumer = _FakeConsumer({0: 2 * BATCH}, fetch_ms=T0 + 60_000)  # caught up and idle
+    async with asyncio.timeout(HANG_S):  # the tick returns: it does not wait for a place, holding up the loop
+        await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+    assert (slot.state.watermark_ms, sorted(slot.state.partials)) == before
+    gate.set()
+    await steps.settle()
+    assert producer.offsets() == [BATCH, 2 * BATCH] and len(producer.committed) == 2
+
+
 # ------------------------------------------------------------------------------------------------
 # a cancelled predecessor stops the worker (it recorded nothing, so nothing after it may commit)
 
