@@ -15,8 +15,9 @@ topic                       partitions      cleanup      holds
 ==========================  ==============  ===========  ==================================================
 
 The releases, state and partials topics are created with ``max.message.bytes`` = :data:`MAX_RECORD_BYTES`
-(16 MiB, the producers' ``max_request_size``). An existing topic keeps its own setting (not checked: the
-monitor may have created the releases topic with the broker default); raise it with
+(16 MiB, the producers' ``max_request_size``); the monitor creates the releases and dead-letter topics from the
+same plans (:func:`output_plans`). An existing topic keeps its own setting (not checked: it may have been created
+by other means with the broker default); raise it with
 ``kafka-configs --alter --entity-type topics --entity-name <releases> --add-config max.message.bytes=16777216``.
 """
 
@@ -41,6 +42,8 @@ MAX_RECORD_BYTES = 16 << 20
 #: Largest release record stage 2 publishes (value bytes): the record limit less room for the key, headers
 #: and batch framing. A larger release becomes a refused record (:func:`agents.release.too_large`).
 MAX_RELEASE_BYTES = MAX_RECORD_BYTES - (64 << 10)
+#: Partitions of the releases topic: one writer (stage 2), one ordered log.
+RELEASES_PARTITIONS = 1
 
 
 @dataclass(frozen=True)
@@ -88,16 +91,34 @@ class WorkerTopics:
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
         return [
             TopicPlan(self.reports, self.partitions, log_append, log_append),
-            TopicPlan(self.dead_letter, self.partitions, {}, {}),
-            TopicPlan(self.releases, 1, big, {}),  # a release with many keys / candidates
+            *output_plans(self.dead_letter, self.releases, self.partitions),
             TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
             TopicPlan(self.partials, 1, big, {}),
             TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}),
         ]
 
 
+def output_plans(dead_letter: str, releases: str, partitions: int) -> list[TopicPlan]:
+    """Creation plans of the worker's output topics, which the monitor reads too: dead letters (one partition
+    per source partition) and releases (:data:`RELEASES_PARTITIONS`, records up to :data:`MAX_RECORD_BYTES`:
+    a release with many keys / RAPPOR candidates)."""
+    return [
+        TopicPlan(dead_letter, partitions, {}, {}),
+        TopicPlan(releases, RELEASES_PARTITIONS, {"max.message.bytes": str(MAX_RECORD_BYTES)}, {}),
+    ]
+
+
 async def ensure_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float = 30.0) -> None:
-    """Create every missing topic; check partition counts and required configs of existing ones.
+    """Create every missing topic of a worker group; check partition counts and required configs of existing
+    ones (:func:`ensure_plans`)."""
+    await ensure_plans(bootstrap, topics.plans(), topics.replication_factor, timeout_s)
+
+
+async def ensure_plans(
+    bootstrap: str, plans: list[TopicPlan], replication_factor: int, timeout_s: float = 30.0
+) -> None:
+    """Create every missing topic of ``plans``, wait for their leaders, check partition counts and required
+    configs of existing ones.
 
     Raises :class:`TopicError` on a mismatch (e.g. a reports topic without LogAppendTime, whose timestamps a
     client could forge), :class:`BrokerError` if the broker cannot be reached.
@@ -105,13 +126,12 @@ async def ensure_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float =
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
-        plans = topics.plans()
         existing = set(await admin.list_topics())
         missing = [p for p in plans if p.name not in existing]
         if missing:
-            rf = topics.replication_factor
+            rf = replication_factor
             new = [NewTopic(p.name, p.partitions, rf, topic_configs=dict(p.configs)) for p in missing]
-            with contextlib.suppress(TopicAlreadyExistsError):  # another worker of the group was first
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker (or the monitor) was first
                 await admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
         await _wait_for_metadata(admin, [p.name for p in plans], timeout_s)
         await _check(admin, plans)

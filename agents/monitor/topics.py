@@ -8,32 +8,29 @@ topic               partitions   read as
 ==================  ===========  ==================================================================
 
 Faust never declares these (they are not internal); :func:`ensure_source_topics` creates a missing one with
-the partition count the agents use (:class:`agents.topics.WorkerTopics`) and refuses one with another count,
+the agents' own plan (:func:`agents.topics.output_plans`: partitions and configs) and refuses one with another count,
 because each table's partitions must equal its source topic's partitions.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-
-from agents.errors import BrokerError, TopicError
-from agents.topics import MAX_RECORD_BYTES
+from agents.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_partitions"]
 
-#: Partitions of the releases topic (one writer, one ordered log: see agents.topics).
-RELEASES_PARTITIONS = 1
+
+def _plans(spec: CollectionSpec) -> list[TopicPlan]:
+    """The agents' own creation plans of both source topics (:func:`agents.topics.output_plans`)."""
+    return output_plans(spec.topics.dead_letter, spec.topics.releases, spec.topics.partitions)
 
 
 def source_partitions(spec: CollectionSpec) -> dict[str, int]:
     """Partition count of each source topic: ``{releases: 1, dead_letter: P}``."""
-    return {spec.topics.releases: RELEASES_PARTITIONS, spec.topics.dead_letter: spec.topics.partitions}
+    return {p.name: p.partitions for p in _plans(spec)}
 
 
 @dataclass(frozen=True)
@@ -68,32 +65,8 @@ def define_topics(app: Any, spec: CollectionSpec) -> MonitorTopics:
     )
 
 
-def _configs(spec: CollectionSpec, name: str) -> dict[str, str]:
-    """The configs the agents create the topic with (a release may be as large as a state record)."""
-    return {"max.message.bytes": str(MAX_RECORD_BYTES)} if name == spec.topics.releases else {}
-
 
 async def ensure_source_topics(bootstrap: str, spec: CollectionSpec, timeout_s: float = 30.0) -> None:
-    """Create a missing source topic; raise :class:`TopicError` if one exists with another partition count,
-    :class:`BrokerError` if the broker cannot be reached."""
-    want = source_partitions(spec)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await admin.start()
-        missing = [name for name in want if name not in set(await admin.list_topics())]
-        if missing:
-            rf = spec.topics.replication_factor
-            with contextlib.suppress(TopicAlreadyExistsError):  # an agents worker was first
-                await admin.create_topics(
-                    [NewTopic(n, want[n], rf, topic_configs=_configs(spec, n)) for n in missing],
-                    timeout_ms=int(timeout_s * 1000),
-                )
-        described = await admin.describe_topics(list(want))
-        counts = {d["topic"]: len(d["partitions"]) for d in described}
-        for name, partitions in want.items():
-            if counts.get(name) != partitions:
-                raise TopicError(f"topic {name} has {counts.get(name)} partitions, the spec needs {partitions}")
-    except KafkaError as err:
-        raise BrokerError(f"cannot ensure the monitor's topics on {bootstrap}: {err!r}") from err
-    finally:
-        await admin.close()
+    """Create a missing source topic as the agents would; raise :class:`agents.errors.TopicError` if one exists
+    with another partition count, :class:`agents.errors.BrokerError` if the broker cannot be reached."""
+    await ensure_plans(bootstrap, _plans(spec), spec.topics.replication_factor, timeout_s)
