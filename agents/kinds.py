@@ -143,7 +143,7 @@ class Aggregator:
 
     def admit(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""
-        pseudonyms = _concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
+        pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         metric = self.metrics[partial.metric]
         if isinstance(metric, KeyedMetric):
             keys = [k for a in accepted for k in a.columns.keys]  # type: ignore[union-attr]
@@ -165,7 +165,7 @@ class Aggregator:
         ``key_capacity``). The capacity only removes reports, after the bounds: Δ0, Δ∞ do not grow.
         """
         metric = self.metrics[partial.metric]
-        pseudonyms = _concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
+        pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         columns = [a.columns for a in accepted]
         first = columns[0]
         if isinstance(first, KeyedColumns):
@@ -174,9 +174,11 @@ class Aggregator:
             keys = [k for c in columns for k in c.keys]  # type: ignore[union-attr]
             admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
             ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
-            bits = _concat([c.bits for c in columns])  # type: ignore[union-attr]
+            bits = concat([c.bits for c in columns])  # type: ignore[union-attr]
             partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
             refused = admitted & ~ok
+            if not refused.any():  # the usual case: the partial had room for every new key
+                return Added(int(ok.sum()))
             per_record, start = [], 0
             for a in accepted:
                 per_record.append(int(np.count_nonzero(refused[start : start + a.reports])))
@@ -187,13 +189,10 @@ class Aggregator:
         keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
 
         def column(name: str) -> NDArray[Any]:
-            return _concat([getattr(c, name) for c in columns])[keep]
+            return concat([getattr(c, name) for c in columns])[keep]
 
         if isinstance(first, BoolColumns):
-            if counted == ok.size:  # all admitted: count the ones, no mask
-                partial.add_bool_counts(int(np.count_nonzero(column("bits"))), counted)
-            else:
-                partial.add_bool(column("bits"))
+            partial.add_bool(column("bits"))
         elif isinstance(first, CategoryColumns):
             partial.add_categories(column("indices"))
         elif isinstance(first, UnaryColumns):
@@ -213,7 +212,7 @@ class Aggregator:
         return Added(counted)
 
 
-def _concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:
+def concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:
     """``np.concatenate`` that returns a single array as it is (read-only views stay views: callers never write)."""
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 

@@ -18,7 +18,6 @@ that loads is never refused by the ledger while within the horizon's budget.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -26,6 +25,7 @@ from typing import Any
 
 from agents.errors import BudgetError, StateError
 from mechanisms.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
+from mechanisms.directed import up
 from mechanisms.errors import CompositionError
 from schemas.releases import LedgerEntry as LedgerSummary
 from schemas.spec import BudgetSpec
@@ -91,10 +91,7 @@ class MetricLedger:
         live = [e for e in self.entries if e["start"] > window_start_ms - self.retention_ms and e["id"] != release_id]
         target = Fraction(horizon_loss(len(live) + 1))
         spent = sum((Fraction(_first(e["loss"])) for e in live), Fraction(0))
-        need = max(target - spent, Fraction(0))
-        loss = float(need)
-        if Fraction(loss) < need:
-            loss = math.nextafter(loss, math.inf)  # round up: the total never falls below the rule's
+        loss = up(max(target - spent, Fraction(0)))  # round up: the total never falls below the rule's
         return self.charge(release_id, window_start_ms, loss, measure)
 
     def summary(self, acc: PrivacyAccountant | None = None) -> LedgerSummary:

@@ -299,6 +299,8 @@ class Partial:
         """
         fits = np.array(admitted, dtype=np.bool_, copy=True)
         room = capacity - len(self.keyed)
+        if int(np.count_nonzero(fits)) <= room:  # each report brings at most one new key: all of them fit
+            return fits
         present, new = self.keyed, set()
         for i in np.flatnonzero(fits).tolist():
             key = keys[i]
@@ -320,13 +322,6 @@ class Partial:
         ones = int(np.count_nonzero(v)) if v.dtype == np.bool_ else int(v.astype(np.int64).sum())
         self.counts += np.array([v.size - ones, ones], np.int64)
         self.n += int(v.size)
-
-    def add_bool_counts(self, ones: int, reports: int) -> None:
-        """Add ``reports`` RR answers, ``ones`` of them 1: ``counts += [reports - ones, ones]``."""
-        if not 0 <= ones <= reports:
-            raise StateError(f"bool counts: {ones} ones of {reports} reports")
-        self.counts += np.array([reports - ones, ones], np.int64)
-        self.n += int(reports)
 
     def add_categories(self, indices: ArrayLike) -> None:
         """Add reported category indices (k-RR, or binned values): ``counts[j] += #{i: idx_i = j}``."""

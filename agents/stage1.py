@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from agents.errors import StateError
-from agents.kinds import Aggregator
+from agents.kinds import Aggregator, concat
 from agents.partials import Partial
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
@@ -256,7 +256,7 @@ class PartitionState:
         """
         size_s = self.window.size_s
         lo = start_ms // self.window.size_ms * size_s  # client_time // size_s == want  <=>  0 <= t - lo < size_s
-        times = accepted[0].client_times if len(accepted) == 1 else np.concatenate([a.client_times for a in accepted])
+        times = concat([a.client_times for a in accepted])
         if lo >= 0 and lo + size_s <= 1 << 32:  # uint32 arithmetic: t - lo wraps above size_s when t < lo
             ok = (times - np.uint32(lo)) < np.uint32(size_s)
         else:  # windows at the ends of the uint32 range
@@ -291,20 +291,17 @@ class PartitionState:
 
     def _reject(self, out: BatchResult, rec: SourceRecord, reason: str, detail: str, reports: int) -> None:
         out.dead_letters.append(DeadLetter(rec, reason, detail, reports))
-        counter = self.rejected[reason]
-        counter[0] += 1
-        counter[1] += reports
-        self._mark_dirty = True
+        self.count_rejected(reason, reports, rec.offset)
 
     def count_rejected(self, reason: str, reports: int, offset: int | None = None) -> None:
-        """Count a record the worker refused before stage 1 (its timestamp): written in the same transaction
-        as its dead letter, like every other rejection. A ``future_timestamp`` refusal (``offset`` given) is
-        also remembered for replays (:meth:`refused_at`): it depended on the wall clock of that moment."""
+        """Count a refused record (also one the worker refused before stage 1, for its timestamp): written in
+        the same transaction as its dead letter. A ``future_timestamp`` refusal at ``offset`` is also
+        remembered for replays (:meth:`refused_at`): it depended on the wall clock of that moment."""
         counter = self.rejected[reason]
         counter[0] += 1
         counter[1] += reports
         self._mark_dirty = True
-        if offset is not None:
+        if reason == "future_timestamp" and offset is not None:
             last = self.future_refused[-1] if self.future_refused else None
             if last is not None and last[1] == offset:
                 last[1] = offset + 1

@@ -282,10 +282,7 @@ class Worker:
             except Exception as err:
                 # aiokafka only logs a listener's exception and keeps the partition assigned (and unprocessed):
                 # stop the worker with the error instead (crash-only), e.g. a ReplayError; its partitions stay paused
-                log.error("assignment failed, stopping the worker: %r", err)
-                if self._failure is None:
-                    self._failure = err
-                self._stopping.set()
+                self._fail(err, "assignment")
                 return
             self._assigned_s = time.perf_counter()
         if consumer is not None:
@@ -468,7 +465,7 @@ class Worker:
             reports = self.validator.check(r.value).reports  # rare path: decode only to count its reports
             refused.append(DeadLetter(rec, why[0], why[1], reports))
             # stage 1's per-reason counters, written in the same transaction as the dead letters
-            state.count_rejected(why[0], reports, r.offset if why[0] == "future_timestamp" else None)
+            state.count_rejected(why[0], reports, r.offset)
         if refused:  # one line per batch, not per record (a changed topic config refuses every record)
             log.warning(
                 "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
