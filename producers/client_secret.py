@@ -30,6 +30,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from producers.private_file import private_temp_file
+
 __all__ = ["SECRET_BYTES", "ClientSecret", "ClientSecretError"]
 
 #: Length of a client secret in bytes (256 bits).
@@ -78,23 +80,16 @@ class ClientSecret:
             pass
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = os.urandom(SECRET_BYTES)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                os.fchmod(fd, 0o600)  # whatever the umask
-                os.write(fd, _FILE_HEADER + key.hex().encode("ascii") + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            # atomic, and never replaces an existing secret (if another process won the race, use its key)
-            with contextlib.suppress(FileExistsError):
+            # linked into place: atomic, and never replaces an existing secret (if another process won the
+            # race, use its key)
+            with (
+                private_temp_file(p, _FILE_HEADER + key.hex().encode("ascii") + b"\n") as tmp,
+                contextlib.suppress(FileExistsError),
+            ):
                 os.link(tmp, p)
         except OSError as err:
             raise ClientSecretError(f"cannot create the client secret file {p}: {err.strerror or err}") from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         _fsync_dir(p.parent)
         return cls._read(p)
 

@@ -14,7 +14,6 @@ follows) plus the generating line when simulated.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections import Counter, defaultdict
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from producers.private_file import private_temp_file
 from schemas.spec import CategoricalMetric, CollectionSpec
 
 __all__ = ["GroundTruth"]
@@ -113,21 +113,8 @@ class GroundTruth:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         data = (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode("utf-8")
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                os.fchmod(fd, 0o600)  # whatever the umask
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        with private_temp_file(p, data) as tmp:
             os.replace(tmp, p)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
 
 def _plain(cell: dict[str, Any]) -> dict[str, Any]:
