@@ -78,18 +78,7 @@ def build_release(
     if mismatch is not None:
         return _spec_changed(spec, merged, ledger, partitions, mismatch)
     central = isinstance(metric, KeyedMetric | RegressionMetric)
-    base: dict[str, Any] = {
-        "spec": spec.name,
-        "metric": metric.name,
-        "kind": metric.kind,
-        "window_start_ms": merged.window_start_ms,
-        "window_end_ms": merged.window_start_ms + spec.window.size_s * 1000,
-        # exact counts are public for the local kinds only (every report is private on its own); a central
-        # kind's (ε, δ) covers its noisy output, not the number of clients: no exact n / over_bound there
-        "n": None if central else merged.n,
-        "over_bound": None if central else merged.over_bound,
-        "confidence": float(spec.confidence),
-        "partitions": partitions,
+    base = _window_fields(spec, merged, partitions, metric.kind, central) | {
         # predictable central noise (a seeded source: tests only) is marked in the record itself
         "insecure_noise": central and rng is not None and not rng.cryptographic,
     }
@@ -129,22 +118,30 @@ def build_release(
 def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, partitions: int, why: str) -> Release:
     """The refused record of a window counted under another version of the spec: nothing charged or released."""
     log.warning("release of %s refused: spec changed (%s)", release_key(merged.metric, merged.window_start_ms), why)
-    central = merged.kind in ("keyed", "regression")
     return Release(
-        spec=spec.name,
-        metric=merged.metric,
-        kind=merged.kind,
-        window_start_ms=merged.window_start_ms,
-        window_end_ms=merged.window_start_ms + spec.window.size_s * 1000,
-        n=None if central else merged.n,
-        over_bound=None if central else merged.over_bound,
-        confidence=float(spec.confidence),
+        **_window_fields(spec, merged, partitions, merged.kind, merged.kind in ("keyed", "regression")),
         mechanism="none (spec changed)",
         privacy=PrivacySpent(),
         ledger=ledger.summary(),
         refused=f"spec changed: {why}",
-        partitions=partitions,
     )
+
+
+def _window_fields(spec: CollectionSpec, merged: Partial, partitions: int, kind: str, central: bool) -> dict[str, Any]:
+    """What every release record of ``merged``'s window carries, released or refused."""
+    return {
+        "spec": spec.name,
+        "metric": merged.metric,
+        "kind": kind,
+        "window_start_ms": merged.window_start_ms,
+        "window_end_ms": merged.window_start_ms + spec.window.size_s * 1000,
+        # exact counts are public for the local kinds only (every report is private on its own); a central
+        # kind's (ε, δ) covers its noisy output, not the number of clients: no exact n / over_bound there
+        "n": None if central else merged.n,
+        "over_bound": None if central else merged.over_bound,
+        "confidence": float(spec.confidence),
+        "partitions": partitions,
+    }
 
 
 #: Appended to the mechanism of a record whose central noise was predictable (``insecure_noise``).
