@@ -21,8 +21,8 @@ RUN pip install . -c constraints.txt
 # Collection specs used by the compose services (e.g. /app/examples/demo-spec.yaml).
 COPY examples ./examples
 
-# An unprivileged user; the worker may keep local state (faust tables) under /app/data.
-RUN useradd --create-home --uid 10001 ptel && mkdir -p /app/data && chown ptel /app /app/data
+# An unprivileged user (the worker's state lives in Kafka; the producer keeps its client secret in ~/.config/ptel).
+RUN useradd --create-home --uid 10001 ptel && chown ptel /app
 USER ptel
 
 CMD ["ptel", "--help"]

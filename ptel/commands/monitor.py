@@ -16,7 +16,7 @@ from typing import Any
 import faust
 
 from agents.errors import AgentError
-from agents.monitor.app import MonitorSettings, default_app_id
+from agents.monitor.app import MonitorSettings
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
 from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
@@ -59,7 +59,7 @@ def run(args: Any) -> int:
         return 1
     app = build_monitor(spec, settings)
     print(
-        f"monitor {settings.app_id or default_app_id(spec)} on {settings.bootstrap}: "
+        f"monitor {app.conf.id} on {settings.bootstrap}: "
         f"http://{settings.web_bind}:{settings.web_port}/metrics/ and /dead-letters/",
         flush=True,
     )

@@ -40,14 +40,16 @@ def _fake_fetched(home: Path) -> None:
 
 
 @pytest.fixture
-def impostor(tmp_path: Path) -> Iterator[tuple[LocalKafka, subprocess.Popen[bytes]]]:
-    """A process whose command line looks like this instance's broker (a sleeping Python), pid file written."""
+def impostor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[LocalKafka, subprocess.Popen[bytes]]]:
+    """A process whose command line looks like this instance's broker (a sleeping Python), pid file written;
+    ``"stubborn"`` (indirect parameter) ignores SIGTERM."""
+    mode = getattr(request, "param", "polite")
     broker = LocalKafka(home=tmp_path, port=29_192)
     broker.instance_dir.mkdir(parents=True)
     code = "import signal, sys, time\nif sys.argv[1] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     code += "print('up', flush=True)\ntime.sleep(60)"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "polite", "kafka.Kafka", str(broker.properties_file)], stdout=subprocess.PIPE
+        [sys.executable, "-c", code, mode, "kafka.Kafka", str(broker.properties_file)], stdout=subprocess.PIPE
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
     broker.pid_file.write_text(f"{proc.pid}\n")
@@ -199,22 +201,11 @@ def test_stop_terminates_own_broker_by_pid(impostor: tuple[LocalKafka, subproces
     assert broker.stop() is False  # idempotent
 
 
-def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
-    broker = LocalKafka(home=tmp_path, port=29_195)
-    broker.instance_dir.mkdir(parents=True)
-    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, "kafka.Kafka", str(broker.properties_file)], stdout=subprocess.PIPE
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
-        broker.pid_file.write_text(f"{proc.pid}\n")
-        assert broker.stop(timeout=0.5) is True
-        assert proc.wait(timeout=5) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+@pytest.mark.parametrize("impostor", ["stubborn"], indirect=True)
+def test_stop_escalates_to_sigkill(impostor: tuple[LocalKafka, subprocess.Popen[bytes]]) -> None:
+    broker, proc = impostor
+    assert broker.stop(timeout=0.5) is True
+    assert proc.wait(timeout=5) == -signal.SIGKILL
 
 
 # ---------------------------------------------------------------- start refusals (no JVM is run)
