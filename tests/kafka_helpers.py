@@ -119,3 +119,28 @@ async def consume_exactly(
     if len(records) != count:
         raise AssertionError(f"expected exactly {count} records, received {len(records)}")
     return records
+
+
+async def consume_topic_exactly(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    *,
+    isolation_level: str = "read_uncommitted",
+    timeout: float = 60.0,
+    settle: float = 1.0,
+) -> list[Any]:
+    """:func:`consume_exactly` on ``topic`` from its beginning, by a consumer of a fresh group."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"ptel-test-{uuid.uuid4().hex[:8]}",
+        isolation_level=isolation_level,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        return await consume_exactly(consumer, count, timeout=timeout, settle=settle)
+    finally:
+        await consumer.stop()

@@ -18,8 +18,10 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.stage1 import Handover
+from agents.topics import WorkerTopics
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
+from tests.kafka_helpers import delete_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -234,16 +236,4 @@ async def produce_rounds(
 
 async def delete_worker_topics(bootstrap: str, spec: CollectionSpec, *groups: str) -> None:
     """Delete the spec's topics and each group's internal topics (best effort: cleanup only)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from agents.topics import WorkerTopics
-
-    names = sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()})
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        await admin.start()
-        await admin.delete_topics(names)
-    except Exception:  # the broker may be gone; nothing to assert here
-        pass
-    finally:
-        await admin.close()
+    await delete_topics(bootstrap, sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()}))

@@ -10,10 +10,10 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from tests.conftest import TopicFactory
-from tests.kafka_helpers import consume_exactly, end_offsets
+from tests.kafka_helpers import consume_topic_exactly, end_offsets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -52,18 +52,7 @@ async def test_idempotent_producer_roundtrip_exact_count_and_content(
     for partition, offsets in offsets_by_partition.items():
         assert sorted(offsets) == list(range(len(offsets))), f"partition {partition} offsets are not 0..n-1"
 
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=kafka_bootstrap,
-        group_id=f"roundtrip-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        records = await consume_exactly(consumer, MESSAGES, timeout=120)
-    finally:
-        await consumer.stop()
+    records = await consume_topic_exactly(kafka_bootstrap, topic, MESSAGES, timeout=120)
 
     assert sorted(r.value for r in records) == sorted(_value(i) for i in range(MESSAGES))
     for r in records:
@@ -107,19 +96,8 @@ async def test_transactional_commit_visible_and_abort_invisible(kafka_bootstrap:
         await producer.stop()
 
     async def read(isolation_level: str, count: int) -> list[bytes]:
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=kafka_bootstrap,
-            group_id=f"txn-{isolation_level}-{uuid.uuid4().hex[:8]}",
-            isolation_level=isolation_level,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-        )
-        await consumer.start()
-        try:
-            return [r.value for r in await consume_exactly(consumer, count, timeout=60)]
-        finally:
-            await consumer.stop()
+        records = await consume_topic_exactly(kafka_bootstrap, topic, count, isolation_level=isolation_level)
+        return [r.value for r in records]
 
     # read_committed: both committed transactions, in order, and nothing of the aborted one.
     assert await read("read_committed", 15) == committed_first + committed_second

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from ptel.kafka_broker import LocalKafka, free_port, port_is_free
-from tests.kafka_helpers import consume_exactly, create_topic
+from tests.kafka_helpers import consume_topic_exactly, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,18 +43,7 @@ async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 async def _consume(bootstrap: str, topic: str, count: int) -> list[bytes]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"restart-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        return [r.value for r in await consume_exactly(consumer, count, timeout=60)]
-    finally:
-        await consumer.stop()
+    return [r.value for r in await consume_topic_exactly(bootstrap, topic, count)]
 
 
 async def test_start_stop_restart_keeps_data_and_ignores_stale_pids(own_broker: LocalKafka) -> None:

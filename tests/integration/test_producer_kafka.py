@@ -10,7 +10,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from mechanisms.rng import SeededRandom
 from producers.client_secret import ClientSecret
@@ -21,7 +20,7 @@ from ptel.kafka_broker import LocalKafka
 from schemas.spec import load_spec
 from schemas.wire import BoolPayload, Report, ReportBatch, decode, encode_report, partition_key, reports_of
 from tests.conftest import TopicFactory
-from tests.kafka_helpers import consume_exactly, create_topic
+from tests.kafka_helpers import consume_topic_exactly, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -43,19 +42,9 @@ class RecordingSink:
 
 
 async def _consume_all(bootstrap: str, topic: str, count: int) -> list[object]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"producer-test-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
+    return await consume_topic_exactly(
+        bootstrap, topic, count, isolation_level="read_committed", timeout=120, settle=2.0
     )
-    await consumer.start()
-    try:
-        return await consume_exactly(consumer, count, timeout=120, settle=2.0)
-    finally:
-        await consumer.stop()
 
 
 @pytest.mark.parametrize("batch_size", [0, 256])
