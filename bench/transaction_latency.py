@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import aiokafka.producer.sender as aiokafka_sender
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from agents.changelog import (
     CONCURRENT_TRANSACTIONS_BACKOFF_S,
     TRANSACTIONAL_RETRY_BACKOFF_MS,
+    shorten_concurrent_transactions_backoff,
+    start_transactional_producer,
 )
 from ptel.kafka_broker import LocalKafka, default_port
 
@@ -47,17 +49,10 @@ AIOKAFKA_BACKOFF_OVERRIDE_S = aiokafka_sender.BACKOFF_OVERRIDE  # read at import
 
 
 async def transactions(bootstrap: str, topic: str, n: int, backoff_s: float, retry_ms: int) -> list[float]:
-    """Seconds per transaction of ``n`` back-to-back transactions with the given retry settings."""
-    aiokafka_sender.BACKOFF_OVERRIDE = backoff_s
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        transactional_id=f"bench-txn-{uuid.uuid4().hex[:8]}",
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=5,
-        retry_backoff_ms=retry_ms,
-    )
-    await producer.start()
+    """Seconds per transaction of ``n`` back-to-back transactions of the agents' own producer
+    (:func:`agents.changelog.start_transactional_producer`) with the given retry settings."""
+    producer = await start_transactional_producer(bootstrap, f"bench-txn-{uuid.uuid4().hex[:8]}", retry_ms)
+    shorten_concurrent_transactions_backoff(backoff_s)  # after the start, which sets the agents' own
     try:
         out = []
         for i in range(n):
