@@ -165,13 +165,13 @@ async def throughput(
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     spec = make_spec(tag, size_s=THROUGHPUT_WINDOW_S)
-    for i in range(repeat):  # every repetition's state topics, made before any is timed
-        await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g{i}"))
+    groups = [f"{spec.name}-g{i}" for i in range(repeat)]
+    for group in groups:  # every repetition's state topics, made before any is timed
+        await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, group))
     await preload(bootstrap, spec.topics.reports, messages)
     runs = []
-    for i in range(repeat):  # same topic, same run: the bare consumer, then a fresh worker group
+    for i, group in enumerate(groups):  # same topic, same run: the bare consumer, then a fresh worker group
         bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
-        group = f"{spec.name}-g{i}"
         worker_s, worker = await worker_consume(bootstrap, spec, len(messages), group, threads)
         if worker.stats.reports_counted != reports:
             raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
@@ -193,10 +193,7 @@ async def throughput(
         )
     # topics are deleted after the last repetition, not between them: a deletion churns the broker's partition
     # state, and a worker starting meanwhile had its first produce refused (NOT_ENOUGH_REPLICAS, 100 ms backoff)
-    for i in range(repeat - 1):
-        topics = WorkerTopics.for_spec(spec, f"{spec.name}-g{i}")
-        await delete_topics(bootstrap, [topics.stage1_state, topics.partials, topics.stage2_state])
-    await delete(bootstrap, spec, f"{spec.name}-g{repeat - 1}")
+    await delete(bootstrap, spec, *groups)
     bare_med = statistics.median(r["bare_s"] for r in runs)
     worker_med = statistics.median(r["worker_s"] for r in runs)
     return {
@@ -267,8 +264,9 @@ async def latency(bootstrap: str, live_s: float, metrics: int, rate: int) -> dic
     }
 
 
-async def delete(bootstrap: str, spec: CollectionSpec, group: str) -> None:
-    await delete_topics(bootstrap, [p.name for p in WorkerTopics.for_spec(spec, group).plans()])
+async def delete(bootstrap: str, spec: CollectionSpec, *groups: str) -> None:
+    """Delete the spec's topics and each group's internal topics."""
+    await delete_topics(bootstrap, sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()}))
 
 
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
