@@ -117,16 +117,8 @@ def big_indices(values: NDArray[np.float64], k: int) -> list[int]:
 
 
 def big_indices_to_float(ys: list[int], k: int, dtype: str) -> list[float]:
-    """:func:`index_to_float_exact` for many indices (Python's int -> float is correctly rounded, half-even)."""
-    if dtype == "f32":
-        return [index_to_float_exact(y, k, dtype) for y in ys]
-    out: list[float] = []
-    for y in ys:
-        try:
-            out.append(math.ldexp(float(y), k))
-        except OverflowError:
-            out.append(index_to_float_exact(y, k, dtype))
-    return out
+    """:func:`index_to_float_exact` for many indices (only values beyond 2^61 grid steps take this path)."""
+    return [index_to_float_exact(y, k, dtype) for y in ys]
 
 
 def round_int_to_bits(y: int, bits: int) -> tuple[int, int]:

@@ -82,7 +82,7 @@ from mechanisms.category_set import withheld_value_message
 from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain, Measurement
 from mechanisms.directed import ln_up, mul_up
 from mechanisms.errors import DomainError, ParameterError
-from mechanisms.randomized_response import check_distance
+from mechanisms.local_randomizer import check_distance
 from mechanisms.rng import RandomSource, probability_threshold, resolve
 from mechanisms.validation import check_int_range, check_range
 

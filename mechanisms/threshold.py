@@ -270,7 +270,7 @@ class ThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, Any]]):
             fg.nearest_index(self._threshold_value, self.k) if self.is_float else int(self._threshold_value)
         )
         self._rng = rng
-        value_type = {"f64": "f64", "f32": "f32", "i32": "i32", "i64": "i64"}[self.dtype]
+        value_type = self.dtype
         norm = "L01InfDistance" if distribution == "laplace" else "L02InfDistance"
         dist_type = value_type if distribution == "laplace" else "f64"
         nan_ok = "" if not self.is_float else ", nan=false"

@@ -29,8 +29,6 @@ from mechanisms.core import (
 )
 from mechanisms.errors import CompositionError, MechanismError, ParameterError, PrivacyMapError
 
-_MIN_FINITE = -1.7976931348623157e308
-
 
 def _check_nonneg(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -80,12 +78,7 @@ def cdp_delta_at(rho: float, epsilon: float, alpha: float) -> float:
     ar_e = rd.sub_up(rd.mul_up(a_max, rho), eps)  # αρ - ε, rounded up
     # (α - 1) rounds in the direction that enlarges the product (α - 1)(αρ - ε)
     a_1 = rd.sub_down(a_max, 1.0) if math.copysign(1.0, ar_e) < 0 else rd.sub_up(a_max, 1.0)
-    try:
-        t1 = rd.mul_up(a_1, ar_e)  # t1 = (α - 1)(αρ - ε)
-    except PrivacyMapError:
-        if (a_1 < 0) == (ar_e < 0):
-            raise
-        t1 = _MIN_FINITE  # negative overflow: a larger t1 only enlarges δ
+    t1 = rd.mul_up(a_1, ar_e)  # t1 = (α - 1)(αρ - ε); a negative overflow rounds up to -max (enlarging δ)
     # t2 = α ln(1 - 1/α): 1/α rounded down makes ln1p(-1/α) (negative) larger
     t2 = rd.mul_up(a_max, rd.ln1p_up(-rd.div_down(1.0, a_max)))
     # δ = exp(t1 + t2) / (α - 1), the divisor rounded down
