@@ -235,6 +235,10 @@ class Partial:
     #: are not persisted: after a restart they are rebuilt by replaying the source partition from here
     #: (:meth:`agents.stage1.PartitionState.rebuild_clients`), so a batch writes O(windows), not O(clients).
     first_offset: int = -1
+    #: Keyed metrics: the most distinct keys any one source partition's partial of this window held (a stage-1
+    #: partial's own key count once handed over; the maximum over partitions once merged). The statistic of the
+    #: window's private capacity test (:mod:`mechanisms.capacity_test`).
+    max_partition_keys: int = 0
 
     # ------------------------------------------------------------------------------------------
     # construction
@@ -406,6 +410,7 @@ class Partial:
             cohort_n=self.cohort_n.copy(),
             keyed={k: list(v) for k, v in self.keyed.items()},
             cells=dict(self.cells),
+            max_partition_keys=self.max_partition_keys,
         )
 
     def is_empty(self) -> bool:
@@ -425,6 +430,7 @@ class Partial:
             "keyed": self.keyed,
             "cells": [[c, v] for c, v in self.cells.items()],
             "first_offset": self.first_offset,
+            "max_partition_keys": self.max_partition_keys,
         }
         head = json.dumps(header, separators=(",", ":")).encode()
         body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
@@ -464,6 +470,9 @@ class Partial:
                 keyed={str(k): [int(v[0]), int(v[1])] for k, v in header["keyed"].items()},
                 cells={int(c): int(v) for c, v in header["cells"]},
                 first_offset=int(header.get("first_offset", -1)),
+                # absent in records of older versions: a hand-over's partial is one partition's (its key count
+                # is exact); a merged one's key count is the union's, at least the maximum (the safe side)
+                max_partition_keys=int(header.get("max_partition_keys", len(header["keyed"]))),
             )
         except StateError:
             raise
@@ -489,6 +498,7 @@ def merge(partials: Iterable[Partial]) -> Partial:
             raise StateError(f"cannot merge {p.metric}: count shapes {p.counts.shape} and {out.counts.shape} differ")
         out.n += p.n
         out.over_bound += p.over_bound
+        out.max_partition_keys = max(out.max_partition_keys, p.max_partition_keys)
         out.counts = out.counts + p.counts
         out.cohort_n = out.cohort_n + p.cohort_n
         for k, (r, t) in p.keyed.items():

@@ -141,7 +141,14 @@ def _window_fields(spec: CollectionSpec, merged: Partial, partitions: int, kind:
         "over_bound": None if central else merged.over_bound,
         "confidence": float(spec.confidence),
         "partitions": partitions,
+        "privacy_unit": _privacy_unit(spec, merged.metric),
     }
+
+
+def _privacy_unit(spec: CollectionSpec, metric: str) -> str:
+    """``client_value`` for a RAPPOR metric whose spec asks for the per-value guarantee by name; else ``client``."""
+    m = next((x for x in spec.metrics if x.name == metric), None)
+    return "client_value" if isinstance(m, RapporMetric) and m.guarantee == "client_value" else "client"
 
 
 #: Appended to the mechanism of a record whose central noise was predictable (``insecure_noise``).
@@ -252,10 +259,11 @@ def _rappor_release(
     params = metric.params()
     eps1 = float(params.epsilon_one)
     r = metric.reports_per_window
-    # r reports of one client in a window: r·ε₁ by composition, and never more than ε∞ (memoized PRR)
+    # r reports of one client in this window, under the spec's guarantee (RapporMetric.horizon_epsilon): r·ε₁
+    # per client; min(r·ε₁, ε∞) per client and value
     eps_window = metric.horizon_epsilon(r)
-    # over the horizon, w windows' reports of one client holding one value cost min(w·r·ε₁, ε∞) -- the
-    # spec's load-time rule, charged incrementally (a value that changes costs up to ε∞ per distinct value)
+    # over the horizon, w windows cost horizon_epsilon(w·r) in all -- the spec's load-time rule, charged
+    # incrementally: additive per client, capped by K·ε∞ (basic variants) or ε∞ (per value)
     entry = ledger.charge_horizon(rid, merged.window_start_ms, lambda w: metric.horizon_epsilon(w * r), MAX_DIVERGENCE)
     level = float(spec.confidence)
     candidates = list(metric.candidates)
@@ -312,9 +320,34 @@ def _keyed_release(
 ) -> Release:
     rel = metric.release
     m = rel.build(rng)
-    # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity
+    # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity, plus the
+    # capacity test -- charged before anything is drawn, whatever the test says
     first, delta = m.map(metric.sensitivity())
-    entry = ledger.charge(rid, merged.window_start_ms, (float(first), float(delta)), str(m.output_measure))
+    _, charged_first, charged_delta = metric.window_cost()
+    entry = ledger.charge(rid, merged.window_start_ms, (charged_first, charged_delta), str(m.output_measure))
+    value_rr = local_measurement(metric, None)
+    eps1 = float(value_rr.map(1))
+    test = metric.capacity_check()
+    spent = (
+        PrivacySpent(epsilon_1=eps1, central_epsilon=float(first), central_delta=float(delta))
+        if rel.mechanism == "laplace"
+        else PrivacySpent(epsilon_1=eps1, central_rho=float(first), central_delta=float(delta))
+    ).model_copy(update={"capacity_test_epsilon": test.epsilon, "capacity_test_delta": test.delta})
+    # propose-test-release: released only if no partition's partial was (privately) near its key capacity, where
+    # whether a key is counted would depend on other clients (mechanisms.capacity_test); drawn first, from the
+    # release's own stream, so a retry draws the same
+    if not test.passes(min(merged.max_partition_keys, test.capacity), rng):
+        return Release(
+            **base,
+            mechanism=_mechanism_name(metric, None),
+            privacy=spent,
+            ledger=entry,
+            refused=(
+                f"key capacity: the private test (ε'={test.epsilon:g}, δ'={test.delta:g}) could not rule out that a "
+                f"partition's partial was within {test.capacity - test.threshold} keys of its capacity "
+                f"{test.capacity}, where one client's keys could crowd out another's"
+            ),
+        )
     keys = sorted(merged.keyed)  # a data-independent order for the mechanism's inputs
     cells = np.array([[merged.keyed[k][0] - merged.keyed[k][1], merged.keyed[k][1]] for k in keys], np.int64)
     values = cells.reshape(-1) if keys else np.zeros(0, np.int64)
@@ -324,7 +357,6 @@ def _keyed_release(
     released_cells: dict[int, dict[int, float]] = {}
     for idx, v in zip(kept.tolist(), noisy.tolist(), strict=True):
         released_cells.setdefault(idx // 2, {})[idx % 2] = float(v)
-    value_rr = local_measurement(metric, None)
     p = float(value_rr.support_probabilities[0])
     level = float(spec.confidence)
     var_noise = _noise_variance(rel.mechanism, float(rel.scale))
@@ -343,18 +375,12 @@ def _keyed_release(
             var = (max(count, 0.0) * p * (1 - p) + (p * p + (1 - p) ** 2) * var_noise) / (2 * p - 1) ** 2
             value_true = _records(["true"], Estimate.of([t_hat], [var]), level)[0]
         released.append(KeyRelease(key=keys[key_index], count=float(count), value_true=value_true))
-    eps1 = float(value_rr.map(1))
-    privacy = (
-        PrivacySpent(epsilon_1=eps1, central_epsilon=float(first), central_delta=float(delta))
-        if rel.mechanism == "laplace"
-        else PrivacySpent(epsilon_1=eps1, central_rho=float(first), central_delta=float(delta))
-    )
     return Release(
         **base,
         estimates=tuple(records),
         released_keys=tuple(released),
         mechanism=_mechanism_name(metric, None),
-        privacy=privacy,
+        privacy=spent,
         ledger=entry,
     )
 

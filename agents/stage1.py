@@ -107,6 +107,14 @@ class PreparedBatch:
     sources: dict[tuple[str, int], list[SourceRecord]]
 
 
+def _handed_over(partial: Partial) -> Partial:
+    """What stage 2 receives of a closed partial: its counts, and its key count as one partition's
+    (:attr:`Partial.max_partition_keys`, the capacity test's statistic)."""
+    out = partial.counts_only()
+    out.max_partition_keys = len(out.keyed)
+    return out
+
+
 def watermark_key(partition: int) -> bytes:
     return f"p{partition}/wm".encode()
 
@@ -344,7 +352,7 @@ class PartitionState:
         closed = sorted(k for k in self.partials if k[1] < cb)
         if not closed and self._last_handover_cb == cb:
             return None
-        partials = tuple(self.partials.pop(k).counts_only() for k in closed)
+        partials = tuple(_handed_over(self.partials.pop(k)) for k in closed)
         for k in closed:
             self._dirty.discard(k)
             self._removed.add(k)

@@ -1,29 +1,44 @@
-"""Stage 2: merge every partition's partial counts per (metric, window) and release each window once.
+"""Stage 2: merge every partition's partial counts per (metric, window) and release every window once.
 
-:class:`ReleaserState` is pure state (no Kafka): the Kafka driver (:mod:`agents.releaser`) feeds it
-stage-1 hand-overs, asks which windows are complete, builds their releases with the pure function
-:func:`agents.release.build_release`, and writes the releases, the changed state records and the
-partials-topic offset in one transaction.
+:class:`ReleaserState` is pure state (no Kafka): the Kafka driver (:mod:`agents.worker`) feeds it stage-1
+hand-overs, and it releases -- with the pure function :func:`agents.release.build_release` -- **every**
+(metric, window) from the dataset's origin up to the release frontier, in order, whether or not any report
+arrived (an empty window gets a record from zero counts). So the set of release records, and the ledger's
+charges, depend on time alone, never on whether somebody reported: a record's presence reveals nothing.
 
-State records (compacted topic ``<group>.stage2-state``, one partition):
+Its state lives in two places, written in the same Kafka transaction as the releases and the partials offset:
+
+*The worker group's* (compacted topic ``<group>.stage2-state``, one partition): how far this group's hand-overs
+got --
 
 - ``b"frontier"`` -> JSON ``{partition: closed_before}`` of every source partition;
-- ``b"pending/<metric>/<start>"`` -> merged :class:`Partial` of a window not yet complete (tombstoned on release);
-- ``b"released/<metric>/<start>"`` -> the release key: the guard that makes a second release impossible
-  (tombstoned once the window is older than the retention horizon: no hand-over can name it any more);
+- ``b"pending/<metric>/<start>"`` -> merged :class:`Partial` of a window not yet released (tombstoned on release).
+
+*The dataset's* (compacted topic ``<reports topic>.privacy-ledger``, one partition, shared by every group and
+spec that reads the reports topic): what has been released of these reports and what it cost --
+
+- ``b"origin"`` -> JSON ``{"origin_ms", "created_ms"}``: the first window any metric of the dataset releases,
+  fixed when the dataset's ledger is created (``backlog_windows`` windows before the window of that moment);
+- ``b"cursor/<metric>"`` -> the first window start of ``metric`` not yet released: every window before it has its
+  one record, and a hand-over of an earlier window is stale (never released again, by any group);
 - ``b"ledger/<metric>"`` -> the metric's privacy ledger (:class:`agents.ledger.MetricLedger`);
-- ``b"noise-key"`` -> 32 secret bytes from ``os.urandom``, generated once per worker group: each release's
-  central noise is drawn from :class:`mechanisms.rng.DerivedRandom` under this key and the release key
-  ``"<metric>|<start>"``, so a release retried after an aborted transaction is byte-identical to the aborted
-  copy (which a ``read_uncommitted`` consumer may have seen): a retry reveals nothing new. A freshly
-  generated key is written with the next state records and used only after that (no release is built while
-  it is unwritten): an aborted transaction can never lose a key that noise was drawn under.
+- ``b"noise-key"`` -> 32 secret bytes from ``os.urandom``: each release's central noise is drawn from
+  :class:`mechanisms.rng.DerivedRandom` under this key and the release key ``"<metric>|<start>"``, so a release
+  retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
+  consumer may have seen);
+- ``b"owner"`` -> JSON ``{"group"}``: the one worker group allowed to release from these reports (see
+  :mod:`agents.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
+
+Fresh dataset records (a new noise key, origin, owner) are written by the next transaction and used only after
+it: no release is built while they are unwritten, so an aborted transaction never loses a key noise was drawn
+under. Keys of the dataset's records are recognised by :func:`is_dataset_key`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -40,21 +55,34 @@ from schemas.releases import Release, release_key
 
 #: ``(merged partial, ledger) -> release``; charges the ledger (see :func:`agents.release.build_release`).
 ReleaseBuilder = Callable[[Partial, MetricLedger], Release]
+#: ``(metric, window start) -> a zero partial`` of the metric's count shape (:meth:`agents.kinds.Aggregator.empty`).
+EmptyPartial = Callable[[str, int], Partial]
 
 FRONTIER_KEY = b"frontier"
 NOISE_KEY = b"noise-key"
+ORIGIN_KEY = b"origin"
+OWNER_KEY = b"owner"
+
+#: Windows released by one call of :meth:`ReleaserState.release` at most (after a long outage the frontier can
+#: jump by thousands of windows; the rest follow in the next transactions).
+MAX_RELEASES_PER_CALL = 1_000
 
 
 def _pending_key(metric: str, start: int) -> bytes:
     return f"pending/{metric}/{start}".encode()
 
 
-def _released_key(metric: str, start: int) -> bytes:
-    return f"released/{metric}/{start}".encode()
+def _cursor_key(metric: str) -> bytes:
+    return f"cursor/{metric}".encode()
 
 
 def _ledger_key(metric: str) -> bytes:
     return f"ledger/{metric}".encode()
+
+
+def is_dataset_key(key: bytes) -> bool:
+    """Whether a stage-2 state record belongs to the dataset's ledger topic (else to the group's state topic)."""
+    return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/"))
 
 
 @dataclass
@@ -78,23 +106,73 @@ def conflicted(partial: Partial) -> Partial:
     return out
 
 
-class ReleaserState:
-    """Pending merges, the release frontier, the released guard and the ledgers."""
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
-    def __init__(self, partitions: int, ledgers: dict[str, MetricLedger], retention_ms: int) -> None:
+
+class ReleaserState:
+    """Pending merges and the release frontier (the group's), cursors, ledgers and noise key (the dataset's)."""
+
+    def __init__(
+        self,
+        partitions: int,
+        ledgers: dict[str, MetricLedger],
+        retention_ms: int,
+        *,
+        window_ms: int,
+        empty: EmptyPartial,
+        group: str = "",
+        backlog_windows: int = 1,
+        clock: Callable[[], int] = _wall_ms,
+    ) -> None:
+        if window_ms < 1:
+            raise StateError(f"window_ms must be positive, got {window_ms}")
+        if backlog_windows < 0:
+            raise StateError(f"backlog_windows must be >= 0, got {backlog_windows}")
         self.frontier = ReleaseFrontier(partitions)
         self.pending: dict[tuple[str, int], Partial] = {}
-        self.released: dict[tuple[str, int], str] = {}
         self.ledgers = ledgers
         self.retention_ms = int(retention_ms)
+        self.window_ms = int(window_ms)
+        self.empty = empty
+        self.group = group
+        self.backlog_windows = int(backlog_windows)
+        self.clock = clock
+        #: metric -> first window start not yet released (absent: :attr:`origin_ms`).
+        self.cursors: dict[str, int] = {}
+        #: First window start of the dataset (``None`` until :meth:`restore`).
+        self.origin_ms: int | None = None
+        self.created_ms: int | None = None
+        #: The group allowed to release from the dataset (``None``: nobody has claimed it yet).
+        self.owner: str | None = None
+        #: Hand-over partials dropped because their window was released already (by any group) or is older
+        #: than the origin: a count for operators, never published.
+        self.stale_partials = 0
         self._dirty: set[bytes] = set()
         #: Secret key of every release's noise (see module docstring); persisted as :data:`NOISE_KEY`.
         self.noise_key = b""
-        self._new_noise_key()
+        self._unwritten: set[bytes] = set()
 
     def _new_noise_key(self) -> None:
         self.noise_key = os.urandom(DERIVED_KEY_BYTES)
-        self._dirty.add(NOISE_KEY)  # unwritten: no release is built under it until state_records() hands it out
+        self._fresh(NOISE_KEY)
+
+    def _fresh(self, key: bytes) -> None:
+        """A new dataset record: written by the next transaction, used only after that."""
+        self._dirty.add(key)
+        self._unwritten.add(key)
+
+    def claim(self) -> None:
+        """Make :attr:`group` the dataset's owner (written with the next state records)."""
+        if self.owner != self.group:
+            self.owner = self.group
+            self._fresh(OWNER_KEY)
+
+    def cursor(self, metric: str) -> int:
+        """First window start of ``metric`` not yet released."""
+        if self.origin_ms is None:
+            raise StateError("stage 2 used before restore(): the dataset's origin is unknown")
+        return self.cursors.get(metric, self.origin_ms)
 
     # ------------------------------------------------------------------------------------------
     def apply(self, handover: Handover) -> ApplyResult:
@@ -102,8 +180,11 @@ class ReleaserState:
         out = ApplyResult()
         for partial in handover.partials:
             key = (partial.metric, partial.window_start_ms)
-            if key in self.released:
-                out.stale += 1  # cannot happen with a correct stage 1; never released twice anyway
+            if partial.window_start_ms < self.cursor(partial.metric):
+                # released already (by this group or another over the same reports), or before the origin:
+                # never released again
+                out.stale += 1
+                self.stale_partials += 1
                 continue
             current = self.pending.get(key)
             try:
@@ -118,24 +199,39 @@ class ReleaserState:
         self._dirty.add(FRONTIER_KEY)
         return out
 
-    def complete(self) -> list[tuple[str, int]]:
-        """Pending windows closed on every source partition, oldest first."""
-        return sorted((k for k in self.pending if self.frontier.is_complete(k[1])), key=lambda k: (k[1], k[0]))
+    def due(self) -> list[tuple[str, int]]:
+        """Every (metric, window start) due for release, oldest first: for each metric of the spec, every window
+        from its cursor up to the frontier (data or not; windows wholly before ``frontier - retention`` are
+        skipped, as they are for every dataset), and pending windows of metrics no longer in the spec."""
+        edge = self.frontier.complete_before
+        if edge is None:
+            return []
+        horizon = -(-(edge - self.retention_ms) // self.window_ms) * self.window_ms  # first start in the horizon
+        out = [
+            (metric, start)
+            for metric in self.ledgers
+            for start in range(max(self.cursor(metric), horizon), edge, self.window_ms)
+        ]
+        out += [k for k in self.pending if k[0] not in self.ledgers and k[1] < edge]
+        return sorted(out, key=lambda k: (k[1], k[0]))[:MAX_RELEASES_PER_CALL]
 
     def release(self, build: ReleaseBuilder, max_bytes: int | None = None) -> list[Release]:
-        """Build the release of every complete window, mark them released, prune old guards.
+        """Build the release of every due window (:meth:`due`), advance the cursors, drop stale partials.
 
-        A release whose record would exceed ``max_bytes`` is replaced by its refused record
-        (:func:`agents.release.too_large`): a crash there would repeat on every restart.
+        A window with no pending partial is released from zero counts. A release whose record would exceed
+        ``max_bytes`` is replaced by its refused record (:func:`agents.release.too_large`): a crash there would
+        repeat on every restart. Every record names :attr:`group`.
 
-        Builds nothing while the noise key is unwritten (a fresh key: the windows wait for the next call,
-        after :meth:`state_records` has handed the key to a transaction).
+        Builds nothing while a fresh dataset record (noise key, origin, owner) is unwritten: the windows wait for
+        the next call, after :meth:`state_records` has handed it to a transaction.
         """
         out: list[Release] = []
-        if NOISE_KEY in self._dirty:
+        if self._unwritten:
             return out
-        for metric, start in self.complete():
-            merged = self.pending.pop((metric, start))
+        for metric, start in self.due():
+            merged = self.pending.pop((metric, start), None)
+            if merged is None:
+                merged = self.empty(metric, start)
             known = metric in self.ledgers
             # a metric removed from the spec while its window was open: a throwaway ledger (budget-free, never
             # written); the release refuses it ("spec changed") and charges nothing
@@ -147,29 +243,25 @@ class ReleaserState:
                 rel = too_large(rel, size, max_bytes)
             if rel.key != release_key(metric, start):
                 raise StateError(f"release key {rel.key} does not match window {metric}@{start}")
-            out.append(rel)
-            self.released[(metric, start)] = rel.key
-            self._dirty |= {_pending_key(metric, start), _released_key(metric, start)}
+            out.append(rel.model_copy(update={"group": self.group or None}))
+            self._dirty.add(_pending_key(metric, start))
             if known:
-                self._dirty.add(_ledger_key(metric))
-        self._prune()
+                self.cursors[metric] = start + self.window_ms
+                self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
+        for key in [k for k in self.pending if k[0] in self.ledgers and k[1] < self.cursor(k[0])]:
+            del self.pending[key]  # before the horizon's edge: skipped like every dataset's
+            self.stale_partials += 1
+            self._dirty.add(_pending_key(*key))
         return out
-
-    def _prune(self) -> None:
-        edge = self.frontier.complete_before
-        if edge is None:
-            return
-        for key in [k for k in self.released if k[1] < edge - self.retention_ms]:
-            del self.released[key]
-            self._dirty.add(_released_key(*key))
 
     # ------------------------------------------------------------------------------------------
     def state_records(self) -> list[tuple[bytes, bytes | None]]:
-        """Changed state records since the last call."""
+        """Changed state records since the last call (route each by :func:`is_dataset_key`)."""
         out: list[tuple[bytes, bytes | None]] = []
         for key in sorted(self._dirty):
             out.append((key, self._value_of(key)))
         self._dirty.clear()
+        self._unwritten.clear()
         return out
 
     def _value_of(self, key: bytes) -> bytes | None:
@@ -177,25 +269,29 @@ class ReleaserState:
             return json.dumps({str(p): m for p, m in sorted(self.frontier.marks.items())}).encode()
         if key == NOISE_KEY:
             return self.noise_key
+        if key == ORIGIN_KEY:
+            return json.dumps({"origin_ms": self.origin_ms, "created_ms": self.created_ms}).encode()
+        if key == OWNER_KEY:
+            return json.dumps({"group": self.owner}).encode()
         kind, _, rest = key.decode().partition("/")
         if kind == "ledger":
             return self.ledgers[rest].to_bytes()
+        if kind == "cursor":
+            return str(self.cursors[rest]).encode()
         metric, _, start_s = rest.rpartition("/")
-        k = (metric, int(start_s))
-        if kind == "pending":
-            p = self.pending.get(k)
-            return None if p is None else p.to_bytes()
-        r = self.released.get(k)
-        return None if r is None else r.encode()
+        p = self.pending.get((metric, int(start_s)))
+        return None if p is None else p.to_bytes()
 
     def restore(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Rebuild from the stage-2 state topic (log order; last value per key wins)."""
+        """Rebuild from the group's stage-2 state topic and the dataset's ledger topic (each in log order; the last
+        value per key wins). A dataset seen for the first time gets its noise key and origin (unwritten)."""
         latest: dict[bytes, bytes | None] = {}
         for key, value in records:
             latest[key] = value
         self.pending.clear()
-        self.released.clear()
+        self.cursors.clear()
         self.frontier = ReleaseFrontier(self.frontier.partitions)
+        self.origin_ms = self.created_ms = self.owner = None
         noise_key: bytes | None = None
         try:
             for key, value in latest.items():
@@ -211,23 +307,36 @@ class ReleaserState:
                         raise StateError(f"stage-2 noise key has {len(value)} bytes, not {DERIVED_KEY_BYTES}")
                     noise_key = bytes(value)
                     continue
+                if key == ORIGIN_KEY:
+                    doc = json.loads(value)
+                    self.origin_ms, self.created_ms = int(doc["origin_ms"]), int(doc["created_ms"])
+                    continue
+                if key == OWNER_KEY:
+                    self.owner = str(json.loads(value)["group"])
+                    continue
                 kind, _, rest = key.decode().partition("/")
                 if kind == "ledger":
                     if rest in self.ledgers:
                         self.ledgers[rest] = MetricLedger.from_bytes(value, self.ledgers[rest])
                     continue
+                if kind == "cursor":
+                    self.cursors[rest] = int(value)
+                    continue
                 metric, _, start_s = rest.rpartition("/")
-                k = (metric, int(start_s))
                 if kind == "pending":
-                    self.pending[k] = Partial.from_bytes(value)
-                elif kind == "released":
-                    self.released[k] = value.decode()
-                else:
+                    self.pending[(metric, int(start_s))] = Partial.from_bytes(value)
+                elif kind != "released":  # guards of older versions: the cursors replace them
                     raise StateError(f"unknown stage-2 state key {key!r}")
-        except (ValueError, TypeError, UnicodeDecodeError) as err:
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as err:
             raise StateError(f"stage-2 state: {err}") from err
         self._dirty.clear()
+        self._unwritten.clear()
         if noise_key is None:
-            self._new_noise_key()  # a new group (or state from before the key existed): written before first use
+            self._new_noise_key()  # a new dataset: written before first use
         else:
             self.noise_key = noise_key
+        if self.origin_ms is None:
+            now = int(self.clock())
+            self.created_ms = now
+            self.origin_ms = (now // self.window_ms - self.backlog_windows) * self.window_ms
+            self._fresh(ORIGIN_KEY)

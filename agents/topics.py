@@ -1,7 +1,9 @@
 """Every topic a worker reads or writes, created explicitly and checked at start-up.
 
 Source and outputs come from the spec (``spec.topics``); the internal topics are named after the worker
-group so that two deployments on one cluster never share state:
+group so that two deployments on one cluster never share counts -- except the privacy ledger, which is named
+after the reports topic: it belongs to the data, so every group and spec reading those reports shares it (one
+record per window, one budget, one noise key; see :mod:`agents.stage2`):
 
 ==========================  ==============  ===========  ==================================================
 topic                       partitions      cleanup      holds
@@ -11,7 +13,8 @@ topic                       partitions      cleanup      holds
 ``releases``                1               delete       one release record per (metric, window), keyed
 ``<group>.stage1-state``    P               compact      stage-1 partials and watermark per source partition
 ``<group>.partials``        1               delete       stage-1 hand-overs: closed partials + marks
-``<group>.stage2-state``    1               compact      stage-2 pending merges, released set, ledgers
+``<group>.stage2-state``    1               compact      stage-2 pending merges, release frontier
+``<reports>.privacy-ledger`` 1              compact      the dataset's cursors, ledgers, noise key, owner
 ==========================  ==============  ===========  ==================================================
 
 The releases, state and partials topics are created with ``max.message.bytes`` = :data:`MAX_RECORD_BYTES`
@@ -67,6 +70,8 @@ class WorkerTopics:
     stage1_state: str
     partials: str
     stage2_state: str
+    #: The dataset's privacy ledger (named after the reports topic, shared by every group).
+    ledger: str
     partitions: int
     replication_factor: int
 
@@ -80,12 +85,13 @@ class WorkerTopics:
             stage1_state=f"{group}.stage1-state",
             partials=f"{group}.partials",
             stage2_state=f"{group}.stage2-state",
+            ledger=ledger_topic(spec.topics.reports),
             partitions=spec.topics.partitions,
             replication_factor=spec.topics.replication_factor,
         )
 
     def plans(self) -> list[TopicPlan]:
-        """Creation plans of all six topics."""
+        """Creation plans of all seven topics."""
         log_append = {"message.timestamp.type": "LogAppendTime"}
         big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
@@ -95,7 +101,18 @@ class WorkerTopics:
             TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
             TopicPlan(self.partials, 1, big, {}),
             TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}),
+            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}),
         ]
+
+    def stage2_transactional_id(self) -> str:
+        """Stage 2's transactional id: the dataset's, not the group's, so that two groups' stage 2 over the same
+        reports fence each other instead of both writing the ledger."""
+        return f"{self.ledger}.stage2"
+
+
+def ledger_topic(reports: str) -> str:
+    """The privacy-ledger topic of the dataset held in the reports topic ``reports``."""
+    return f"{reports}.privacy-ledger"
 
 
 def output_plans(dead_letter: str, releases: str, partitions: int) -> list[TopicPlan]:

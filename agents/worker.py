@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import time
 from collections import deque
@@ -30,7 +31,7 @@ from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, SourceRecord
-from agents.stage2 import ReleaserState
+from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.topics import MAX_RELEASE_BYTES, WorkerTopics
 from agents.validation import Protocol, Validator
 from agents.watermarks import (
@@ -70,6 +71,15 @@ class WorkerSettings:
     #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
     #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
     future_tolerance_ms: int = FUTURE_TOLERANCE_MS
+    #: Take over the dataset's privacy ledger from the group that owns it (see :meth:`Worker._ledger_owner`).
+    adopt_ledger: bool = False
+    #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
+    #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
+    backlog_s: int = 60
+
+    def backlog_windows(self, window: WindowSpec) -> int:
+        """:attr:`backlog_s` in whole windows, rounded up."""
+        return -(-self.backlog_s // window.size_s)
 
 
 @dataclass
@@ -90,6 +100,8 @@ class WorkerStats:
     #: partitions were assigned and positioned), and after the latest stage-1 commit.
     first_record_s: float | None = None
     last_commit_s: float | None = None
+    #: The group owning the dataset's ledger when it is another one (this worker's stage 2 then stays off).
+    ledger_owner: str | None = None
 
 
 #: Batches of one partition between the start of their CPU work and the end of their transaction (at most).
@@ -162,7 +174,7 @@ class Worker:
         self._lock = asyncio.Lock()
         if settings.stage1_threads < 1:
             raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
-        for name, lowest in (("retry_backoff_ms", 1), ("future_tolerance_ms", 0)):
+        for name, lowest in (("retry_backoff_ms", 1), ("future_tolerance_ms", 0), ("backlog_s", 0)):
             value = getattr(settings, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise ConfigurationError(name, value, f"must be an integer in [{lowest}, ∞)")
@@ -342,19 +354,38 @@ class Worker:
         )
 
     async def _assign_stage2(self, tp: TopicPartition) -> None:
+        """Take stage 2 -- unless the dataset's ledger belongs to another group (see :meth:`_ledger_owner`)."""
+        bootstrap, group = self.settings.bootstrap, self.settings.group
+        ledger_tp = TopicPartition(self.topics.ledger, 0)
+        # a first look before fencing: a group that may not release must not fence the owner's stage 2 either
+        if self._ledger_owner(await read_to_end(bootstrap, ledger_tp)) is not None:
+            return
         producer = await start_transactional_producer(
-            self.settings.bootstrap, f"{self.settings.group}.stage2", self.settings.retry_backoff_ms
+            bootstrap, self.topics.stage2_transactional_id(), self.settings.retry_backoff_ms
         )
         retention_ms = self.spec.window.retention_s * 1000
         ledgers = {m.name: MetricLedger(m.name, m.budget, retention_ms) for m in self.spec.metrics}
-        state = ReleaserState(self.topics.partitions, ledgers, retention_ms)
-        state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage2_state, 0)))
+        state = ReleaserState(
+            self.topics.partitions,
+            ledgers,
+            retention_ms,
+            window_ms=self.window.size_ms,
+            empty=self.aggregator.empty,
+            group=group,
+            backlog_windows=self.settings.backlog_windows(self.window),
+        )
+        group_records = await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
+        dataset_records = await read_to_end(bootstrap, ledger_tp)  # complete now: the previous holder is fenced
+        if self._ledger_owner(dataset_records) is not None:
+            await producer.stop()
+            return
+        state.restore(group_records + dataset_records)
+        state.claim()
         offset = await self._seek_committed(tp)
         changes = state.state_records()
-        if changes:  # a freshly generated noise key: write it now, so the first release need not wait for a hand-over
+        if changes:  # fresh dataset records (noise key, origin, owner): write them now, before any release
             async with producer.transaction():
-                for key, value in changes:
-                    await producer.send(self.topics.stage2_state, value, key=key, partition=0)
+                await self._send_stage2_state(producer, changes)
             self.stats.transactions += 1
         self._stage2 = _Stage2Slot(state, producer, offset)
         log.info(
@@ -362,6 +393,37 @@ class Worker:
             len(state.pending),
             len(changes),
         )
+
+    def _ledger_owner(self, dataset_records: list[tuple[bytes, bytes | None]]) -> str | None:
+        """The group that owns the dataset's ledger if it is another one and this worker may not adopt it (then
+        stage 2 stays off, said once in the log and in :attr:`WorkerStats.ledger_owner`); else ``None``.
+
+        The ledger belongs to the reports, not to a group: a second group releasing the same windows with fresh
+        noise would let anyone average the two copies. So a group reads the reports topic only to count (its
+        stage 1) unless it owns the ledger, was the first, or is started with ``adopt_ledger`` -- which fences
+        the owner's stage 2 and continues its cursors, budget and noise key: no window is released twice.
+        """
+        owner: str | None = None
+        for key, value in dataset_records:
+            if key == OWNER_KEY:
+                owner = None if value is None else str(json.loads(value)["group"])
+        if owner is None or owner == self.settings.group or self.settings.adopt_ledger:
+            return None
+        self.stats.ledger_owner = owner
+        log.error(
+            "the privacy ledger %s of these reports belongs to worker group %r: this group (%r) releases nothing "
+            "(no window is released twice); stop that group and start this one with --adopt-ledger to move it",
+            self.topics.ledger,
+            owner,
+            self.settings.group,
+        )
+        return owner
+
+    async def _send_stage2_state(self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]) -> None:
+        """Queue stage 2's changed state records, each to its topic (the group's state or the dataset's ledger)."""
+        for key, value in changes:
+            topic = self.topics.ledger if is_dataset_key(key) else self.topics.stage2_state
+            await producer.send(topic, value, key=key, partition=0)
 
     # ------------------------------------------------------------------------------------------
     # stage 1
@@ -575,8 +637,7 @@ class Worker:
         async with producer.transaction():
             for rel in releases:
                 await producer.send(self.topics.releases, rel.to_bytes(), key=rel.key.encode(), partition=0)
-            for key, value in changes:
-                await producer.send(self.topics.stage2_state, value, key=key, partition=0)
+            await self._send_stage2_state(producer, changes)
             await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.settings.group)
         self.stats.transactions += 1
         self.stats.releases += len(releases)

@@ -24,8 +24,9 @@ __all__ = [
     "release_key",
 ]
 
-#: Version of the release record written by this module.
-RELEASE_SCHEMA_VERSION: Literal[1] = 1
+#: Version of the release record written by this module. Version 2 added ``privacy_unit``, ``group`` and the
+#: capacity test's ``privacy`` fields; a version-1 record still parses (each new field has its default).
+RELEASE_SCHEMA_VERSION: Literal[2] = 2
 
 Real = StrictFloat | StrictInt
 
@@ -85,9 +86,13 @@ class PrivacySpent(_Frozen):
     client, and the worst case over any number of reports of the same memoized value); ``central_epsilon``
     / ``central_delta`` (or ``central_rho`` for zCDP) the central mechanism applied at release, if any.
 
-    RAPPOR: ``epsilon_inf`` is one client's loss in this window, ``min(r·ε₁, ε∞)``; over the horizon the
-    ledger charges ``w`` windows ``min(w·r·ε₁, ε∞)`` in total. That bound assumes the memoized PRR: it holds
-    **per distinct value** of a client (a client whose value changes spends up to ε∞ per value it reports).
+    RAPPOR: ``epsilon_inf`` is one client's loss in this window under the release's ``privacy_unit``:
+    ``r·ε₁`` per client (``min(r·ε₁, K·ε∞)`` for the basic variants), or ``min(r·ε₁, ε∞)`` per client and
+    value (``client_value``: the memoized PRR's bound, which says nothing of a client whose value changes).
+
+    Keyed: ``capacity_test_epsilon`` / ``capacity_test_delta`` are the private test that no partial was near
+    its key capacity (:mod:`mechanisms.capacity_test`), charged with the central loss whether or not the
+    window passed it.
     """
 
     epsilon_1: Real | None = None
@@ -95,6 +100,8 @@ class PrivacySpent(_Frozen):
     central_epsilon: Real | None = None
     central_delta: Real | None = None
     central_rho: Real | None = None
+    capacity_test_epsilon: Real | None = None
+    capacity_test_delta: Real | None = None
 
 
 class LedgerEntry(_Frozen):
@@ -113,9 +120,16 @@ class LedgerEntry(_Frozen):
 class Release(_Frozen):
     """One release of one metric for one window."""
 
-    schema_version: Literal[1] = RELEASE_SCHEMA_VERSION
+    schema_version: Literal[1, 2] = RELEASE_SCHEMA_VERSION
     #: Name of the collection spec (``CollectionSpec.name``).
     spec: StrictStr
+    #: Whom the ledger's budget protects over the spec's horizon: ``"client"`` (one device, whatever values
+    #: it reports) or ``"client_value"`` (one unchanged value of a device: RAPPOR's per-value bound, only
+    #: when the spec asks for it by name). Version-1 records said nothing: read them as ``"client"``, except
+    #: RAPPOR's, which were per value.
+    privacy_unit: Literal["client", "client_value"] = "client"
+    #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
+    group: StrictStr | None = None
     metric: StrictStr
     kind: Literal["bool", "categorical", "rappor", "keyed", "regression"]
     #: Window bounds ``[start, end)`` in ms since the epoch (broker LogAppendTime).

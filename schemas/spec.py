@@ -84,7 +84,9 @@ from pydantic import (
     model_validator,
 )
 
+from mechanisms.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.core import Measurement
+from mechanisms.directed import add_up, mul_up
 from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.protocol_choice import choose_protocol
 from mechanisms.randomized_response import (
@@ -499,6 +501,10 @@ class RapporMetric(_MetricBase):
     q: Real = 0.75  # prob_q: P(report 1 | PRR bit 1)
     #: Strings the analysis decodes against; for basic variants, one Bloom bit each, in order.
     candidates: tuple[StrictStr, ...]
+    #: The unit the budget protects over the horizon (see :meth:`horizon_epsilon`): ``client`` (default: a
+    #: client whatever values it holds, additive over its reports) or ``client_value`` (one unchanged value of
+    #: a client: the paper's longitudinal bound ε∞, which says nothing about a client whose value changes).
+    guarantee: Literal["client", "client_value"] = "client"
 
     @model_validator(mode="after")
     def _valid(self) -> RapporMetric:
@@ -527,13 +533,27 @@ class RapporMetric(_MetricBase):
         return self.k if self.k is not None else len(self.candidates)
 
     def horizon_epsilon(self, reports: int) -> float:
-        """Local loss of ``reports`` reports of one client holding one value: ``min(reports · ε₁, ε∞)``.
+        """Local loss of ``reports`` reports of one client over the horizon, under :attr:`guarantee`.
 
-        The PRR is memoized, so all reports of one value together cost at most ε∞ (a value that changes
-        costs up to ε∞ per distinct value).
+        Each report is ε₁-LDP, and the reports of one value share its memoized PRR, whose joint loss is at
+        most ε∞ (Erlingsson, Pihur, Korolova, "RAPPOR: Randomized Aggregatable Privacy-Preserving Ordinal
+        Response", CCS 2014, sections 3 and 4, https://arxiv.org/abs/1407.6981). Reports of distinct values
+        use independent PRRs and compose additively, so a client holding ``D`` distinct values over
+        ``n`` reports loses at most ``Σ_v min(n_v·ε₁, ε∞) <= min(n·ε₁, D·ε∞)``. (``n_v`` reports sharing one
+        PRR lose at most ``n_v·ε₁``: per Bloom bit the log-likelihood ratio of ``s`` ones is concave in ``s``
+        for the symmetric PRR flip ``f/2``, hence subadditive.)
+
+        - ``client`` (default): ``D`` is unbounded for the open-string variants, so ``n·ε₁``; for the basic
+          variants a client can hold at most ``K = len(candidates)`` values: ``min(n·ε₁, K·ε∞)``.
+        - ``client_value``: the paper's per-value bound ``min(n·ε₁, ε∞)``, for one unchanged value only.
         """
         params = self.params()
-        return min(reports * params.epsilon_one, params.epsilon_inf)
+        additive = mul_up(reports, params.epsilon_one)  # rounded toward the larger loss
+        if self.guarantee == "client_value":
+            return min(additive, params.epsilon_inf)
+        if self.variant in ("basic", "basic_one_time"):
+            return min(additive, mul_up(len(self.candidates), params.epsilon_inf))
+        return additive
 
     def params(self) -> RapporParams:
         """The mechanism's :class:`~mechanisms.rappor.RapporParams` (its own checks; a bad value is a field error)."""
@@ -601,6 +621,22 @@ class ThresholdReleaseSpec(_Frozen):
         return make(float(self.scale), threshold, dtype=self.mechanism_dtype, rng=rng)
 
 
+class CapacityTestSpec(_Frozen):
+    """The private test that a keyed window's partials were not near their key capacity
+    (:mod:`mechanisms.capacity_test`): ``(epsilon, delta)`` added to every window's charge, released or not."""
+
+    epsilon: Real = 0.05
+    delta: Real = 1e-9
+
+    @model_validator(mode="after")
+    def _valid(self) -> CapacityTestSpec:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise SpecFieldError("epsilon", "must be in (0, ∞)")
+        if not (0 < self.delta < 1):
+            raise SpecFieldError("delta", "must be in (0, 1)")
+        return self
+
+
 class KeyedMetric(_MetricBase):
     """An open set of keys sent in clear, each with a boolean value privatized on the device by RR."""
 
@@ -617,15 +653,30 @@ class KeyedMetric(_MetricBase):
     max_keys_per_partition: Annotated[StrictInt, Field(ge=1)] | None = None
     value: RandomizedResponseSpec
     release: ThresholdReleaseSpec
+    #: The private test, before each window's release, that no partial was near :attr:`key_capacity`.
+    capacity_test: CapacityTestSpec = CapacityTestSpec()
 
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
-        """``(unit, ε or ρ, δ)`` of one window's release, from the threshold mechanism's own map.
+        """``(unit, ε or ρ, δ)`` of one window: the threshold mechanism's own map plus the capacity test.
 
         A client adds 1 to at most ``keys_per_window`` (key, bit) cells: Δ0 = Δ1 = keys_per_window, Δ∞ = 1
-        (Laplace), Δ2 = sqrt(keys_per_window) (Gaussian).
+        (Laplace), Δ2 = sqrt(keys_per_window) (Gaussian). The capacity test (``ε'``, ``δ'``,
+        :mod:`mechanisms.capacity_test`) composes with it: ``(ε + ε', δ + δ')``, or for the Gaussian
+        ``(ρ + ε'²/2, δ + δ')``; every sum and product rounded toward the larger loss.
         """
         first, delta = self.release.build().map(self.sensitivity())
-        return ("epsilon" if self.release.mechanism == "laplace" else "rho"), float(first), float(delta)
+        test_eps, test_delta = float(self.capacity_test.epsilon), float(self.capacity_test.delta)
+        if self.release.mechanism == "laplace":
+            return "epsilon", add_up(float(first), test_eps), add_up(float(delta), test_delta)
+        test_rho = mul_up(mul_up(test_eps, test_eps), 0.5)
+        return "rho", add_up(float(first), test_rho), add_up(float(delta), test_delta)
+
+    def capacity_check(self) -> CapacityTest:
+        """The capacity test of one window (its ``Δ0`` is the per-client key bound the agents enforce)."""
+        d_in = min(self.keys_per_window, self.reports_per_window)
+        return make_capacity_test(
+            self.key_capacity, d_in, float(self.capacity_test.epsilon), float(self.capacity_test.delta)
+        )
 
     def sensitivity(self) -> tuple[int, float, int]:
         """``d_in`` of the (key, RR bit) cell histogram: ``(Δ0, Δ1, Δ∞)`` for Laplace, ``(Δ0, Δ2, Δ∞)`` for Gaussian.

@@ -49,6 +49,18 @@ def register(subparsers: Any) -> None:
         help="bound on how far the broker clock may lag this host, seconds (default 1)",
     )
     p.add_argument("--max-batch", type=int, default=2000, help="records per partition per transaction (default 2000)")
+    p.add_argument(
+        "--adopt-ledger",
+        action="store_true",
+        help="take over the privacy ledger of the reports topic from the worker group that owns it (its cursors, "
+        "budget and noise key continue: no window is released twice); stop the other group first",
+    )
+    p.add_argument(
+        "--backlog",
+        type=int,
+        default=60,
+        help="seconds before a new dataset's first worker started whose reports are still released (default 60)",
+    )
     p.add_argument("--insecure-noise-seed", default=None, help=argparse.SUPPRESS)  # tests only: predictable noise
     p.add_argument("--quiet", action="store_true", help="do not print releases")
     p.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
@@ -78,6 +90,8 @@ def run(args: Any) -> int:
         group=args.group or default_group(spec),
         idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
         max_batch=args.max_batch,
+        adopt_ledger=args.adopt_ledger,
+        backlog_s=args.backlog,
     )
     try:
         return asyncio.run(_main(spec, settings, args))
@@ -112,6 +126,12 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
     async with worker:
         await worker.run()
     s = worker.stats
+    if s.ledger_owner is not None:
+        print(
+            f"this group released nothing: the privacy ledger of {spec.topics.reports} belongs to group "
+            f"{s.ledger_owner!r} (start with --adopt-ledger to take it over)",
+            flush=True,
+        )
     print(
         f"worker stopped: {s.records} records, {s.reports_counted} reports counted, {s.dead_letters} dead letters, "
         f"{s.releases} releases",

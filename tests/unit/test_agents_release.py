@@ -57,7 +57,7 @@ SPEC = parse_spec(
                 "reports_per_window": 2,
                 "value": {"prob": 0.75},
                 "release": {"mechanism": "laplace", "scale": 2.0, "threshold": 30},
-                "budget": {"epsilon": 3.0, "delta": 1e-4},
+                "budget": {"epsilon": 3.2, "delta": 1e-4},
             },
             {
                 "name": "lat",
