@@ -165,7 +165,8 @@ def test_keyed_release_thresholds_and_budget() -> None:
     p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
     # 400 reports of "big" (300 with RR bit 1), 5 of "rare": "rare" stays below τ = 30 (δ-style guarantee)
     p.add_keyed(["big"] * 400 + ["rare"] * 5, [1] * 300 + [0] * 100 + [1] * 5)
-    # a tighter budget than the spec's (the spec refuses to load a budget its horizon would exceed)
+    # a tighter budget than the spec's (the spec refuses to load a budget its horizon would exceed): each window
+    # costs 1.05 (Δ1 / scale = 1, plus the capacity test's 0.05)
     ledger = MetricLedger("errors", BudgetSpec(epsilon=2.5, delta=1e-4), SPEC.window.retention_s * 1000)
     rel = _release(p, ledger=ledger)
     assert [k.key for k in rel.released_keys] == ["big"]
@@ -178,7 +179,8 @@ def test_keyed_release_thresholds_and_budget() -> None:
     second = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 10_000), ledger=ledger)
     third = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 20_000), ledger=ledger)
     assert second.refused is None and third.refused is not None and not third.released_keys
-    assert third.ledger.spent_epsilon == pytest.approx(2.0)
+    assert third.ledger.spent_epsilon == pytest.approx(2.1)
+    assert rel.privacy.capacity_test_epsilon == pytest.approx(0.05)
     fourth = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 40_000), ledger=ledger)
     assert fourth.refused is None
 
@@ -196,9 +198,31 @@ def test_regression_release() -> None:
     assert rel.privacy.central_epsilon == pytest.approx(4.0)  # 2 medians x (2 · d_in · runs) / scale
 
 
+def _stage2(
+    partitions: int, ledgers: dict[str, MetricLedger], retention_ms: int, spec: CollectionSpec = SPEC, group: str = "g"
+) -> ReleaserState:
+    """Stage 2 of ``spec`` whose dataset's origin is window 0 (a clock at 0, no backlog)."""
+    return ReleaserState(
+        partitions,
+        ledgers,
+        retention_ms,
+        window_ms=spec.window.size_s * 1000,
+        empty=Aggregator(spec).empty,
+        group=group,
+        backlog_windows=0,
+        clock=lambda: 0,
+    )
+
+
+def _only(releases: list[Release], metric: str) -> Release:
+    (rel,) = [r for r in releases if r.metric == metric]
+    return rel
+
+
 def test_stage2_merges_all_partitions_and_releases_once() -> None:
     ledgers = {m.name: _ledger(m.name) for m in SPEC.metrics}
-    st = ReleaserState(partitions=2, ledgers=ledgers, retention_ms=30_000)
+    st = _stage2(2, ledgers, 30_000)
+    st.restore([])
     a = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
     a.add_bool([1, 1, 0])
     b = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
@@ -210,22 +234,28 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
         return build_release(SPEC, p, ledger, partitions=2, protocols=PROTOCOLS, rng=SeededRandom(0))
 
     st.apply(Handover(0, 10_000, (a,)))
-    assert st.release(build) == []  # partition 1 has not closed the window yet
+    assert st.release(build) == []  # partition 1 has not closed the window yet (and the origin is unwritten)
     records = st.state_records()
+    assert st.release(build) == []  # written now, but partition 1 has still not closed the window
     st.apply(Handover(1, 10_000, (b,)))
-    (rel,) = st.release(build)
-    assert rel.n == 5 and calls[0].counts.tolist() == [3, 2]
+    releases = st.release(build)
+    # every metric of the spec gets its record of window 0, data or not (presence reveals nothing)
+    assert sorted(r.metric for r in releases) == sorted(m.name for m in SPEC.metrics)
+    assert all(r.key.endswith("|0") and r.group == "g" for r in releases)
+    rel = _only(releases, "crashed")
+    assert rel.n == 5 and [c.counts.tolist() for c in calls if c.metric == "crashed"] == [[3, 2]]
+    assert _only(releases, "theme").n == 0  # an empty window: a record from zero counts
     assert st.release(build) == []
     records += st.state_records()
-    restored = ReleaserState(partitions=2, ledgers={m.name: _ledger(m.name) for m in SPEC.metrics}, retention_ms=30_000)
+    restored = _stage2(2, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
     restored.restore(records)
-    assert restored.released == {("crashed", 0): "crashed|0"} and not restored.pending
+    assert restored.cursor("crashed") == 10_000 and not restored.pending
     assert restored.ledgers["crashed"].entries == ledgers["crashed"].entries
     # a stray hand-over for a released window is never released again
     assert restored.apply(Handover(0, 20_000, (a,))).stale == 1
     assert restored.release(build) == []
     with pytest.raises(StateError):
-        ReleaserState(2, {}, 1).restore([(b"frontier", b"not json")])
+        _stage2(2, {}, 1).restore([(b"frontier", b"not json")])
     assert merge([a, b]).n == 5
 
 
@@ -281,30 +311,32 @@ def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
     from agents.stage2 import NOISE_KEY
 
     build = release_builder(SPEC, PROTOCOLS)
-    st = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    st = _stage2(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    st.restore([])
     st.apply(Handover(0, 10_000, (_keyed_window(0),)))
     assert st.release(build) == []  # a fresh key is never used before it is written
     committed = st.state_records()  # the transaction that writes the key and the pending window
     assert (NOISE_KEY, st.noise_key) in committed and len(st.noise_key) == 32
-    (first,) = st.release(build)  # ... and this one aborts: its state records are lost
+    first = _only(st.release(build), "errors")  # ... and this one aborts: its state records are lost
     st.state_records()
-    retry = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    retry = _stage2(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
     retry.restore(committed)
     assert retry.noise_key == st.noise_key
-    (second,) = retry.release(build)
+    second = _only(retry.release(build), "errors")
     assert first.refused is None and len(first.released_keys) == 20 and not first.insecure_noise
     assert first.to_bytes() == second.to_bytes()
-    # another group has another key: other noise (20 keys x 2 cells all equal has probability < 1e-10)
-    other = ReleaserState(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    # another dataset has another key: other noise (20 keys x 2 cells all equal has probability < 1e-10)
+    other = _stage2(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
+    other.restore([])
     other.apply(Handover(0, 10_000, (_keyed_window(0),)))
     other.state_records()
-    (third,) = other.release(build)
+    third = _only(other.release(build), "errors")
     assert third.released_keys != first.released_keys
     # no key handed over: fail closed rather than draw fresh noise
     with pytest.raises(StateError):
         build(_keyed_window(0), _ledger("errors"))
     with pytest.raises(StateError):
-        ReleaserState(1, {}, 1).restore([(NOISE_KEY, b"short")])
+        _stage2(1, {}, 1).restore([(NOISE_KEY, b"short")])
 
 
 def test_seeded_noise_is_marked_insecure() -> None:
@@ -320,8 +352,8 @@ def test_seeded_noise_is_marked_insecure() -> None:
 
 
 def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
-    """The demo spec loads because its RAPPOR budget covers min(60·r·ε₁, ε∞) (memoized PRR); the ledger charges
-    by the same rule, so no window of a long run is refused and the running total is that min exactly."""
+    """The demo spec loads because its RAPPOR budget covers 60·r·ε₁ (per client, the default guarantee); the
+    ledger charges by the same rule, so no window of a long run is refused and the running total is exactly it."""
     from pathlib import Path
 
     from schemas.spec import load_spec
@@ -343,8 +375,10 @@ def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
         assert rel.ledger.spent_epsilon == pytest.approx(metric.horizon_epsilon(live * r), rel=1e-12)
         assert rel.ledger.spent_epsilon <= float(metric.budget.epsilon)
         assert rel.privacy.epsilon_1 == pytest.approx(eps1)
-    # additive charges would have exceeded the budget from the 5th window on: the test would fail there
-    assert 5 * r * eps1 > float(metric.budget.epsilon)
+    # per client: additive, one ε₁ per report, so the horizon's total is W·r·ε₁ (above the per-value ε∞)
+    assert rel.ledger.spent_epsilon >= horizon * r * eps1 > metric.params().epsilon_inf
+    per_value = metric.model_copy(update={"guarantee": "client_value"})
+    assert per_value.horizon_epsilon(horizon * r) == pytest.approx(metric.params().epsilon_inf)
 
 
 def _spec_v(categories: list[str] | None) -> CollectionSpec:
@@ -362,12 +396,13 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
     v1 = _spec_v(["a", "b", "c"])
     old = Aggregator(v1).empty("theme", 0)
     old.add_categories([0, 1, 2, 2])
-    st = ReleaserState(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v1.metrics}, 600_000)
+    st = _stage2(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v1.metrics}, 600_000, v1)
+    st.restore([])
     st.apply(Handover(0, 10_000, (old,)))  # partition 1 has not closed window 0 yet
     records = st.state_records()
     for categories, why in ((["a", "b", "c", "d"], "count shape"), (None, "no longer in the spec")):
         v2 = _spec_v(categories)
-        restored = ReleaserState(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v2.metrics}, 600_000)
+        restored = _stage2(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v2.metrics}, 600_000, v2)
         restored.restore(records)
         restored.state_records()  # the noise key was written with the state
         new = [Aggregator(v2).empty("theme", 0)] if categories else []
@@ -379,13 +414,14 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
         def build(merged: Partial, ledger: MetricLedger, spec: CollectionSpec = v2) -> Release:
             return build_release(spec, merged, ledger, partitions=2, protocols=resolve_protocols(spec))
 
-        (rel,) = restored.release(build)
+        rel = _only(restored.release(build), "theme")
         assert rel.key == "theme|0" and rel.refused is not None and rel.refused.startswith("spec changed")
         assert why in rel.refused
         assert not rel.estimates and not rel.released_keys and rel.kind == "categorical"
         written = dict(restored.state_records())
         assert b"ledger/theme" not in written or categories  # a removed metric's ledger is never written
-        assert written[b"released/theme/0"] == b"theme|0"
+        assert (written.get(b"cursor/theme") == b"10000") == bool(categories)  # a removed metric has no cursor
+        assert written[b"pending/theme/0"] is None
 
 
 def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
