@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -394,7 +394,7 @@ class Worker:
             len(changes),
         )
 
-    def _ledger_owner(self, dataset_records: list[tuple[bytes, bytes | None]]) -> str | None:
+    def _ledger_owner(self, dataset_records: Sequence[tuple[bytes, bytes | None]]) -> str | None:
         """The group that owns the dataset's ledger if it is another one and this worker may not adopt it (then
         stage 2 stays off, said once in the log and in :attr:`WorkerStats.ledger_owner`); else ``None``.
 

@@ -376,6 +376,7 @@ def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
         assert rel.ledger.spent_epsilon <= float(metric.budget.epsilon)
         assert rel.privacy.epsilon_1 == pytest.approx(eps1)
     # per client: additive, one ε₁ per report, so the horizon's total is W·r·ε₁ (above the per-value ε∞)
+    assert rel.ledger.spent_epsilon is not None
     assert rel.ledger.spent_epsilon >= horizon * r * eps1 > metric.params().epsilon_inf
     per_value = metric.model_copy(update={"guarantee": "client_value"})
     assert per_value.horizon_epsilon(horizon * r) == pytest.approx(metric.params().epsilon_inf)

@@ -1,0 +1,201 @@
+"""Whole-pipeline privacy rules, deterministic parts (the statistical audit is tests/unit/test_privacy_audit.py).
+
+- a keyed window in which a partition's partial reached its key capacity is refused whoever is present
+  (otherwise the key that took the last slot decides whether another key is counted);
+- every (metric, window) from the dataset's origin to the frontier gets exactly one record, data or not;
+- the ledger, the cursors and the noise key belong to the dataset: a second group refuses to release, and one that
+  adopts the ledger continues its cursors (no window is released twice, none with fresh noise);
+- RAPPOR's budget is per client unless the spec names the per-value guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agents.app import release_builder
+from agents.kinds import Aggregator, resolve_protocols
+from agents.ledger import MetricLedger
+from agents.partials import Partial
+from agents.stage1 import Handover
+from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
+from agents.worker import Worker, WorkerSettings
+from schemas.releases import Release
+from schemas.spec import CollectionSpec, RapporMetric, parse_spec
+
+SPEC = parse_spec(
+    {
+        "name": "privacy",
+        "window": {"size_s": 10, "grace_s": 2, "retention_s": 600},
+        "metrics": [
+            {"name": "crashed", "kind": "bool", "prob": 0.75},
+            {
+                "name": "errors",
+                "kind": "keyed",
+                "keys_per_window": 1,
+                "max_keys_per_partition": 3,
+                "value": {"prob": 0.75},
+                "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 20},
+            },
+        ],
+    }
+)
+PROTOCOLS = resolve_protocols(SPEC)
+WINDOW_MS = SPEC.window.size_s * 1000
+
+
+def _stage2(group: str, spec: CollectionSpec = SPEC) -> ReleaserState:
+    ledgers = {m.name: MetricLedger(m.name, m.budget, spec.window.retention_s * 1000) for m in spec.metrics}
+    return ReleaserState(
+        spec.topics.partitions,
+        ledgers,
+        spec.window.retention_s * 1000,
+        window_ms=WINDOW_MS,
+        empty=Aggregator(spec).empty,
+        group=group,
+        backlog_windows=0,
+        clock=lambda: 0,
+    )
+
+
+def _handover_all(st: ReleaserState, closed_before: int, partials: tuple[Partial, ...] = ()) -> None:
+    for p in range(SPEC.topics.partitions):
+        st.apply(Handover(p, closed_before, partials if p == 0 else ()))
+
+
+def _keyed(keys: list[str], start: int = 0) -> Partial:
+    """One partition's closed keyed partial, as stage 1 hands it over (its key count is the test's statistic)."""
+    p = Aggregator(SPEC).empty("errors", start)
+    p.add_keyed(keys, [1] * len(keys))
+    out = p.counts_only()
+    out.max_partition_keys = len(out.keyed)
+    return out
+
+
+def test_a_full_partition_refuses_the_keyed_window_whoever_took_the_last_slot() -> None:
+    """The finding: capacity 3, a key held by 500 clients is counted when the target is absent and crowded out
+    when the target's key takes the last slot. With the capacity test both windows are refused (each draw with
+    fresh noise: a pass on a full partition has probability at most δ' = 1e-9)."""
+    build = release_builder(SPEC, PROTOCOLS)
+    absent = _keyed(["a"] * 30 + ["b"] * 30 + ["popular"] * 500)
+    present = _keyed(["a"] * 30 + ["b"] * 30 + ["target"])  # the popular key's reports were refused
+    ledger = MetricLedger("errors", None, 600_000)
+    for _ in range(20):
+        ledger.noise_key = os.urandom(32)
+        for partial in (absent, present):
+            rel = build(partial, ledger)
+            assert rel.refused is not None and rel.refused.startswith("key capacity"), rel.refused
+            assert not rel.released_keys and not rel.estimates
+            assert rel.privacy.capacity_test_epsilon == pytest.approx(0.05)  # charged all the same
+
+
+def test_a_window_far_from_capacity_is_released() -> None:
+    doc = SPEC.model_dump(mode="json", exclude_none=True)
+    doc["metrics"][1]["max_keys_per_partition"] = 5000
+    spec = parse_spec(doc)
+    build = release_builder(spec, resolve_protocols(spec))
+    partial = _keyed(["a"] * 300 + ["b"] * 300)
+    ledger = MetricLedger("errors", None, 600_000, noise_key=os.urandom(32))
+    rel = build(partial, ledger)
+    assert rel.refused is None and {k.key for k in rel.released_keys} == {"a", "b"}
+
+
+def test_every_window_of_every_metric_gets_one_record_data_or_not() -> None:
+    build = release_builder(SPEC, PROTOCOLS)
+    st = _stage2("g")
+    st.restore([])
+    st.state_records()
+    _handover_all(st, 3 * WINDOW_MS, (_keyed(["x"] * 40, start=WINDOW_MS),))
+    releases = st.release(build)
+    assert [r.key for r in releases] == [f"{m}|{w * WINDOW_MS}" for w in range(3) for m in ("crashed", "errors")]
+    assert [r.n for r in releases if r.metric == "crashed"] == [0, 0, 0]
+    assert all(r.group == "g" and r.privacy_unit == "client" for r in releases)
+    assert st.release(build) == []
+    _handover_all(st, 4 * WINDOW_MS)
+    assert [r.key for r in st.release(build)] == [f"crashed|{3 * WINDOW_MS}", f"errors|{3 * WINDOW_MS}"]
+
+
+def test_an_adopting_group_continues_the_cursors_and_never_releases_a_window_twice() -> None:
+    build = release_builder(SPEC, PROTOCOLS)
+    first = _stage2("first")
+    first.restore([])
+    first.claim()
+    dataset = [kv for kv in first.state_records() if is_dataset_key(kv[0])]
+    _handover_all(first, 2 * WINDOW_MS, (_keyed(["x"] * 40),))
+    assert len(first.release(build)) == 4
+    dataset += [kv for kv in first.state_records() if is_dataset_key(kv[0])]
+
+    second = _stage2("second")  # another group over the same reports: its own (empty) group state, the dataset's
+    second.restore(dataset)
+    assert second.owner == "first" and second.noise_key == first.noise_key
+    second.claim()
+    # its stage 1 read the reports from the beginning: its hand-overs name windows 0 and 1 again -- stale
+    _handover_all(second, 2 * WINDOW_MS, (_keyed(["x"] * 40),))
+    assert second.stale_partials == 1
+    assert second.release(build) == []  # nothing due: the owner's state records are written first
+    written = dict(second.state_records())
+    assert json.loads(written[OWNER_KEY] or b"{}") == {"group": "second"}
+    assert second.release(build) == []  # windows 0 and 1 were released by the first group: never again
+    _handover_all(second, 3 * WINDOW_MS)
+    assert [r.key for r in second.release(build)] == [f"crashed|{2 * WINDOW_MS}", f"errors|{2 * WINDOW_MS}"]
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    w = Worker(SPEC, WorkerSettings("127.0.0.1:1", "second"), protocols=PROTOCOLS, olh_range={}, builder=_never)
+    yield w
+    w._cpu.shutdown(wait=True)
+
+
+def _never(*_: Any) -> Release:
+    raise AssertionError("no release here")
+
+
+def test_a_second_group_releases_nothing_unless_it_adopts_the_ledger(worker: Worker) -> None:
+    owned = [(OWNER_KEY, json.dumps({"group": "first"}).encode())]
+    assert worker._ledger_owner(owned) == "first" and worker.stats.ledger_owner == "first"
+    assert worker._ledger_owner([(OWNER_KEY, json.dumps({"group": "second"}).encode())]) is None
+    assert worker._ledger_owner([]) is None  # a new dataset: whoever comes first
+    adopting = Worker(
+        SPEC,
+        WorkerSettings("127.0.0.1:1", "second", adopt_ledger=True),
+        protocols=PROTOCOLS,
+        olh_range={},
+        builder=_never,
+    )
+    try:
+        assert adopting._ledger_owner(owned) is None
+    finally:
+        adopting._cpu.shutdown(wait=True)
+
+
+def test_rappor_is_charged_per_client_unless_the_spec_names_the_per_value_guarantee() -> None:
+    doc = {
+        "name": "rappor",
+        "window": {"size_s": 10, "grace_s": 2, "retention_s": 100},
+        "metrics": [
+            {"name": "home", "kind": "rappor", "k": 16, "h": 2, "m": 4, "candidates": ["a", "b", "c"]},
+            {"name": "one", "kind": "rappor", "variant": "basic", "h": 1, "candidates": ["a", "b", "c"]},
+        ],
+    }
+    spec = parse_spec(doc)
+    home, basic = spec.metric("home"), spec.metric("one")
+    assert isinstance(home, RapporMetric) and isinstance(basic, RapporMetric)
+    eps1, epsinf = home.params().epsilon_one, home.params().epsilon_inf
+    # a client whose value changes every window spends ε₁ per report, beyond the per-value ε∞
+    assert home.horizon_epsilon(10) == pytest.approx(10 * eps1) and home.horizon_epsilon(10) > epsinf
+    assert home.horizon_epsilon(10) >= 10 * eps1  # rounded toward the larger loss
+    # basic RAPPOR: at most K = 3 values, each bounded by ε∞
+    b1, binf = basic.params().epsilon_one, basic.params().epsilon_inf
+    assert basic.horizon_epsilon(1000) == pytest.approx(min(1000 * b1, 3 * binf))
+    per_value = home.model_copy(update={"guarantee": "client_value"})
+    assert per_value.horizon_epsilon(10) == pytest.approx(min(10 * eps1, epsinf))
+    doc["metrics"][0]["budget"] = {"epsilon": 2 * epsinf}  # type: ignore[index]
+    with pytest.raises(Exception, match=r"budget\.epsilon"):
+        parse_spec(doc)  # 10 windows per client do not fit a per-value budget
+    doc["metrics"][0]["guarantee"] = "client_value"  # type: ignore[index]
+    parse_spec(doc)
