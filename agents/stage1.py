@@ -99,12 +99,40 @@ class BatchResult:
 
 @dataclass
 class PreparedBatch:
-    """A batch after :meth:`PartitionState.prepare`: its dead letters so far, and per (metric, window start)
-    the accepted reports and their records (in offset order), not yet counted."""
+    """A batch after :meth:`PartitionState.prepare`: its dead letters so far, and per (metric, broker window
+    start) the accepted reports, their records (in offset order) and each record's *floor* -- the first window
+    still open for it (see :meth:`PartitionState._in_window`) -- not yet counted."""
 
     result: BatchResult
     groups: dict[tuple[str, int], list[Accepted]]
     sources: dict[tuple[str, int], list[SourceRecord]]
+    floors: dict[tuple[str, int], list[int]]
+
+
+@dataclass
+class _Split:
+    """One broker window's reports split by their pseudonym window (:meth:`PartitionState._in_window`)."""
+
+    #: Reports of the broker window itself, with their records.
+    kept: list[Accepted]
+    records: list[SourceRecord]
+    #: Reports of an earlier window still open for their record: ``(window start, record, reports)``, in order.
+    moved: list[tuple[int, SourceRecord, Accepted]]
+    #: ``(record, reason, reports, detail)`` of the rows refused: ``late`` (an earlier window already closed for
+    #: the record) or ``window_mismatch`` (a later window: a device clock ahead of the broker's).
+    refused: list[tuple[SourceRecord, str, int, str]]
+
+
+def _by_window(
+    moved: list[tuple[int, SourceRecord, Accepted]],
+) -> list[tuple[int, list[Accepted], list[SourceRecord]]]:
+    """``moved`` rows grouped by window (first appearance order), each group in record order."""
+    out: dict[int, tuple[list[Accepted], list[SourceRecord]]] = {}
+    for window, rec, verdict in moved:
+        accepted, recs = out.setdefault(window, ([], []))
+        accepted.append(verdict)
+        recs.append(rec)
+    return [(w, a, r) for w, (a, r) in out.items()]
 
 
 def _handed_over(partial: Partial) -> Partial:
@@ -172,15 +200,16 @@ class PartitionState:
         out = BatchResult()
         groups: dict[tuple[str, int], list[Accepted]] = {}  # (metric, window start) -> its records' reports
         sources: dict[tuple[str, int], list[SourceRecord]] = {}  # the record of each group entry
+        floors: dict[tuple[str, int], list[int]] = {}  # first window still open for each group entry
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
-        check, start_of = self.validator.check, self.window.start_of
+        check, start_of, closed_at = self.validator.check, self.window.start_of, self.window.closed_before
         last_ts: int | None = None
-        start = 0
+        start = ts_floor = 0
         for rec in records:  # one iteration per Kafka record: keep it lean
             verdict = check(rec.value)
             ts = rec.timestamp_ms
             if ts != last_ts:  # LogAppendTime: runs of records share a millisecond
-                start, last_ts = start_of(ts), ts
+                start, ts_floor, last_ts = start_of(ts), closed_at(ts), ts
             if isinstance(verdict, Rejection):
                 self._reject(out, rec, verdict.reason, verdict.detail, verdict.reports)
             elif self.closed_before_ms is not None and start < self.closed_before_ms:
@@ -192,48 +221,67 @@ class PartitionState:
                 self._reject(out, rec, "spec_changed", detail, verdict.reports)
             else:
                 key = (verdict.metric.name, start)
+                cb = self.closed_before_ms
+                floor = ts_floor if cb is None or ts_floor >= cb else cb
                 group = groups.get(key)
                 if group is None:
                     groups[key] = [verdict]
                     sources[key] = [rec]
+                    floors[key] = [floor]
                 else:
                     group.append(verdict)
                     sources[key].append(rec)
+                    floors[key].append(floor)
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
-        return PreparedBatch(out, groups, sources)
+        return PreparedBatch(out, groups, sources, floors)
 
     def aggregate(self, prepared: PreparedBatch) -> BatchResult:
-        """The per-window half of :meth:`process` (numpy, one pass per (metric, window) of the batch): drop and
-        dead-letter reports of another pseudonym window, apply the contribution bounds and count."""
+        """The per-window half of :meth:`process` (numpy, one pass per (metric, window) of the batch): place each
+        report in its pseudonym's window (dead-lettering the rows of a closed or a later window), apply the
+        contribution bounds and count."""
         out, groups, sources = prepared.result, prepared.groups, prepared.sources
         reordered = False  # dead letters added after the loop: sort them back into source-offset order
+        changed: dict[tuple[str, int], str | None] = {}
         for (name, start), accepted in groups.items():
-            accepted, recs, mismatched = self._in_window(accepted, sources[(name, start)], start)
-            for rec, verdict, wrong in mismatched:
-                detail = (
-                    f"{wrong} of {verdict.reports} reports have client_time // {self.window.size_s} != "
-                    f"broker window {start // self.window.size_ms} (pseudonym of another window)"
-                )
-                self._reject(out, rec, "window_mismatch", detail, wrong)
+            split = self._in_window(accepted, sources[(name, start)], start, prepared.floors[(name, start)])
+            for rec, reason, rows, detail in split.refused:
+                self._reject(out, rec, reason, detail, rows)
                 reordered = True
-            if not accepted:
-                continue
-            partial = self._partial(name, start, recs[0].offset)
-            added = self.aggregator.add_bounded(partial, accepted)
-            out.counted += added.counted
-            self._dirty.add((name, start))
-            for rec, verdict, refused in zip(recs, accepted, added.capacity_refused, strict=False):
-                if refused:
-                    detail = (
-                        f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
-                        f"which already holds its {len(partial.keyed)} keys on partition {self.partition}"
-                    )
-                    self._reject(out, rec, "key_capacity", detail, refused)
-                    reordered = True
+            if split.kept:
+                reordered |= self._count(out, name, start, split.kept, split.records)
+            for window, moved, recs in _by_window(split.moved):
+                stale = self._stale(changed, name, window)
+                if stale is None:
+                    reordered |= self._count(out, name, window, moved, recs)
+                    continue
+                for rec, verdict in zip(recs, moved, strict=True):
+                    detail = f"window {window} of {name!r} was counted under another spec: {stale}"
+                    self._reject(out, rec, "spec_changed", detail, verdict.reports)
+                reordered = True
         if reordered:  # dead letters in source-offset order (a record's window_mismatch first: stable)
             out.dead_letters.sort(key=lambda d: d.record.offset)
         return out
+
+    def _count(
+        self, out: BatchResult, name: str, start: int, accepted: list[Accepted], recs: list[SourceRecord]
+    ) -> bool:
+        """Bound and count ``accepted`` into the partial of (``name``, window ``start``); whether dead letters were
+        added (reports refused for the key capacity)."""
+        partial = self._partial(name, start, recs[0].offset)
+        added = self.aggregator.add_bounded(partial, accepted)
+        out.counted += added.counted
+        self._dirty.add((name, start))
+        refused_any = False
+        for rec, verdict, refused in zip(recs, accepted, added.capacity_refused, strict=False):
+            if refused:
+                detail = (
+                    f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
+                    f"which already holds its {len(partial.keyed)} keys on partition {self.partition}"
+                )
+                self._reject(out, rec, "key_capacity", detail, refused)
+                refused_any = True
+        return refused_any
 
     def _stale(self, changed: dict[tuple[str, int], str | None], metric: str, start_ms: int) -> str | None:
         """Why the open partial of (``metric``, window) -- restored from the state topic -- has another kind or
@@ -251,15 +299,24 @@ class PartitionState:
         return why
 
     def _in_window(
-        self, accepted: list[Accepted], records: list[SourceRecord], start_ms: int
-    ) -> tuple[list[Accepted], list[SourceRecord], list[tuple[SourceRecord, Accepted, int]]]:
-        """The reports of ``accepted`` (one broker window's records, in order) whose pseudonym window
-        ``client_time // size_s`` is the broker window starting at ``start_ms``, with their records, and
-        ``(record, verdict, reports of another window)`` for every record holding others.
+        self, accepted: list[Accepted], records: list[SourceRecord], start_ms: int, floors: list[int] | None
+    ) -> _Split:
+        """Split one broker window's reports (``accepted``, in order, with their ``records``) by the window of
+        their pseudonym, ``client_time // size_s``.
 
-        Contribution bounds are counted per pseudonym, and a device derives its pseudonym from its window
-        ``client_time // size_s``: a report of another device window would bring a second pseudonym -- a
-        second quota -- of one device into this broker window, and break the Δ0/Δ∞ the release is charged.
+        Contribution bounds are counted per pseudonym, and a device derives its pseudonym from its window: each
+        report is counted in **its pseudonym's window**, so one device has one quota per window wherever its
+        reports land. That window is the broker window, or -- for a report delayed in the network, on the device
+        or by a broker outage -- an earlier one while it is still open for the record: at or after the record's
+        *floor* (``floors[i]``: the first window open on this partition just before the record, and not closed by
+        the record's own broker time, i.e. the delay is within the grace). A client cannot reach further back, so
+        it cannot count in a window that was handed over already. Rows of an earlier, closed window are ``late``;
+        rows of a later window (a device clock ahead of the broker's) are ``window_mismatch``.
+
+        ``floors=None`` is the replay of :meth:`rebuild_clients`: every earlier window is taken, and only the
+        windows still open now are used -- a window open now was open for every record that came before (windows
+        close in order), so the replay re-admits exactly the rows that were counted.
+
         One numpy pass over the group's client times; per record only when some report is of another window.
         """
         size_s = self.window.size_s
@@ -271,24 +328,40 @@ class PartitionState:
             offset = times.astype(np.int64) - lo
             ok = (offset >= 0) & (offset < size_s)
         if bool(ok.all()):
-            return accepted, records, []
-        kept: list[Accepted] = []
-        kept_records: list[SourceRecord] = []
-        mismatched: list[tuple[SourceRecord, Accepted, int]] = []
+            return _Split(accepted, records, [], [])
+        out = _Split([], [], [], [])
+        size_ms = self.window.size_ms
         at = 0
-        for rec, verdict in zip(records, accepted, strict=True):
-            rows = ok[at : at + verdict.reports]
+        for i, (rec, verdict) in enumerate(zip(records, accepted, strict=True)):
+            rows_ok = ok[at : at + verdict.reports]
+            windows = times[at : at + verdict.reports].astype(np.int64) // size_s * size_ms
             at += verdict.reports
-            matching = int(np.count_nonzero(rows))
-            if matching < rows.size:
-                mismatched.append((rec, verdict, int(rows.size) - matching))
-            if matching == rows.size:
-                kept.append(verdict)
-                kept_records.append(rec)
-            elif matching:
-                kept.append(verdict.subset(rows))
-                kept_records.append(rec)
-        return kept, kept_records, mismatched
+            if bool(rows_ok.all()):
+                out.kept.append(verdict)
+                out.records.append(rec)
+                continue
+            if bool(rows_ok.any()):
+                out.kept.append(verdict.subset(rows_ok))
+                out.records.append(rec)
+            later = windows > start_ms
+            floor = None if floors is None else floors[i]
+            earlier = (windows < start_ms) if floor is None else (windows < start_ms) & (windows >= floor)
+            late = ~rows_ok & ~later & ~earlier
+            for window in np.unique(windows[earlier]).tolist():
+                out.moved.append((int(window), rec, verdict.subset(earlier & (windows == window))))
+            if late.any():
+                detail = (
+                    f"{int(late.sum())} of {verdict.reports} reports have a pseudonym window already closed on "
+                    f"partition {self.partition} (open from {floor}; delayed beyond the grace)"
+                )
+                out.refused.append((rec, "late", int(late.sum()), detail))
+            if later.any():
+                detail = (
+                    f"{int(later.sum())} of {verdict.reports} reports have client_time // {size_s} after broker "
+                    f"window {start_ms // size_ms} (pseudonym of a later window: a device clock ahead)"
+                )
+                out.refused.append((rec, "window_mismatch", int(later.sum()), detail))
+        return out
 
     def _observe(self, ts_ms: int) -> None:
         self.watermark_ms = advance(self.watermark_ms, ts_ms)
@@ -436,20 +509,25 @@ class PartitionState:
             if isinstance(verdict, Rejection):
                 continue
             key = (verdict.metric.name, self.window.start_of(rec.timestamp_ms))
-            partial = self.partials.get(key)
-            if partial is None or rec.offset < partial.first_offset or self._stale(changed, *key) is not None:
-                continue  # not open, not counted here, or counted under another spec (process() refuses it)
             groups[key].append(verdict)
             sources[key].append(rec)
-        for key in list(groups):  # the rows process() admitted, no others (the same split)
-            groups[key] = self._in_window(groups[key], sources[key], key[1])[0]
+        # the rows process() admitted, no others: the same split, into the windows still open, in the same order
+        targets: list[tuple[tuple[str, int], list[Accepted], list[SourceRecord]]] = []
+        for (name, start), accepted in groups.items():
+            split = self._in_window(accepted, sources[(name, start)], start, None)
+            targets.append(((name, start), split.kept, split.records))
+            targets += [((name, w), moved, recs) for w, moved, recs in _by_window(split.moved)]
         readmitted = 0
-        for key, accepted in groups.items():
-            if not accepted:  # every replayed report of this window was of another pseudonym window
+        for key, accepted, recs in targets:
+            partial = self.partials.get(key)
+            if partial is None or self._stale(changed, *key) is not None:
+                continue  # not open, or counted under another spec (process() refuses it)
+            # records before the window's first counted one were not counted here
+            counted = [a for a, r in zip(accepted, recs, strict=True) if r.offset >= partial.first_offset]
+            if not counted:
                 continue
-            partial = self.partials[key]
             over_bound = partial.over_bound
-            readmitted += self.aggregator.admit(partial, accepted)
+            readmitted += self.aggregator.admit(partial, counted)
             partial.over_bound = over_bound  # restored from the counts record already
         return readmitted
 

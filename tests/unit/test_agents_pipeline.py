@@ -632,9 +632,9 @@ def test_a_replay_with_no_report_left_for_an_open_window_rebuilds_nothing(worker
     st = _state(worker)
     ts = T0 + 5_000
     good = SourceRecord(0, ts, None, _bool(1, ts // 1000))  # opens the window (first offset 0)
-    other = SourceRecord(1, ts + 1, None, _bool(2, ts // 1000 - 60))  # pseudonym of another window: refused
+    other = SourceRecord(1, ts + 1, None, _bool(2, ts // 1000 - 60))  # pseudonym of a closed window: refused
     res = st.process([good, other])
-    assert res.counted == 1 and [d.reason for d in res.dead_letters] == ["window_mismatch"]
+    assert res.counted == 1 and [d.reason for d in res.dead_letters] == ["late"]
     restored = _state(worker)
     restored.restore(st.state_records())
     assert restored.replay_from() == 0

@@ -292,19 +292,36 @@ def _keyed_reports(times: list[int], keys: list[str]) -> list[bytes]:
     ]
 
 
-def test_reports_straddling_a_window_boundary_keep_one_pseudonym() -> None:
+def test_reports_straddling_a_window_boundary_count_in_their_pseudonyms_window() -> None:
     st = _state()
     # device clock 9 s (window 0) and 10 s (window 1): two pseudonyms; network delay puts all four
-    # records at broker time 10.3 s .. 10.6 s, the broker window [10 s, 20 s)
+    # records at broker time 10.3 s .. 10.6 s, the broker window [10 s, 20 s). Window 0 is still open (the delay is
+    # within the grace): each report counts in its pseudonym's window, so each window holds one pseudonym
     values = _keyed_reports([9, 9, 10, 10], ["k0", "k1", "k0", "k1"])
-    res = st.process([_rec(i, 10_300 + 100 * i, v) for i, v in enumerate(values)])
-    assert [d.reason for d in res.dead_letters] == ["window_mismatch", "window_mismatch"]
-    assert [d.record.offset for d in res.dead_letters] == [0, 1]
-    assert res.counted == 2  # keys_per_window = 2 of ONE pseudonym, not 2 per pseudonym
-    p = st.partials[("errors", 10_000)]
-    assert {k: v[0] for k, v in p.keyed.items()} == {"k0": 1, "k1": 1} and p.over_bound == 0  # v[1]: RR value
-    assert len(p.client_keys) == 1  # one pseudonym in the window
-    assert st.rejected_total() == {"window_mismatch": (2, 2)}
+    records = [_rec(i, 10_300 + 100 * i, v) for i, v in enumerate(values)]
+    res = st.process(records)
+    assert res.dead_letters == [] and res.counted == 4
+    for start in (0, 10_000):
+        p = st.partials[("errors", start)]
+        assert {k: v[0] for k, v in p.keyed.items()} == {"k0": 1, "k1": 1} and p.over_bound == 0  # v[1]: RR value
+        assert len(p.client_keys) == 1  # one pseudonym per window: one quota per device and window
+    assert st.partials[("errors", 0)].first_offset == 0
+    # after a restart the replay re-admits the delayed rows to window 0 as well
+    restored = _state()
+    restored.restore(st.state_records())
+    assert restored.rebuild_clients(records) == 4
+    assert restored.partials[("errors", 0)].client_keys == st.partials[("errors", 0)].client_keys
+
+
+def test_a_report_delayed_beyond_the_grace_is_late_and_one_within_it_counts() -> None:
+    st = _state()
+    grace_ms = SPEC.window.grace_s * 1000
+    # two reports of device window 0 reach the broker in window 1: one within the grace, one after it
+    values = _keyed_reports([5, 5], ["k0", "k1"])
+    res = st.process([_rec(0, 10_000 + grace_ms - 1, values[0]), _rec(1, 10_000 + grace_ms, values[1])])
+    assert res.counted == 1 and [(d.reason, d.reports) for d in res.dead_letters] == [("late", 1)]
+    assert set(st.partials[("errors", 0)].keyed) == {"k0"}
+    assert st.rejected_total() == {"late": (1, 1)}
 
 
 def test_a_buffered_flush_counts_only_the_matching_window() -> None:
@@ -331,8 +348,10 @@ def test_mismatched_rows_of_a_batch_are_dead_lettered_and_the_rest_counted() -> 
     rec = _rec(0, 15_000, encode_batch(batch))
     res = st.process([rec])
     assert res.counted == 4
-    (dead,) = res.dead_letters
-    assert (dead.reason, dead.reports, dead.record.value) == ("window_mismatch", 2, rec.value)  # original bytes
+    # row 0 (window 0, closed at broker time 15 s: beyond the grace) is late; row 4 (window 2, ahead) a mismatch
+    late, ahead = res.dead_letters
+    assert (late.reason, late.reports, late.record.value) == ("late", 1, rec.value)  # original bytes
+    assert (ahead.reason, ahead.reports, ahead.record.value) == ("window_mismatch", 1, rec.value)
     p = st.partials[("crashed", 10_000)]
     assert p.counts.tolist() == [2, 2] and p.clients.as_dict() == {1: 1, 2: 1, 3: 1, 5: 1}
     # after a restart, the client maps are rebuilt from exactly the rows that were counted
@@ -340,7 +359,7 @@ def test_mismatched_rows_of_a_batch_are_dead_lettered_and_the_rest_counted() -> 
     restored.restore(st.state_records())
     assert restored.rebuild_clients([rec]) == 4
     assert restored.partials[("crashed", 10_000)].clients.as_dict() == {1: 1, 2: 1, 3: 1, 5: 1}
-    assert st.rejected_total() == {"window_mismatch": (1, 2)}
+    assert st.rejected_total() == {"late": (1, 1), "window_mismatch": (1, 1)}
 
 
 # ------------------------------------------------------------------------------------------------
