@@ -126,8 +126,30 @@ async def handed_over_counts(
     return n, over
 
 
+async def end_offset(bootstrap: str, topic: str) -> int:
+    """The end offset of partition 0 of ``topic`` (0: nothing was ever committed to it)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
 def releases_of(records: list[Any]) -> list[Release]:
     return [Release.from_bytes(r.value) for r in records]
+
+
+def has_key(key: str) -> Callable[[list[Any]], bool]:
+    """``until`` of :func:`read_topic`: the release of ``key`` (``"<metric>|<window_start_ms>"``) has arrived."""
+    return lambda records: any(r.key == key.encode() for r in records)
+
+
+def release_with_key(records: list[Any], key: str) -> Release:
+    """The one release of ``key`` among ``records`` (every window of every metric has one: most are empty)."""
+    (rel,) = [rel for rel in releases_of(records) if rel.key == key]
+    return rel
 
 
 class WorkerProcess:

@@ -27,8 +27,10 @@ from schemas.wire import (
 )
 from tests.integration.agents_support import (
     delete_worker_topics,
+    has_key,
     make_spec,
     read_topic,
+    release_with_key,
     releases_of,
     send_all,
     wait_for_window_start,
@@ -82,8 +84,11 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
                 encode_report(Report("home", fp["home"], i, 0, RapporPayload(0, 16, b"\0\0"))) for i in range(2)
             ],
             "cohort_out_of_range": [encode_report(Report("home", fp["home"], 1, 0, RapporPayload(4, 8, b"\0")))],
-            "window_mismatch": [  # valid, but its pseudonym is of the device's previous window
-                encode_report(Report("crashed", fp["crashed"], 77, now_s - spec.window.size_s, BoolPayload(True)))
+            "window_mismatch": [  # valid, but its pseudonym is of the device's next window (a clock ahead)
+                encode_report(Report("crashed", fp["crashed"], 77, now_s + spec.window.size_s, BoolPayload(True)))
+            ],
+            "late": [  # valid, but its pseudonym is of a window closed long ago (delayed beyond the grace)
+                encode_report(Report("crashed", fp["crashed"], 78, now_s - 10 * spec.window.size_s, BoolPayload(True)))
             ],
             "key_too_long": [
                 encode_batch(
@@ -131,12 +136,15 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
         assert sorted(r.value for r in dead) == sorted(v for _, v in bad)  # the original bytes, unchanged
         assert sum(int(dict(r.headers)["ptel.reports"]) for r in dead) == sum(expected.values()) + 2  # batch of 3
 
+        key = f"crashed|{start_ms}"
         released = await read_topic(
-            kafka_bootstrap, spec.topics.releases, partitions=1, until=lambda r: len(r) >= 1, timeout_s=60, settle_s=1.0
+            kafka_bootstrap, spec.topics.releases, partitions=1, until=has_key(key), timeout_s=60, settle_s=1.0
         )
-        (rel,) = releases_of(released)  # nothing valid was sent for the other metrics
-        assert (rel.metric, rel.window_start_ms) == ("crashed", start_ms)
+        rel = release_with_key(released, key)
         assert rel.n == 300 + 200 + 1 and rel.over_bound == 4
+        # nothing valid was sent for the other metrics or windows: their records are there, and empty
+        others = [r for r in releases_of(released) if r.key != key and r.n is not None]
+        assert others and all(r.n == 0 for r in others)
         assert worker.stats.dead_letters == sum(expected.values())
         assert not task.done()  # the worker never crashed
     finally:

@@ -75,9 +75,11 @@ async def _produce(
             history.append(chunk)
             for metric, pseudonym, client_time, fut in futures:
                 meta = await fut
-                window = meta.timestamp // size_ms * size_ms  # LogAppendTime: the broker's window
-                if client_time // spec.window.size_s != window // size_ms:
-                    continue  # sent at a boundary, appended after it: dead-lettered as window_mismatch
+                # a report counts in its pseudonym's window, the device's window at send time, if it reached the
+                # broker (LogAppendTime) before that window's grace ran out; else it is dead-lettered as late
+                window = client_time // spec.window.size_s * size_ms
+                if meta.timestamp >= window + size_ms + spec.window.grace_s * 1000:
+                    continue
                 sent[(metric, window)] += 1
                 distinct.setdefault((metric, window), set()).add(pseudonym)
             await asyncio.sleep(0.1)
@@ -103,7 +105,10 @@ async def _check_released_exactly_once(
     released_keys = [r.key.decode() for r in records]
     assert len(released_keys) == len(set(released_keys)), "a window was released twice"
     released = releases_of(records)
-    assert {(rel.metric, rel.window_start_ms) for rel in released} == set(expected)
+    # every window of every metric has its record; those nobody reported in are empty
+    assert {(rel.metric, rel.window_start_ms) for rel in released} >= set(expected)
+    assert all(rel.n in (0, None) for rel in released if (rel.metric, rel.window_start_ms) not in expected)
+    released = [rel for rel in released if (rel.metric, rel.window_start_ms) in expected]
     # the local kind publishes its exact n (public in the local model); the central kind does not (its (ε, δ)
     # does not cover an exact count), so its exact counts are read from the internal hand-overs instead: the
     # committed partials stage 2 merged, which must hold every report within the bound exactly once

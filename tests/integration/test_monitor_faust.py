@@ -32,9 +32,10 @@ from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.conftest import TopicFactory
 from tests.integration.agents_support import (
     delete_worker_topics,
+    has_key,
     make_spec,
     read_topic,
-    releases_of,
+    release_with_key,
     send_all,
     wait_for_window_start,
 )
@@ -307,7 +308,8 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
             (b"b", b""),
             (b"c", encode_report(Report("nosuch", fp, 1, t, BoolPayload(True)))),
             (b"d", encode_report(Report("crashed", fp ^ 0xFF, 2, t, BoolPayload(True)))),
-            (b"e", encode_report(Report("crashed", fp, 3, t - spec.window.size_s, BoolPayload(True)))),  # old window
+            # a pseudonym of a later window (a device clock ahead)
+            (b"e", encode_report(Report("crashed", fp, 3, t + spec.window.size_s, BoolPayload(True)))),
         ]
         await send_all(kafka_bootstrap, spec.topics.reports, bad + good)
 
@@ -316,11 +318,19 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         )
         assert body["records"] == {"unknown_metric": 1, "window_mismatch": 1, "wire.empty": 2, "wrong_fingerprint": 1}
         assert body["total_reports"] == 5
-        latest = await _wait_view(proc, log, f"{base}/metrics/crashed/latest/", lambda s, b: s == 200)
-        records = await read_topic(
-            kafka_bootstrap, spec.topics.releases, partitions=1, until=lambda r: len(r) >= 1, timeout_s=30
+        # every window gets a record (most are empty): the monitor's history holds the one of this window
+        history = await _wait_view(
+            proc,
+            log,
+            f"{base}/metrics/crashed/history/",
+            lambda s, b: s == 200 and any(r["window_start_ms"] == start_ms for r in b["releases"]),
         )
-        (rel,) = releases_of(records)
+        latest = next(r for r in history["releases"] if r["window_start_ms"] == start_ms)
+        key = f"crashed|{start_ms}"
+        records = await read_topic(
+            kafka_bootstrap, spec.topics.releases, partitions=1, until=has_key(key), timeout_s=30
+        )
+        rel = release_with_key(records, key)
         assert (latest["window_start_ms"], latest["n"]) == (start_ms, 50) == (rel.window_start_ms, rel.n)
         assert latest["estimates"] == [e.model_dump(mode="json") for e in rel.estimates]
         assert latest["privacy"] == rel.privacy.model_dump(mode="json")
