@@ -122,6 +122,13 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
         spent.append(f"central (ε={p.central_epsilon:.4g}, δ={p.central_delta or 0:.2g})")
     if p.central_rho is not None:
         spent.append(f"central (ρ={p.central_rho:.4g}, δ={p.central_delta or 0:.2g})")
+    if p.capacity_test_epsilon is not None:
+        spent.append(f"+ capacity test (ε={p.capacity_test_epsilon:.2g}, δ={p.capacity_test_delta or 0:.2g})")
+    if rel.ledger.spent_epsilon is not None or rel.ledger.spent_rho is not None:
+        unit = "per client and value" if rel.privacy_unit == "client_value" else "per client"
+        total = f"ε={rel.ledger.spent_epsilon:.4g}" if rel.ledger.spent_epsilon is not None else ""
+        total = total or f"ρ={rel.ledger.spent_rho:.4g}"
+        spent.append(f"[horizon {unit}: {total}]")
     true_n = truth.n(rel) if truth else None
     # central kinds publish no exact n (it is not covered by their (ε, δ)): say so instead of a number
     n_text = f"n={rel.n}" if rel.n is not None else "n=(not published: central DP)"
