@@ -133,7 +133,15 @@ async def worker_consume(
 ) -> tuple[float, Worker]:
     """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
     worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`)."""
-    settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500), max_batch=2000)
+    # each repetition is a fresh group over the same reports: it adopts the dataset's privacy ledger from the one
+    # before (which has stopped), so its stage 2 runs as the first one's did
+    settings = WorkerSettings(
+        bootstrap,
+        group,
+        IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500),
+        max_batch=2000,
+        adopt_ledger=True,
+    )
     if threads is not None:
         settings = replace(settings, stage1_threads=threads)
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))

@@ -199,3 +199,28 @@ def test_rappor_is_charged_per_client_unless_the_spec_names_the_per_value_guaran
         parse_spec(doc)  # 10 windows per client do not fit a per-value budget
     doc["metrics"][0]["guarantee"] = "client_value"  # type: ignore[index]
     parse_spec(doc)
+
+
+def test_release_records_of_version_1_still_parse() -> None:
+    """The schema grows by addition: a version-1 record (no privacy_unit, group or capacity-test fields) parses,
+    with the new fields at their defaults; a version-2 record carries them."""
+    v1 = {
+        "schema_version": 1,
+        "spec": "demo",
+        "metric": "crashed",
+        "kind": "bool",
+        "window_start_ms": 0,
+        "window_end_ms": 10_000,
+        "n": 3,
+        "over_bound": 0,
+        "confidence": 0.95,
+        "mechanism": "boolean randomized response (p=0.75)",
+        "privacy": {"epsilon_1": 1.1, "epsilon_inf": 1.1},
+        "ledger": {"measure": "none", "spent_epsilon": 1.1, "releases": 1},
+        "partitions": 1,
+    }
+    rel = Release.from_bytes(json.dumps(v1).encode())
+    assert rel.schema_version == 1 and rel.privacy_unit == "client" and rel.group is None
+    assert rel.privacy.capacity_test_epsilon is None
+    v2 = rel.model_copy(update={"schema_version": 2, "group": "g"})
+    assert Release.from_bytes(v2.to_bytes()) == v2
