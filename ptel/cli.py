@@ -13,7 +13,7 @@ from types import ModuleType
 
 from ptel import __version__
 
-COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor")
+COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor", "schema")
 
 
 def load_command_modules(names: Sequence[str] = COMMAND_MODULES, package: str = "ptel.commands") -> list[ModuleType]:

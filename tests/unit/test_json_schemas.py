@@ -1,0 +1,61 @@
+"""The published JSON Schemas equal what the models generate, and validate what the code accepts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import yaml
+
+from ptel.cli import main
+from schemas.json_schemas import PUBLISHED, SCHEMA_DIR, render
+from schemas.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo-spec.yaml"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_schema_matches_the_models(name: str) -> None:
+    committed = (SCHEMA_DIR / name).read_text(encoding="utf-8")
+    assert committed == render(name), f"regenerate with `ptel schema --write {SCHEMA_DIR}`"
+    jsonschema.Draft202012Validator.check_schema(json.loads(committed))
+
+
+def test_the_demo_spec_names_and_passes_its_schema() -> None:
+    first = DEMO.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    target = (DEMO.parent / first.split("=", 1)[1].strip()).resolve()
+    assert target == (SCHEMA_DIR / "collection-spec.schema.json").resolve()
+    schema = json.loads(target.read_text(encoding="utf-8"))
+    jsonschema.validate(yaml.safe_load(DEMO.read_text(encoding="utf-8")), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"version": 1, "name": "x", "metrics": [{"name": "m", "kind": "nosuch"}]}, schema)
+
+
+def test_a_release_record_passes_the_release_schema() -> None:
+    from agents.kinds import resolve_protocols
+    from agents.ledger import MetricLedger
+    from agents.partials import Partial
+    from agents.release import build_release
+
+    spec = load_spec(DEMO)
+    p = Partial(metric="crashed_today", kind="bool", window_start_ms=0)
+    p.counts = np.array([700, 300], np.int64)
+    p.n = 1000
+    rel = build_release(
+        spec, p, MetricLedger("crashed_today", None, 600_000), partitions=6, protocols=resolve_protocols(spec)
+    )
+    schema = json.loads((SCHEMA_DIR / "release.schema.json").read_text(encoding="utf-8"))
+    jsonschema.validate(json.loads(rel.to_bytes()), schema)
+
+
+def test_ptel_schema_prints_and_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema", "release"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "Release"
+    assert main(["schema", "--write", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PUBLISHED)
+    assert main(["schema"]) == 2
