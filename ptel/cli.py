@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from ptel import __version__
+from ptel.logs import LogSetupError, add_logging_arguments, configure
 
 COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor", "schema")
 
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for module in load_command_modules():
         module.register(subparsers)
+    for command in subparsers.choices.values():  # one logging set-up for every command
+        add_logging_arguments(command)
     return parser
 
 
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
+        return 2
+    try:
+        configure(args.log_level, args.log_format)
+    except LogSetupError as err:
+        print(f"ptel: {err}", file=sys.stderr)
         return 2
     result = func(args)
     return int(result) if result is not None else 0

@@ -33,7 +33,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--web-port", type=int, default=6066, help="port of the JSON views (default 6066)")
     p.add_argument("--web-bind", default="127.0.0.1", help="interface the web server listens on (default 127.0.0.1)")
     p.add_argument("--app-id", default=None, help="Faust app id / consumer group (default: ptel-monitor.<spec>)")
-    p.add_argument("--log-level", default="warning", help="log level of the Faust worker (default warning)")
     p.set_defaults(func=run)
 
 
@@ -63,7 +62,10 @@ def run(args: Any) -> int:
         f"http://{settings.web_bind}:{settings.web_port}/metrics/ and /dead-letters/",
         flush=True,
     )
-    worker = faust.Worker(app, loglevel=args.log_level, loop=loop, redirect_stdouts=False)
+    # the logging set-up of `ptel` (ptel.logs) stays in place: Faust logs through the same handler and format
+    worker = faust.Worker(
+        app, loglevel=str(args.log_level).lower(), loop=loop, redirect_stdouts=False, override_logging=False
+    )
     try:
         worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
     except SystemExit as done:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from typing import Any
@@ -63,7 +62,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--insecure-noise-seed", default=None, help=argparse.SUPPRESS)  # tests only: predictable noise
     p.add_argument("--quiet", action="store_true", help="do not print releases")
-    p.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     p.set_defaults(func=run)
 
 
@@ -78,10 +76,6 @@ def release_line(rel: Release) -> str:
 
 
 def run(args: Any) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT

@@ -1,0 +1,85 @@
+"""One logging set-up for every command: JSON or text lines, repeats rate-limited, retried noise at DEBUG."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from ptel.cli import main
+from ptel.logs import RepeatLimiter, configure
+
+
+@pytest.fixture(autouse=True)
+def _restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_lines_carry_level_logger_time_and_traceback() -> None:
+    out = io.StringIO()
+    configure("INFO", "json", out)
+    logging.getLogger("agents.worker").info("took partition %d", 3)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("agents.worker").exception("failed")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["event"] == "took partition 3" and first["level"] == "info" and first["logger"] == "agents.worker"
+    assert first["timestamp"].endswith("Z")
+    assert second["level"] == "error" and "ValueError: boom" in second["exception"]
+
+
+def test_text_has_no_escape_codes_off_a_terminal() -> None:
+    out = io.StringIO()
+    configure("WARNING", "text", out)
+    logging.getLogger("x").warning("careful")
+    logging.getLogger("x").info("not shown")
+    text = out.getvalue()
+    assert "careful" in text and "not shown" not in text and "\x1b[" not in text
+
+
+def test_identical_errors_are_rate_limited_with_a_count() -> None:
+    now = [0.0]
+    limiter = RepeatLimiter(interval_s=10, clock=lambda: now[0])
+    out = io.StringIO()
+    handler = configure("WARNING", "text", out)
+    handler.filters = [f for f in handler.filters if not isinstance(f, RepeatLimiter)] + [limiter]
+    log = logging.getLogger("agents.worker")
+    for i in range(6042):
+        now[0] = i * 80 / 6042  # an 80-second outage, one error every 13 ms
+        log.error("broker unreachable: %s", "127.0.0.1:9092")
+    log.error("another error")
+    lines = out.getvalue().splitlines()
+    assert 8 <= len(lines) <= 10  # one per 10 s, not 6,042
+    assert "more like this in the last" in lines[1]
+    assert "another error" in lines[-1]
+
+
+def test_retried_kafka_warnings_go_to_debug() -> None:
+    out = io.StringIO()
+    configure("WARNING", "text", out)
+    sender = logging.getLogger("aiokafka.producer.sender")
+    sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "NotEnoughReplicasError")
+    sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "MessageSizeTooLargeError")
+    text = out.getvalue()
+    assert "NotEnoughReplicasError" not in text and "MessageSizeTooLargeError" in text
+    out = io.StringIO()
+    configure("DEBUG", "text", out)
+    sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "NotEnoughReplicasError")
+    assert "NotEnoughReplicasError" in out.getvalue() and "debug" in out.getvalue().lower()
+
+
+def test_a_bad_level_or_format_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["schema", "release", "--log-level", "LOUD"]) == 2
+    assert "--log-level" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["schema", "release", "--log-format", "xml"])
