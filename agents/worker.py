@@ -16,7 +16,7 @@ import concurrent.futures
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -102,6 +102,8 @@ class WorkerStats:
     last_commit_s: float | None = None
     #: The group owning the dataset's ledger when it is another one (this worker's stage 2 then stays off).
     ledger_owner: str | None = None
+    #: Releases published, by (metric, ``released`` or ``refused``).
+    releases_by_outcome: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 #: Batches of one partition between the start of their CPU work and the end of their transaction (at most).
@@ -644,8 +646,46 @@ class Worker:
         now = _now_ms()
         for rel in releases:
             self.stats.release_wall_ms.append((rel.key, now))
+            self.stats.releases_by_outcome[(rel.metric, "refused" if rel.refused else "released")] += 1
             if self.on_release is not None:
                 self.on_release(rel)
+
+
+    # ------------------------------------------------------------------------------------------
+    # read-only views for operators (agents.observability)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the worker, if any."""
+        return self._failure
+
+    def stage1_view(self) -> list[tuple[int, PartitionState, int, int | None]]:
+        """Per source partition this worker holds: ``(partition, state, next offset, high watermark or None)``."""
+        consumer = self._consumer
+        out = []
+        for p, slot in sorted(self._stage1.items()):
+            tp = TopicPartition(self.topics.reports, p)
+            highwater = None
+            if consumer is not None and tp in consumer.assignment():
+                highwater = consumer.highwater(tp)
+            out.append((p, slot.state, slot.next_offset, highwater))
+        return out
+
+    def releaser(self) -> ReleaserState | None:
+        """Stage 2's state where this worker runs it."""
+        return None if self._stage2 is None else self._stage2.state
+
+    def last_fetch_response_ms(self) -> int | None:
+        """Wall time (ms) of the latest fetch response for any assigned partition; ``None`` with none assigned."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        assigned = consumer.assignment()
+        if not assigned:
+            return None
+        times = [consumer.last_poll_timestamp(tp) for tp in assigned]
+        known = [t for t in times if t is not None]
+        return max(known) if known else 0
 
 
 async def _settle(slot: _Stage1Slot) -> None:

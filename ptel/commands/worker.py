@@ -17,6 +17,7 @@ from typing import Any
 
 from agents.app import build_worker, default_group
 from agents.errors import AgentError
+from agents.observability import WorkerObserver, serve
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
@@ -60,6 +61,19 @@ def register(subparsers: Any) -> None:
         default=60,
         help="seconds before a new dataset's first worker started whose reports are still released (default 60)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (default: off)",
+    )
+    p.add_argument("--metrics-bind", default="127.0.0.1", help="address of that server (default 127.0.0.1)")
+    p.add_argument(
+        "--ready-after",
+        type=float,
+        default=10.0,
+        help="/readyz fails when no fetch response arrived for this many seconds (default 10)",
+    )
     p.add_argument("--insecure-noise-seed", default=None, help=argparse.SUPPRESS)  # tests only: predictable noise
     p.add_argument("--quiet", action="store_true", help="do not print releases")
     p.set_defaults(func=run)
@@ -76,6 +90,12 @@ def release_line(rel: Release) -> str:
 
 
 def run(args: Any) -> int:
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        print(f"ptel worker: --metrics-port ({args.metrics_port}) must be in [1, 65535]", file=sys.stderr)
+        return 2
+    if not 0 < args.ready_after < float("inf"):
+        print(f"ptel worker: --ready-after ({args.ready_after}) must be a number of seconds in (0, ∞)", file=sys.stderr)
+        return 2
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT
@@ -117,8 +137,17 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
         flush=True,
     )
+    runner = None
     async with worker:
-        await worker.run()
+        if args.metrics_port is not None:
+            observer = WorkerObserver(worker, ready_after_s=args.ready_after)
+            runner = await serve(observer, args.metrics_bind, args.metrics_port)
+            print(f"metrics: http://{args.metrics_bind}:{args.metrics_port}/metrics (/healthz, /readyz)", flush=True)
+        try:
+            await worker.run()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
     s = worker.stats
     if s.ledger_owner is not None:
         print(

@@ -1,0 +1,208 @@
+"""What an operator watches of a running worker: Prometheus metrics, liveness and readiness over HTTP.
+
+:class:`WorkerObserver` reads the worker's own state at scrape time (a custom Prometheus collector: nothing is
+counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
+
+- ``GET /metrics`` -- Prometheus text format (``prometheus_client``), metrics prefixed ``ptel_worker_``:
+
+  ==========================================  ========  ===============================================================
+  metric                                      type      what
+  ==========================================  ========  ===============================================================
+  ``records``, ``reports_counted``            counter   source records processed, reports counted (this process)
+  ``transactions``, ``handovers``             counter   Kafka transactions committed, stage-1 hand-overs
+  ``releases``                                counter   releases published (this process), by ``metric`` and ``outcome``
+                                                        (``released`` / ``refused``)
+  ``records_refetched``                       counter   records fetched twice and dropped (replays)
+  ``rejected_records``, ``rejected_reports``  counter   dead letters by ``reason`` and source ``partition`` (since the
+                                                        group started: persisted with each partition's state)
+  ``consumer_lag``                            gauge     per source ``partition``: high watermark minus next offset
+  ``watermark_age_seconds``                   gauge     per source ``partition``: wall clock minus the watermark
+  ``release_latency_seconds``                 histogram commit time of a release minus its window's end + grace
+  ``last_release_timestamp_seconds``          gauge     wall time of the latest release
+  ``privacy_spent``, ``privacy_budget``       gauge     per ``metric`` and ``unit`` (``epsilon``, ``rho``, ``delta``):
+                                                        the ledger's total over the horizon and the spec's cap (stage-2
+                                                        owner only)
+  ``stage2_owner``                            gauge     1 where this process runs stage 2
+  ``up``                                      gauge     0 once the worker has failed
+  ==========================================  ========  ===============================================================
+
+  The exact dead-letter counts are operator data (see ``docs/privacy.md``): serve ``/metrics`` to operators only.
+- ``GET /healthz`` -- 200 while the worker has not failed (liveness), else 503 with the error;
+- ``GET /readyz`` -- 200 when the worker has partitions assigned and a fetch response arrived within
+  ``ready_after_s`` (the broker is reachable), else 503 with the reason: it turns false within that many seconds of
+  losing the broker and true again with the first fetch after it returns.
+
+The server binds to loopback unless told otherwise (``ptel worker --metrics-bind``); it is off unless a port is
+given (``--metrics-port``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agents.worker import Worker
+
+#: Buckets of the release-latency histogram, seconds after window end + grace.
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, math.inf)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether the worker is ready, and why not."""
+
+    ready: bool
+    reason: str
+
+
+class WorkerObserver(Collector):
+    """Prometheus collector and health checks of one :class:`~agents.worker.Worker`."""
+
+    def __init__(self, worker: Worker, ready_after_s: float = 10.0) -> None:
+        if not (math.isfinite(ready_after_s) and ready_after_s > 0):
+            raise ValueError(f"ready_after_s ({ready_after_s}) must be in (0, ∞)")
+        self.worker = worker
+        self.ready_after_s = float(ready_after_s)
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "ptel_worker_release_latency_seconds",
+            "Commit time of a release minus its window's end plus grace, seconds",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._latencies_seen = 0
+        self.registry.register(self)
+
+    # ------------------------------------------------------------------------------------------
+    def _observe_latencies(self) -> None:
+        """Feed the histogram the releases committed since the last scrape (the worker keeps their wall times)."""
+        stats = self.worker.stats
+        new = stats.releases - self._latencies_seen
+        if new <= 0:
+            return
+        window = self.worker.window
+        recent = list(stats.release_wall_ms)[-min(new, len(stats.release_wall_ms)) :]
+        for key, wall_ms in recent:
+            start = int(key.rpartition("|")[2])
+            self.latency.observe(max(0.0, (wall_ms - window.close_time(start)) / 1000.0))
+        self._latencies_seen = stats.releases
+
+    def collect(self) -> Iterator[Metric]:
+        self._observe_latencies()
+        w, stats = self.worker, self.worker.stats
+        for name, value, text in (
+            ("records", stats.records, "Source records processed by this process"),
+            ("reports_counted", stats.reports_counted, "Reports counted by this process"),
+            ("transactions", stats.transactions, "Kafka transactions committed by this process"),
+            ("handovers", stats.handovers, "Stage-1 hand-overs committed by this process"),
+            ("records_refetched", stats.records_refetched, "Records fetched again and dropped"),
+            ("dead_letters", stats.dead_letters, "Dead letters written by this process"),
+        ):
+            yield CounterMetricFamily(f"ptel_worker_{name}", text, value=value)
+        releases = CounterMetricFamily(
+            "ptel_worker_releases", "Releases published by this process", labels=["metric", "outcome"]
+        )
+        for (metric, outcome), count in sorted(stats.releases_by_outcome.items()):
+            releases.add_metric([metric, outcome], count)
+        yield releases
+        rejected = CounterMetricFamily(
+            "ptel_worker_rejected_records", "Dead-lettered records by reason", labels=["reason", "partition"]
+        )
+        rejected_reports = CounterMetricFamily(
+            "ptel_worker_rejected_reports", "Dead-lettered reports by reason", labels=["reason", "partition"]
+        )
+        lag = GaugeMetricFamily("ptel_worker_consumer_lag", "High watermark minus next offset", labels=["partition"])
+        age = GaugeMetricFamily(
+            "ptel_worker_watermark_age_seconds", "Wall clock minus the partition's watermark", labels=["partition"]
+        )
+        now_ms = time.time() * 1000
+        for p, state, next_offset, highwater in w.stage1_view():
+            for reason, (records, reports) in sorted(state.rejected_total().items()):
+                rejected.add_metric([reason, str(p)], records)
+                rejected_reports.add_metric([reason, str(p)], reports)
+            if highwater is not None:
+                lag.add_metric([str(p)], max(0, highwater - next_offset))
+            if state.watermark_ms is not None:
+                age.add_metric([str(p)], max(0.0, (now_ms - state.watermark_ms) / 1000.0))
+        yield from (rejected, rejected_reports, lag, age)
+        last = max((ms for _, ms in stats.release_wall_ms), default=None)
+        if last is not None:
+            yield GaugeMetricFamily(
+                "ptel_worker_last_release_timestamp_seconds", "Wall time of the latest release", value=last / 1000.0
+            )
+        releaser = w.releaser()
+        owner = int(releaser is not None)
+        yield GaugeMetricFamily("ptel_worker_stage2_owner", "1 where this process runs stage 2", value=owner)
+        if releaser is not None:
+            spent = GaugeMetricFamily(
+                "ptel_worker_privacy_spent", "Ledger total over the horizon", labels=["metric", "unit"]
+            )
+            budget = GaugeMetricFamily("ptel_worker_privacy_budget", "The spec's budget", labels=["metric", "unit"])
+            for metric, ledger in sorted(releaser.ledgers.items()):
+                s = ledger.summary()
+                for unit, got, cap in (
+                    ("epsilon", s.spent_epsilon, s.budget_epsilon),
+                    ("rho", s.spent_rho, s.budget_rho),
+                    ("delta", s.spent_delta, s.budget_delta if s.measure != "none" else None),
+                ):
+                    if got is not None:
+                        spent.add_metric([metric, unit], float(got))
+                    if cap is not None:
+                        budget.add_metric([metric, unit], float(cap))
+            yield from (spent, budget)
+        yield GaugeMetricFamily("ptel_worker_up", "0 once the worker has failed", value=int(w.failure is None))
+
+    # ------------------------------------------------------------------------------------------
+    def readiness(self) -> Readiness:
+        """Ready: not failed, partitions assigned, and a fetch response within :attr:`ready_after_s`."""
+        w = self.worker
+        if w.failure is not None:
+            return Readiness(False, f"failed: {w.failure!r}")
+        fetched = w.last_fetch_response_ms()
+        if fetched is None:
+            return Readiness(False, "no partitions assigned yet")
+        age_s = time.time() - fetched / 1000.0
+        if age_s > self.ready_after_s:
+            return Readiness(False, f"no fetch response for {age_s:.1f} s (broker unreachable?)")
+        return Readiness(True, "ok")
+
+    def metrics_text(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+def build_app(observer: WorkerObserver) -> web.Application:
+    """The aiohttp application serving ``/metrics``, ``/healthz`` and ``/readyz``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=observer.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def healthz(_: web.Request) -> web.Response:
+        failure = observer.worker.failure
+        if failure is None:
+            return web.json_response({"status": "alive"})
+        return web.json_response({"status": "failed", "reason": repr(failure)}, status=503)
+
+    async def readyz(_: web.Request) -> web.Response:
+        r = observer.readiness()
+        return web.json_response({"ready": r.ready, "reason": r.reason}, status=200 if r.ready else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def serve(observer: WorkerObserver, host: str, port: int) -> web.AppRunner:
+    """Start the HTTP server (stop it with ``await runner.cleanup()``)."""
+    runner = web.AppRunner(build_app(observer), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
