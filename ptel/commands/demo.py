@@ -37,7 +37,8 @@ from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_po
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
-DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
+#: The demo spec, shipped with the package (``examples/demo-spec.yaml`` in a checkout links to it).
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo-spec.yaml"
 
 
 def register(subparsers: Any) -> None:
