@@ -12,6 +12,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 
 from agents.errors import BrokerError, StateError
 from agents.topics import MAX_RECORD_BYTES
+from schemas.kafka_connection import Connection, client_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -20,14 +21,16 @@ class ReplayError(StateError):
     """The source records needed to rebuild the open windows' client maps are gone (retention deleted them)."""
 
 
-async def read_to_end(bootstrap: str, tp: TopicPartition, timeout_s: float = 60.0) -> list[tuple[bytes, bytes | None]]:
+async def read_to_end(
+    bootstrap: Connection, tp: TopicPartition, timeout_s: float = 60.0
+) -> list[tuple[bytes, bytes | None]]:
     """Every committed ``(key, value)`` of ``tp`` from the beginning to the last stable offset, in log order.
 
     Call it only after the transactional producer that writes ``tp`` was initialized (which aborts a
     zombie's open transaction), so the last stable offset is the end of everything committed.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
@@ -55,7 +58,9 @@ async def read_to_end(bootstrap: str, tp: TopicPartition, timeout_s: float = 60.
     return out
 
 
-async def read_range(bootstrap: str, tp: TopicPartition, start: int, end: int, timeout_s: float = 120.0) -> list[Any]:
+async def read_range(
+    bootstrap: Connection, tp: TopicPartition, start: int, end: int, timeout_s: float = 120.0
+) -> list[Any]:
     """Committed records of ``tp`` with offsets in ``[start, end)``, in order (``end``: a committed offset).
 
     Every record of the range must still be in the log: if retention deleted its start (the log start
@@ -67,7 +72,7 @@ async def read_range(bootstrap: str, tp: TopicPartition, start: int, end: int, t
     if start >= end:
         return []
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
@@ -137,7 +142,7 @@ def shorten_concurrent_transactions_backoff(seconds: float = CONCURRENT_TRANSACT
 
 
 async def start_transactional_producer(
-    bootstrap: str, transactional_id: str, retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
+    bootstrap: Connection, transactional_id: str, retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
 ) -> AIOKafkaProducer:
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
@@ -146,7 +151,7 @@ async def start_transactional_producer(
     """
     shorten_concurrent_transactions_backoff()
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         transactional_id=transactional_id,
         enable_idempotence=True,
         acks="all",

@@ -36,6 +36,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from agents.errors import BrokerError, TopicError
+from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.spec import CollectionSpec
 
 #: ``max.message.bytes`` of the topics whose records can be large (state, partials, releases): 16 MiB, the
@@ -92,11 +93,10 @@ class WorkerTopics:
 
     def plans(self) -> list[TopicPlan]:
         """Creation plans of all seven topics."""
-        log_append = {"message.timestamp.type": "LogAppendTime"}
         big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
         return [
-            TopicPlan(self.reports, self.partitions, log_append, log_append),
+            reports_plan(self.reports, self.partitions),
             *output_plans(self.dead_letter, self.releases, self.partitions),
             TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
             TopicPlan(self.partials, 1, big, {}),
@@ -115,6 +115,13 @@ def ledger_topic(reports: str) -> str:
     return f"{reports}.privacy-ledger"
 
 
+def reports_plan(reports: str, partitions: int) -> TopicPlan:
+    """The reports topic: ``partitions`` partitions, ``message.timestamp.type=LogAppendTime`` (required of an existing
+    one too: a client must not pick its window by forging a timestamp)."""
+    log_append = {"message.timestamp.type": "LogAppendTime"}
+    return TopicPlan(reports, partitions, log_append, log_append)
+
+
 def output_plans(dead_letter: str, releases: str, partitions: int) -> list[TopicPlan]:
     """Creation plans of the worker's output topics, which the monitor reads too: dead letters (one partition
     per source partition) and releases (:data:`RELEASES_PARTITIONS`, records up to :data:`MAX_RECORD_BYTES`:
@@ -125,14 +132,14 @@ def output_plans(dead_letter: str, releases: str, partitions: int) -> list[Topic
     ]
 
 
-async def ensure_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float = 30.0) -> None:
+async def ensure_topics(bootstrap: Connection, topics: WorkerTopics, timeout_s: float = 30.0) -> None:
     """Create every missing topic of a worker group; check partition counts and required configs of existing
     ones (:func:`ensure_plans`)."""
     await ensure_plans(bootstrap, topics.plans(), topics.replication_factor, timeout_s)
 
 
 async def ensure_plans(
-    bootstrap: str, plans: list[TopicPlan], replication_factor: int, timeout_s: float = 30.0
+    bootstrap: Connection, plans: list[TopicPlan], replication_factor: int, timeout_s: float = 30.0
 ) -> None:
     """Create every missing topic of ``plans``, wait for their leaders, check partition counts and required
     configs of existing ones.
@@ -140,7 +147,7 @@ async def ensure_plans(
     Raises :class:`TopicError` on a mismatch (e.g. a reports topic without LogAppendTime, whose timestamps a
     client could forge), :class:`BrokerError` if the broker cannot be reached.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
         existing = set(await admin.list_topics())
@@ -153,7 +160,7 @@ async def ensure_plans(
         await _wait_for_metadata(admin, [p.name for p in plans], timeout_s)
         await _check(admin, plans)
     except KafkaError as err:
-        raise BrokerError(f"cannot ensure topics on {bootstrap}: {err!r}") from err
+        raise BrokerError(f"cannot ensure topics on {bootstrap_of(bootstrap)}: {err!r}") from err
     finally:
         await admin.close()
 

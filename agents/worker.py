@@ -42,6 +42,7 @@ from agents.watermarks import (
     untrusted_timestamp,
 )
 from agents.windows import WindowSpec
+from schemas.kafka_connection import Connection, KafkaConnection, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
 
@@ -58,6 +59,8 @@ class WorkerSettings:
     bootstrap: str
     group: str
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
+    kafka: KafkaConnection | None = field(default=None, repr=False)
     #: Records per partition per transaction (at most).
     max_batch: int = 2_000
     poll_timeout_ms: int = 100
@@ -76,6 +79,11 @@ class WorkerSettings:
     #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
     #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
     backlog_s: int = 60
+
+    @property
+    def connection(self) -> Connection:
+        """What every client of the worker connects with: :attr:`kafka`, else plaintext to :attr:`bootstrap`."""
+        return self.kafka if self.kafka is not None else self.bootstrap
 
     def backlog_windows(self, window: WindowSpec) -> int:
         """:attr:`backlog_s` in whole windows, rounded up."""
@@ -197,7 +205,7 @@ class Worker:
     async def start(self) -> None:
         """Join the group (topics must exist: :func:`agents.topics.ensure_topics`)."""
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap,
+            **client_kwargs(self.settings.connection),
             group_id=self.settings.group,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -332,15 +340,15 @@ class Worker:
     async def _assign_stage1(self, tp: TopicPartition) -> None:
         p = tp.partition
         producer = await start_transactional_producer(
-            self.settings.bootstrap, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
+            self.settings.connection, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
         )
         state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle)
-        state.restore(await read_to_end(self.settings.bootstrap, TopicPartition(self.topics.stage1_state, p)))
+        state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
         offset = await self._seek_committed(tp)
         replay = state.replay_from()
         readmitted = 0
         if replay is not None:  # rebuild the open windows' client maps from the source log
-            records = await read_range(self.settings.bootstrap, tp, replay, offset)
+            records = await read_range(self.settings.connection, tp, replay, offset)
             # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
             # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
             trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
@@ -357,7 +365,7 @@ class Worker:
 
     async def _assign_stage2(self, tp: TopicPartition) -> None:
         """Take stage 2 -- unless the dataset's ledger belongs to another group (see :meth:`_ledger_owner`)."""
-        bootstrap, group = self.settings.bootstrap, self.settings.group
+        bootstrap, group = self.settings.connection, self.settings.group
         ledger_tp = TopicPartition(self.topics.ledger, 0)
         # a first look before fencing: a group that may not release must not fence the owner's stage 2 either
         if self._ledger_owner(await read_to_end(bootstrap, ledger_tp)) is not None:

@@ -40,12 +40,12 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka import __version__ as aiokafka_version
 
+from agents.topics import ensure_plans, reports_plan
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
 from producers.privatize import make_privatizer, make_privatizers
 from producers.simulate import Population
-from ptel.commands.produce import ensure_topic
 from ptel.kafka_broker import KAFKA_VERSION, LocalKafka, port_is_free
 from schemas.spec import BinsSpec, CategoricalMetric, load_spec
 from schemas.wire import ReportBatch, WireFormat, decode, encode_batch, encode_report
@@ -134,7 +134,7 @@ async def throughput(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]
     for label, batch_size in (("single", 0), ("batch", args.batch_size)):
         topics = [f"bench-producer-{label}-{who}-{uuid.uuid4().hex[:6]}" for who in ("edge", "bare")]
         for t in topics:
-            await ensure_topic(settings, t, partitions=args.partitions)
+            await ensure_plans(bootstrap, [reports_plan(t, args.partitions)], replication_factor=1)
         edge_times, bare_times = [], []
         for _ in range(args.repeat):  # alternate edge and bare runs; the medians are reported
             edge_s, reports, sink = await edge_run(bootstrap, topics[0], settings, batch_size, spec, population, rounds)

@@ -22,13 +22,14 @@ in transactions, and an aborted release must never be shown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 
 from agents.errors import ConfigurationError
 from agents.monitor.transport import ReadCommittedTransport
+from schemas.kafka_connection import Connection, KafkaConnection
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorSettings", "create_app", "default_app_id"]
@@ -51,6 +52,8 @@ class MonitorSettings:
     web_bind: str = "127.0.0.1"
     #: Faust app id (default :func:`default_app_id`).
     app_id: str | None = None
+    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
+    kafka: KafkaConnection | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         servers = [s.strip() for s in self.bootstrap.split(",")]
@@ -62,6 +65,24 @@ class MonitorSettings:
             raise ConfigurationError("web_bind", self.web_bind, "must be a host name or address")
         if self.app_id is not None and not self.app_id.strip():
             raise ConfigurationError("app_id", self.app_id, "must not be empty")
+
+    @property
+    def connection(self) -> Connection:
+        """What the monitor's clients connect with: :attr:`kafka`, else plaintext to :attr:`bootstrap`."""
+        return self.kafka if self.kafka is not None else self.bootstrap
+
+    def broker_credentials(self) -> Any:
+        """Faust's credentials for :attr:`kafka` (``None``: plaintext)."""
+        k = self.kafka
+        if k is None or k.security_protocol == "PLAINTEXT":
+            return None
+        context = k.ssl_context()
+        if k.security_protocol.startswith("SASL"):
+            password = k.sasl_password.get_secret_value() if k.sasl_password else None
+            return faust.SASLCredentials(
+                username=k.sasl_username, password=password, ssl_context=context, mechanism=k.sasl_mechanism
+            )
+        return faust.SSLCredentials(context)
 
     def broker_urls(self) -> list[str]:
         """The bootstrap servers as Faust broker URLs (``kafka://host:port``)."""
@@ -83,6 +104,7 @@ def create_app(spec: CollectionSpec, settings: MonitorSettings) -> Any:
     return _MonitorApp(
         settings.app_id or default_app_id(spec),
         broker=settings.broker_urls(),
+        broker_credentials=settings.broker_credentials(),
         # Tables live in memory and are rebuilt from their compacted changelogs at start-up: the state is
         # O(metrics x retained windows + source partitions), small enough to restore in seconds.
         store="memory://",

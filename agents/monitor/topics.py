@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
+from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_partitions"]
@@ -66,7 +67,7 @@ def define_topics(app: Any, spec: CollectionSpec) -> MonitorTopics:
 
 
 
-async def ensure_source_topics(bootstrap: str, spec: CollectionSpec, timeout_s: float = 30.0) -> None:
+async def ensure_source_topics(bootstrap: Connection, spec: CollectionSpec, timeout_s: float = 30.0) -> None:
     """Create a missing source topic as the agents would; raise :class:`agents.errors.TopicError` if one exists
     with another partition count, :class:`agents.errors.BrokerError` if the broker cannot be reached."""
     await ensure_plans(bootstrap, _plans(spec), spec.topics.replication_factor, timeout_s)

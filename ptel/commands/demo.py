@@ -31,9 +31,15 @@ from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
-from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
+from ptel.commands.options import (
+    SPEC_ERROR_EXIT,
+    add_bootstrap_argument,
+    kafka_connection_or_report,
+    load_spec_or_report,
+)
 from ptel.commands.releases import Truth, format_release, plot_releases
 from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_port, probe_metadata
+from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -47,9 +53,8 @@ def register(subparsers: Any) -> None:
         help="run the end-to-end demo against a local Kafka broker",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument(
-        "--bootstrap", default=None, help="use this running Kafka instead of starting the local broker (host:port)"
-    )
+    # --bootstrap (and the other connection options): use that running Kafka instead of starting the local broker
+    add_bootstrap_argument(parser)
     parser.add_argument("--port", type=int, default=None, help="local broker port (default: $PTEL_KAFKA_PORT or 9092)")
     parser.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
     parser.add_argument(
@@ -71,10 +76,15 @@ def run(args: argparse.Namespace) -> int:
     broker: LocalKafka | None = None
     started_here = False
     try:
+        connection: Connection
         if args.bootstrap:
-            bootstrap = args.bootstrap
-            asyncio.run(probe_metadata(bootstrap, timeout=10.0, node_id=None))
-            print(f"[1/7] Kafka at {bootstrap} answers metadata requests.", flush=True)
+            kafka = kafka_connection_or_report(args)
+            if kafka is None:
+                return 2
+            connection = kafka
+            if kafka.security_protocol == "PLAINTEXT":
+                asyncio.run(probe_metadata(kafka.bootstrap_servers, timeout=10.0, node_id=None))
+            print(f"[1/7] using Kafka at {kafka.describe()}.", flush=True)
         else:
             broker = LocalKafka(port=args.port if args.port is not None else default_port())
             started_here = broker.running_pid() is None
@@ -83,14 +93,14 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             t0 = time.monotonic()
-            bootstrap = broker.start() if args.keep_broker else broker.acquire()
+            connection = broker.start() if args.keep_broker else broker.acquire()
             how = f"started in {time.monotonic() - t0:.1f} s" if started_here else "already running"
-            print(f"      broker {how} at {bootstrap}", flush=True)
+            print(f"      broker {how} at {connection}", flush=True)
     except (BrokerError, ValueError) as exc:
         print(f"ptel demo: {exc}", file=sys.stderr)
         return 1
     try:
-        code = asyncio.run(_demo(base, bootstrap, args))
+        code = asyncio.run(_demo(base, connection, args))
     finally:
         if broker is not None and not args.keep_broker:
             if broker.release():
@@ -107,7 +117,7 @@ def _run_spec(base: CollectionSpec, tag: str) -> CollectionSpec:
     return parse_spec(doc, f"{base.name} (run {tag})")
 
 
-async def _demo(base: CollectionSpec, bootstrap: str, args: argparse.Namespace) -> int:
+async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Namespace) -> int:
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
     from producers.ground_truth import GroundTruth
@@ -117,7 +127,7 @@ async def _demo(base: CollectionSpec, bootstrap: str, args: argparse.Namespace) 
     spec = _run_spec(base, tag)
     group = f"ptel-agents.{spec.name}.{tag}"
     topics = WorkerTopics.for_spec(spec, group)
-    await ensure_topics(bootstrap, topics)
+    await ensure_topics(connection, topics)
     print(
         f"[2/7] created topics {spec.topics.reports} ({spec.topics.partitions} partitions, LogAppendTime), "
         f"{spec.topics.releases}, {spec.topics.dead_letter}, 3 internal ones and the privacy ledger {topics.ledger}",
@@ -144,13 +154,19 @@ async def _demo(base: CollectionSpec, bootstrap: str, args: argparse.Namespace) 
             bar.update(1)
 
     # a new dataset whose first reports come after the worker has started: no backlog to release
-    settings = WorkerSettings(bootstrap, group, IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=1000), backlog_s=0)
+    settings = WorkerSettings(
+        bootstrap_of(connection),
+        group,
+        IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=1000),
+        kafka=None if isinstance(connection, str) else connection,
+        backlog_s=0,
+    )
     worker = build_worker(spec, settings, on_release=on_release)
     await worker.start()
     task = asyncio.create_task(worker.run())
     print(f"[3/7] worker started (group {group}); windows of {size} s, grace {spec.window.grace_s} s", flush=True)
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=10, max_request_size=8 << 20
+        **client_kwargs(connection), enable_idempotence=True, linger_ms=10, max_request_size=8 << 20
     )
     await producer.start()
     sent_reports = 0
@@ -204,7 +220,7 @@ async def _demo(base: CollectionSpec, bootstrap: str, args: argparse.Namespace) 
         flush=True,
     )
     if not args.keep_topics:
-        await _delete_topics(bootstrap, [p.name for p in topics.plans()])
+        await _delete_topics(connection, [p.name for p in topics.plans()])
     if len(releases) < expected:
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
@@ -220,8 +236,8 @@ class _Sink:
         await self.producer.send(self.topic, value, key=key)
 
 
-async def _delete_topics(bootstrap: str, names: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def _delete_topics(connection: Connection, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(**client_kwargs(connection))
     try:
         await admin.start()
         await admin.delete_topics(names)

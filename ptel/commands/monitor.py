@@ -19,7 +19,13 @@ from agents.errors import AgentError
 from agents.monitor.app import MonitorSettings
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
-from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
+from ptel.commands.options import (
+    SPEC_ERROR_EXIT,
+    add_bootstrap_argument,
+    add_spec_argument,
+    kafka_connection_or_report,
+    load_spec_or_report,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -40,9 +46,16 @@ def run(args: Any) -> int:
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
     try:
         settings = MonitorSettings(
-            bootstrap=args.bootstrap, web_port=args.web_port, web_bind=args.web_bind, app_id=args.app_id
+            bootstrap=connection.bootstrap_servers,
+            web_port=args.web_port,
+            web_bind=args.web_bind,
+            app_id=args.app_id,
+            kafka=connection,
         )
     except AgentError as err:
         print(err, file=sys.stderr)
@@ -51,14 +64,14 @@ def run(args: Any) -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(ensure_source_topics(settings.bootstrap, spec))
+        loop.run_until_complete(ensure_source_topics(settings.connection, spec))
     except AgentError as err:
         print(f"monitor failed: {err}", file=sys.stderr)
         loop.close()
         return 1
     app = build_monitor(spec, settings)
     print(
-        f"monitor {app.conf.id} on {settings.bootstrap}: "
+        f"monitor {app.conf.id} on {connection.describe()}: "
         f"http://{settings.web_bind}:{settings.web_port}/metrics/ and /dead-letters/",
         flush=True,
     )

@@ -1,16 +1,17 @@
 """Options and spec loading shared by the ``ptel`` commands that work on one collection spec.
 
-``--spec`` and ``--bootstrap`` mean the same in ``ptel produce``, ``worker``, ``releases`` and ``monitor``;
+``--spec`` and the Kafka connection options mean the same in ``ptel produce``, ``worker``, ``releases``, ``monitor``
+and ``demo``;
 a spec that cannot be loaded is reported on stderr and the command exits with :data:`SPEC_ERROR_EXIT`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from schemas.kafka_connection import KafkaConnection, KafkaConnectionError
 from schemas.spec import CollectionSpec, SpecError, load_spec
 
 SPEC_ERROR_EXIT = 2  # the exit status of a command whose spec cannot be loaded (argparse's usage-error status)
@@ -21,13 +22,51 @@ def add_spec_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="collection spec (YAML or TOML)")
 
 
-def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
-    """``--bootstrap host:port``: Kafka bootstrap servers, default ``$KAFKA_BOOTSTRAP_SERVERS`` or localhost:9092."""
-    parser.add_argument(
+def add_bootstrap_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """The Kafka connection options every command shares (:mod:`schemas.kafka_connection`): ``--bootstrap``,
+    ``--security-protocol``, ``--sasl-mechanism``, ``--sasl-username``, ``--ssl-cafile``, ``--ssl-certfile``,
+    ``--ssl-keyfile`` and ``--kafka-config FILE``. Passwords come only from the environment
+    (``PTEL_KAFKA_SASL_PASSWORD``, ``PTEL_KAFKA_SSL_PASSWORD``) or the config file, never from a flag."""
+    kafka = parser.add_argument_group("Kafka connection (flags > $PTEL_KAFKA_* > --kafka-config file > defaults)")
+    kafka.add_argument(
         "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
+        default=default,
+        help="bootstrap servers host:port[,host:port] (default: $PTEL_KAFKA_BOOTSTRAP_SERVERS, "
+        "$KAFKA_BOOTSTRAP_SERVERS or localhost:9092)",
     )
+    kafka.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default=None)
+    kafka.add_argument("--sasl-mechanism", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), default=None)
+    kafka.add_argument("--sasl-username", default=None, help="its password: $PTEL_KAFKA_SASL_PASSWORD")
+    kafka.add_argument("--ssl-cafile", type=Path, default=None, help="CA bundle of the brokers' certificates")
+    kafka.add_argument("--ssl-certfile", type=Path, default=None, help="client certificate (mutual TLS)")
+    kafka.add_argument(
+        "--ssl-keyfile", type=Path, default=None, help="client key (mutual TLS); its password: $PTEL_KAFKA_SSL_PASSWORD"
+    )
+    kafka.add_argument("--kafka-config", type=Path, default=None, help="TOML or YAML file of connection fields")
+
+
+def kafka_connection(args: argparse.Namespace) -> KafkaConnection:
+    """The connection the options of :func:`add_bootstrap_argument` describe (:class:`KafkaConnectionError` if not
+    usable: the message names the option or variable to fix)."""
+    return KafkaConnection.load(
+        getattr(args, "kafka_config", None),
+        bootstrap_servers=getattr(args, "bootstrap", None),
+        security_protocol=getattr(args, "security_protocol", None),
+        sasl_mechanism=getattr(args, "sasl_mechanism", None),
+        sasl_username=getattr(args, "sasl_username", None),
+        ssl_cafile=getattr(args, "ssl_cafile", None),
+        ssl_certfile=getattr(args, "ssl_certfile", None),
+        ssl_keyfile=getattr(args, "ssl_keyfile", None),
+    )
+
+
+def kafka_connection_or_report(args: argparse.Namespace) -> KafkaConnection | None:
+    """:func:`kafka_connection`, or ``None`` once its problem is printed on stderr as one line."""
+    try:
+        return kafka_connection(args)
+    except KafkaConnectionError as err:
+        print(f"ptel {getattr(args, 'command', '')}: Kafka connection: {err}".replace("  ", " "), file=sys.stderr)
+        return None
 
 
 def load_spec_or_report(path: Path) -> CollectionSpec | None:

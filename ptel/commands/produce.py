@@ -38,9 +38,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
 from tqdm import tqdm
 
+from agents.errors import AgentError
+from agents.topics import ensure_plans, reports_plan
 from producers.client_secret import ClientSecret, ClientSecretError
 from producers.edge_client import EdgeClient
 from producers.ground_truth import GroundTruth
@@ -48,7 +49,14 @@ from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublish
 from producers.privatize import CategoricalPrivatizer, EventError
 from producers.replay import LineError, ReplayEvent, read_events
 from producers.simulate import Population
-from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
+from ptel.commands.options import (
+    SPEC_ERROR_EXIT,
+    add_bootstrap_argument,
+    add_spec_argument,
+    kafka_connection_or_report,
+    load_spec_or_report,
+)
+from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 from schemas.wire import DEFAULT_SHARDS
 
@@ -120,93 +128,28 @@ def register(subparsers: Any) -> None:
         default=True,
         help="create the reports topic if missing (spec partitions, LogAppendTime; default: on)",
     )
-    kafka.add_argument(
-        "--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default="PLAINTEXT"
-    )
-    kafka.add_argument("--ssl-cafile", default=None)
-    kafka.add_argument("--ssl-certfile", default=None)
-    kafka.add_argument("--ssl-keyfile", default=None, help="its password, if any: $PTEL_KAFKA_SSL_PASSWORD")
-    kafka.add_argument("--sasl-mechanism", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), default="PLAIN")
-    kafka.add_argument("--sasl-username", default=None, help="its password: $PTEL_KAFKA_SASL_PASSWORD")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
-    """Producer settings from the options; passwords from the environment only."""
-    sasl_pw = os.environ.get("PTEL_KAFKA_SASL_PASSWORD")
-    ssl_pw = os.environ.get("PTEL_KAFKA_SSL_PASSWORD")
+def kafka_settings(args: argparse.Namespace, connection: KafkaConnection) -> KafkaSettings:
+    """Producer settings: the shared connection (:mod:`schemas.kafka_connection`) and this command's tuning."""
     return KafkaSettings(
-        bootstrap_servers=args.bootstrap,
+        bootstrap_servers=connection.bootstrap_servers,
         client_id="ptel-produce",
-        security_protocol=args.security_protocol,
-        ssl_cafile=args.ssl_cafile,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-        ssl_password=SecretStr(ssl_pw) if ssl_pw else None,
-        sasl_mechanism=args.sasl_mechanism,
-        sasl_username=args.sasl_username,
-        sasl_password=SecretStr(sasl_pw) if sasl_pw else None,
+        security_protocol=connection.security_protocol,
+        ssl_cafile=None if connection.ssl_cafile is None else str(connection.ssl_cafile),
+        ssl_certfile=None if connection.ssl_certfile is None else str(connection.ssl_certfile),
+        ssl_keyfile=None if connection.ssl_keyfile is None else str(connection.ssl_keyfile),
+        ssl_password=connection.ssl_password,
+        ssl_check_hostname=connection.ssl_check_hostname,
+        sasl_mechanism=connection.sasl_mechanism,
+        sasl_username=connection.sasl_username,
+        sasl_password=connection.sasl_password,
         linger_ms=args.linger_ms,
         compression=args.compression,
         max_in_flight=args.max_in_flight,
     )
-
-
-async def ensure_topic(settings: KafkaSettings, topic: str, *, partitions: int, replication_factor: int = 1) -> str:
-    """Create ``topic`` (``message.timestamp.type=LogAppendTime``) unless it exists; wait until it has leaders."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-    from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-
-    kw = settings.producer_kwargs()
-    admin_keys = (
-        "bootstrap_servers",
-        "client_id",
-        "security_protocol",
-        "ssl_context",
-        "sasl_mechanism",
-        "sasl_plain_username",
-        "sasl_plain_password",
-    )
-    admin = AIOKafkaAdminClient(**{k: kw[k] for k in admin_keys if k in kw})
-    try:
-        await admin.start()
-    except KafkaError as err:
-        await admin.close()
-        raise PublishError(f"cannot connect to Kafka at {settings.bootstrap_servers}: {err}") from None
-    try:
-        new = NewTopic(topic, partitions, replication_factor, topic_configs={"message.timestamp.type": "LogAppendTime"})
-        try:
-            response = await admin.create_topics([new])
-            codes = [code for _, code, _ in response.topic_errors]
-            if any(code not in (0, 36) for code in codes):  # 36: TOPIC_ALREADY_EXISTS
-                return f"could not create topic {topic!r}: {response.topic_errors}"
-            created = all(code == 0 for code in codes)
-        except TopicAlreadyExistsError:
-            created = False
-        if not created:
-            resource = ConfigResource(ConfigResourceType.TOPIC, topic)
-            timestamp_type = None
-            for response in await admin.describe_configs([resource]):
-                for _code, _msg, _rtype, _name, entries in response.resources:
-                    timestamp_type = {e[0]: e[1] for e in entries}.get("message.timestamp.type", timestamp_type)
-            if timestamp_type != "LogAppendTime":
-                return (
-                    f"WARNING: topic {topic!r} exists with message.timestamp.type={timestamp_type}; the agents "
-                    "window by the broker's LogAppendTime (set it with kafka-configs --alter)"
-                )
-            return f"topic {topic!r} exists (LogAppendTime)"
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline:  # wait until every partition has a leader
-            described = await admin.describe_topics([topic])
-            parts = described[0]["partitions"] if described and described[0]["error_code"] == 0 else []
-            if len(parts) == partitions and all(p["leader"] >= 0 for p in parts):
-                break
-            await asyncio.sleep(0.1)
-        return f"created topic {topic!r} ({partitions} partitions, LogAppendTime)"
-    finally:
-        await admin.close()
 
 
 class _Progress:
@@ -328,21 +271,21 @@ async def replay(
     return sent, rejected
 
 
-async def produce(args: argparse.Namespace, spec: CollectionSpec) -> int:
-    settings = kafka_settings(args)
+async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: KafkaConnection) -> int:
+    settings = kafka_settings(args, connection)
     topic = args.topic or spec.topics.reports
     master = ClientSecret.load_or_create(args.secret or default_secret_path())
     meta: dict[str, Any] = (
         {"clients": args.clients, "seed": args.seed} if args.replay is None else {"replay": str(args.replay)}
     )
     truth = GroundTruth(spec, source="replay" if args.replay else "simulation", meta=meta)
-    if args.create_topic:
-        print(
-            await ensure_topic(
-                settings, topic, partitions=spec.topics.partitions, replication_factor=spec.topics.replication_factor
-            ),
-            file=sys.stderr,
-        )
+    if args.create_topic:  # the agents' own plan and check: LogAppendTime, the spec's partitions
+        try:
+            plan = reports_plan(topic, spec.topics.partitions)
+            await ensure_plans(connection, [plan], spec.topics.replication_factor)
+        except AgentError as err:
+            raise PublishError(str(err)) from None
+        print(f"topic {topic!r} ready ({spec.topics.partitions} partitions, LogAppendTime)", file=sys.stderr)
     publisher = ReportPublisher(settings, topic)
     progress = _Progress(not args.no_progress, None)
     rejected = 0
@@ -389,8 +332,11 @@ def run(args: argparse.Namespace) -> int:
     if args.replay is not None and not args.replay.is_file():
         print(f"--replay {args.replay}: no such file", file=sys.stderr)
         return 2
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
     try:
-        return asyncio.run(produce(args, spec))
+        return asyncio.run(produce(args, spec, connection))
     except (PublishError, ClientSecretError, EventError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

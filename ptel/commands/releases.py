@@ -21,7 +21,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
+from ptel.commands.options import (
+    SPEC_ERROR_EXIT,
+    add_bootstrap_argument,
+    add_spec_argument,
+    kafka_connection_or_report,
+    load_spec_or_report,
+)
+from schemas.kafka_connection import Connection, client_kwargs
 from schemas.releases import Release
 
 
@@ -247,10 +254,12 @@ def plot_releases(releases: Iterable[Release], truth: Truth | None, path: Path) 
 
 
 async def read_releases(
-    bootstrap: str, topic: str, *, idle_s: float, follow: bool = False, on_release: Any = None
+    bootstrap: Connection, topic: str, *, idle_s: float, follow: bool = False, on_release: Any = None
 ) -> list[Release]:
     """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        **client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False
+    )
     seen: dict[str, Release] = {}
     try:
         await consumer.start()
@@ -286,6 +295,9 @@ def run(args: Any) -> int:
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
     truth = Truth.load(args.truth) if args.truth else None
     wanted = set(args.metric or [])
 
@@ -296,7 +308,7 @@ def run(args: Any) -> int:
     try:
         releases = asyncio.run(
             read_releases(
-                args.bootstrap,
+                connection,
                 args.topic or spec.topics.releases,
                 idle_s=args.idle,
                 follow=args.follow,
@@ -306,7 +318,7 @@ def run(args: Any) -> int:
     except KeyboardInterrupt:
         return 130
     except KafkaError as err:
-        print(f"error: cannot read releases from Kafka at {args.bootstrap}: {err}", file=sys.stderr)
+        print(f"error: cannot read releases from Kafka at {connection.describe()}: {err}", file=sys.stderr)
         return 1
     releases = [r for r in releases if not wanted or r.metric in wanted]
     print(f"{len(releases)} releases", flush=True)

@@ -21,7 +21,13 @@ from agents.observability import WorkerObserver, serve
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
-from ptel.commands.options import SPEC_ERROR_EXIT, add_bootstrap_argument, add_spec_argument, load_spec_or_report
+from ptel.commands.options import (
+    SPEC_ERROR_EXIT,
+    add_bootstrap_argument,
+    add_spec_argument,
+    kafka_connection_or_report,
+    load_spec_or_report,
+)
 from schemas.releases import Release
 
 
@@ -99,8 +105,12 @@ def run(args: Any) -> int:
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
     settings = WorkerSettings(
-        bootstrap=args.bootstrap,
+        bootstrap=connection.bootstrap_servers,
+        kafka=connection,
         group=args.group or default_group(spec),
         idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
         max_batch=args.max_batch,
@@ -122,7 +132,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
-    await ensure_topics(settings.bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    await ensure_topics(settings.connection, WorkerTopics.for_spec(spec, settings.group))
 
     def show(rel: Release) -> None:
         if not args.quiet:
@@ -133,7 +143,8 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
     print(
-        f"worker of group {settings.group} on {settings.bootstrap}: {len(spec.metrics)} metrics, "
+        f"worker of group {settings.group} on {settings.kafka.describe() if settings.kafka else settings.bootstrap}: "
+        f"{len(spec.metrics)} metrics, "
         f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
         flush=True,
     )

@@ -12,6 +12,7 @@ from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
+    kafka_connection,
     load_spec_or_report,
 )
 
@@ -35,22 +36,73 @@ def test_spec_is_required_and_a_path(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_bootstrap_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    assert _parser().parse_args(["--spec", "s.yaml"]).bootstrap == "localhost:9092"
+    for name in ("KAFKA_BOOTSTRAP_SERVERS", "PTEL_KAFKA_BOOTSTRAP_SERVERS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def resolved(*argv: str) -> str:
+        return kafka_connection(_parser().parse_args(["--spec", "s.yaml", *argv])).bootstrap_servers
+
+    assert resolved() == "localhost:9092"
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29092")
-    assert _parser().parse_args(["--spec", "s.yaml"]).bootstrap == "127.0.0.1:29092"
-    assert _parser().parse_args(["--spec", "s.yaml", "--bootstrap", "h:1"]).bootstrap == "h:1"
+    assert resolved() == "127.0.0.1:29092"
+    monkeypatch.setenv("PTEL_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29093")
+    assert resolved() == "127.0.0.1:29093"
+    assert resolved("--bootstrap", "h:1") == "h:1"
 
 
-@pytest.mark.parametrize("command", SPEC_COMMANDS)
-def test_every_spec_command_has_the_same_options(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29093")
+def test_one_precedence_rule_flags_environment_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("KAFKA_BOOTSTRAP_SERVERS", "PTEL_KAFKA_BOOTSTRAP_SERVERS", "PTEL_KAFKA_SASL_USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "kafka.toml"
+    config.write_text(
+        '[kafka]\nbootstrap_servers = "file:1"\nsecurity_protocol = "SASL_PLAINTEXT"\n'
+        'sasl_username = "from-file"\nsasl_password = "file-secret"\n',
+        encoding="utf-8",
+    )
+    args = ["--spec", "s.yaml", "--kafka-config", str(config)]
+    c = kafka_connection(_parser().parse_args(args))
+    assert (c.bootstrap_servers, c.sasl_username) == ("file:1", "from-file")
+    monkeypatch.setenv("PTEL_KAFKA_SASL_USERNAME", "from-env")
+    monkeypatch.setenv("PTEL_KAFKA_SASL_PASSWORD", "env-secret")
+    c = kafka_connection(_parser().parse_args(args))
+    assert c.sasl_username == "from-env" and c.sasl_password is not None
+    assert c.sasl_password.get_secret_value() == "env-secret"
+    c = kafka_connection(_parser().parse_args([*args, "--sasl-username", "from-flag", "--bootstrap", "flag:2"]))
+    assert (c.bootstrap_servers, c.sasl_username) == ("flag:2", "from-flag")
+    # secrets are never shown
+    assert "secret" not in repr(c) and "secret" not in str(c) and "secret" not in c.describe()
+
+
+def test_a_missing_password_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PTEL_KAFKA_SASL_PASSWORD", raising=False)
+    code = main(["worker", "--spec", str(DEMO_SPEC), "--security-protocol", "SASL_SSL", "--sasl-username", "ptel"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "PTEL_KAFKA_SASL_PASSWORD" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):  # no password flag exists
+        _parser().parse_args(["--spec", "s.yaml", "--sasl-password", "x"])
+
+
+@pytest.mark.parametrize("command", [*SPEC_COMMANDS, "demo"])
+def test_every_spec_command_has_the_same_options(command: str) -> None:
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in subparsers.choices[command]._actions}
-    spec, bootstrap = actions["spec"], actions["bootstrap"]
-    assert spec.required and spec.type is Path and spec.help == "collection spec (YAML or TOML)"
-    assert not bootstrap.required and bootstrap.default == "127.0.0.1:29093"
-    assert bootstrap.help == "Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS or localhost:9092)"
+    if command != "demo":
+        spec = actions["spec"]
+        assert spec.required and spec.type is Path and spec.help == "collection spec (YAML or TOML)"
+    for name in (
+        "bootstrap",
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_username",
+        "ssl_cafile",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "kafka_config",
+    ):
+        assert name in actions and not actions[name].required, (command, name)
+    assert not any("password" in a for a in actions), command
 
 
 def test_load_spec_or_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
