@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from aiokafka.errors import KafkaError
+
 from ptel import __version__
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
@@ -60,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except LogSetupError as err:
         print(f"ptel: {err}", file=sys.stderr)
         return 2
-    result = func(args)
+    try:
+        result = func(args)
+    except KafkaError as err:  # e.g. unreachable, authentication or certificate failures (their log lines say why)
+        print(f"ptel {args.command}: Kafka: {err}", file=sys.stderr)
+        return 1
     return int(result) if result is not None else 0
 
 

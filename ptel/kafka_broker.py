@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -349,6 +349,7 @@ class LocalKafka:
         controller_port: int | None = None,
         heap: str = "512m",
         overrides: Mapping[str, str] | None = None,
+        format_args: Sequence[str] = (),
     ) -> None:
         self.home = (Path(home).expanduser() if home is not None else default_home()).resolve()
         self.port = _check_port("port", port)
@@ -361,6 +362,9 @@ class LocalKafka:
             raise ParameterError("heap", heap, "must be a JVM size such as '512m' or '1g'")
         self.heap = heap
         self.overrides = dict(overrides or {})
+        #: Extra arguments of the storage format (e.g. ``--add-scram SCRAM-SHA-512=[name=u,password=p]``: users of
+        #: a SASL/SCRAM listener, created with the storage, before the broker first starts).
+        self.format_args = tuple(str(a) for a in format_args)
         self.last_start_seconds: float | None = None  # spawn -> ready, of the last start() that spawned a JVM
         self.last_format_seconds: float | None = None  # StorageTool random-uuid + format, when it ran
         self._proc: subprocess.Popen[bytes] | None = None
@@ -598,7 +602,14 @@ class LocalKafka:
         if not ids:
             raise BrokerError(f"StorageTool random-uuid printed no cluster id: {out!r}")
         self._tool(
-            "kafka.tools.StorageTool", "format", "-t", ids[-1], "-c", str(self.properties_file), "--standalone"
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            ids[-1],
+            "-c",
+            str(self.properties_file),
+            "--standalone",
+            *self.format_args,
         )
         self.last_format_seconds = time.monotonic() - started
 

@@ -153,13 +153,14 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
         if bar is not None:
             bar.update(1)
 
-    # a new dataset whose first reports come after the worker has started: no backlog to release
+    # a new dataset whose first reports come right after the worker has started: a short backlog covers the time
+    # its stage 2 takes to be assigned (the windows before the simulated ones are released empty, and not shown)
     settings = WorkerSettings(
         bootstrap_of(connection),
         group,
         IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=1000),
         kafka=None if isinstance(connection, str) else connection,
-        backlog_s=0,
+        backlog_s=2 * base.window.size_s,
     )
     worker = build_worker(spec, settings, on_release=on_release)
     await worker.start()
