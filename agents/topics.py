@@ -17,11 +17,13 @@ topic                       partitions      cleanup      holds
 ``<reports>.privacy-ledger`` 1              compact      the dataset's cursors, ledgers, noise key, owner
 ==========================  ==============  ===========  ==================================================
 
-The releases, state and partials topics are created with ``max.message.bytes`` = :data:`MAX_RECORD_BYTES`
-(16 MiB, the producers' ``max_request_size``); the monitor creates the releases and dead-letter topics from the
-same plans (:func:`output_plans`). An existing topic keeps its own setting (not checked: it may have been created
-by other means with the broker default); raise it with
-``kafka-configs --alter --entity-type topics --entity-name <releases> --add-config max.message.bytes=16777216``.
+The dead-letter, releases, state and partials topics are created with ``max.message.bytes`` =
+:data:`MAX_RECORD_BYTES` (16 MiB, the producers' ``max_request_size``); the monitor creates the releases and
+dead-letter topics from the same plans (:func:`output_plans`). An existing releases, state or partials topic with a
+smaller limit is refused at start (:class:`TopicError`, naming the topic and the ``kafka-configs`` command that
+raises it): a record the broker refuses there would be lost. An existing dead-letter topic may keep a smaller limit:
+the worker truncates a dead letter that would not fit (its headers still say the reason, the source offset and
+the original size).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -59,6 +61,8 @@ class TopicPlan:
     configs: Mapping[str, str]
     #: Configs that an existing topic must already have (a mismatch is a :class:`TopicError`).
     required: Mapping[str, str]
+    #: Numeric configs an existing topic must have at least (e.g. ``max.message.bytes`` for what the worker writes).
+    minimum: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,13 +99,14 @@ class WorkerTopics:
         """Creation plans of all seven topics."""
         big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
+        least = {"max.message.bytes": MAX_RECORD_BYTES}
         return [
             reports_plan(self.reports, self.partitions),
             *output_plans(self.dead_letter, self.releases, self.partitions),
-            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}),
-            TopicPlan(self.partials, 1, big, {}),
-            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}),
-            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}),
+            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least),
+            TopicPlan(self.partials, 1, big, {}, least),
+            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least),
+            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}, least),
         ]
 
     def stage2_transactional_id(self) -> str:
@@ -126,9 +131,13 @@ def output_plans(dead_letter: str, releases: str, partitions: int) -> list[Topic
     """Creation plans of the worker's output topics, which the monitor reads too: dead letters (one partition
     per source partition) and releases (:data:`RELEASES_PARTITIONS`, records up to :data:`MAX_RECORD_BYTES`:
     a release with many keys / RAPPOR candidates)."""
+    big = {"max.message.bytes": str(MAX_RECORD_BYTES)}
     return [
-        TopicPlan(dead_letter, partitions, {}, {}),
-        TopicPlan(releases, RELEASES_PARTITIONS, {"max.message.bytes": str(MAX_RECORD_BYTES)}, {}),
+        # a dead letter carries the original bytes of any record the reports topic took (a compressed batch can hold
+        # a record far above the reports topic's own limit): room for them, compressed on the broker; a topic made
+        # elsewhere with less room gets truncated dead letters (agents.worker), never lost ones
+        TopicPlan(dead_letter, partitions, {**big, "compression.type": "gzip"}, {}),
+        TopicPlan(releases, RELEASES_PARTITIONS, big, {}, {"max.message.bytes": MAX_RECORD_BYTES}),
     ]
 
 
@@ -191,17 +200,41 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
     for p in plans:
         if counts.get(p.name) != p.partitions:
             raise TopicError(f"topic {p.name} has {counts.get(p.name)} partitions, the spec needs {p.partitions}")
-    needs = [p for p in plans if p.required]
+    needs = [p for p in plans if p.required or p.minimum]
     if not needs:
         return
-    resources = [ConfigResource(ConfigResourceType.TOPIC, p.name) for p in needs]
-    responses = await admin.describe_configs(resources)
-    actual: dict[str, dict[str, str]] = {}
-    for response in responses:
-        for _code, _msg, _rtype, name, entries in response.resources:
-            actual[name] = {e[0]: e[1] for e in entries}
+    actual = await _configs(admin, [p.name for p in needs])
     for p in needs:
         for key, want in p.required.items():
             got = actual.get(p.name, {}).get(key)
             if got != want:
                 raise TopicError(f"topic {p.name} has {key}={got}, it must be {want}")
+        for key, least in p.minimum.items():
+            value = actual.get(p.name, {}).get(key)
+            if value is None or not value.isdigit() or int(value) < least:
+                raise TopicError(
+                    f"topic {p.name} has {key}={value}, the worker writes records up to {least} bytes there: raise "
+                    f"it with kafka-configs --alter --entity-type topics --entity-name {p.name} "
+                    f"--add-config {key}={least}"
+                )
+
+
+async def _configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    actual: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(resources):
+        for _code, _msg, _rtype, name, entries in response.resources:
+            actual[name] = {e[0]: e[1] for e in entries}
+    return actual
+
+
+async def topic_config(bootstrap: Connection, topic: str, key: str, timeout_s: float = 30.0) -> str | None:
+    """The value of config ``key`` of ``topic`` (``None`` if the broker does not say)."""
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap), request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await admin.start()
+        return (await _configs(admin, [topic])).get(topic, {}).get(key)
+    except KafkaError as err:
+        raise BrokerError(f"cannot read the configs of {topic} on {bootstrap_of(bootstrap)}: {err!r}") from err
+    finally:
+        await admin.close()

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import MessageSizeTooLargeError
 
 from agents.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS, read_range, read_to_end, start_transactional_producer
 from agents.errors import AgentError, ConfigurationError
@@ -32,7 +33,7 @@ from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, SourceRecord
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
-from agents.topics import MAX_RELEASE_BYTES, WorkerTopics
+from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.validation import Protocol, Validator
 from agents.watermarks import (
     FUTURE_TOLERANCE_MS,
@@ -198,6 +199,8 @@ class Worker:
         #: ``time.perf_counter()`` when the latest fetch began and when the latest assignment was in place.
         self._fetch_started_s = 0.0
         self._assigned_s = 0.0
+        #: ``max.message.bytes`` of the dead-letter topic (read at :meth:`start`).
+        self._dead_letter_limit = MAX_RECORD_BYTES
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -215,6 +218,10 @@ class Worker:
             max_partition_fetch_bytes=8 << 20,
         )
         await self._consumer.start()
+        # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
+        # not fit are truncated to its limit (never lost)
+        limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
+        self._dead_letter_limit = min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
         self._consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
 
     async def run(self) -> None:
@@ -395,7 +402,7 @@ class Worker:
         changes = state.state_records()
         if changes:  # fresh dataset records (noise key, origin, owner): write them now, before any release
             async with producer.transaction():
-                await self._send_stage2_state(producer, changes)
+                await _delivered(await self._send_stage2_state(producer, changes))
             self.stats.transactions += 1
         self._stage2 = _Stage2Slot(state, producer, offset)
         log.info(
@@ -429,11 +436,16 @@ class Worker:
         )
         return owner
 
-    async def _send_stage2_state(self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]) -> None:
-        """Queue stage 2's changed state records, each to its topic (the group's state or the dataset's ledger)."""
+    async def _send_stage2_state(
+        self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]
+    ) -> list[asyncio.Future[Any]]:
+        """Queue stage 2's changed state records, each to its topic (the group's state or the dataset's ledger);
+        their delivery futures (await them before the commit: :func:`_delivered`)."""
+        sent = []
         for key, value in changes:
             topic = self.topics.ledger if is_dataset_key(key) else self.topics.stage2_state
-            await producer.send(topic, value, key=key, partition=0)
+            sent.append(await producer.send(topic, value, key=key, partition=0))
+        return sent
 
     # ------------------------------------------------------------------------------------------
     # stage 1
@@ -581,28 +593,46 @@ class Worker:
             slot.inflight.release()
 
     async def _stage1_commit(self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit) -> None:
-        producer, p = slot.producer, tp.partition
-        async with producer.transaction():
-            for d in work.dead:
-                await producer.send(
-                    self.topics.dead_letter,
-                    d.record.value or b"",
-                    key=d.record.key,
-                    partition=p,
-                    headers=_dead_letter_headers(d, self.topics.reports, p),
-                )
-            for key, value in work.changes:
-                await producer.send(self.topics.stage1_state, value, key=key, partition=p)
-            if work.handover is not None:
-                await producer.send(self.topics.partials, work.handover.to_bytes(), key=f"p{p}".encode(), partition=0)
-                self.stats.handovers += 1
-            if work.next_offset is not None:
-                await producer.send_offsets_to_transaction({tp: work.next_offset}, self.settings.group)
+        """One transaction: dead letters, state, hand-over, source offset. Every delivery is awaited before the
+        commit (aiokafka's ``commit_transaction`` does not fail for a batch the broker refused): a refused record
+        aborts the transaction instead of being lost with its source offset committed. A dead letter the broker
+        refuses for its size is retried once, truncated to its headers; any other failure stops the worker."""
+        try:
+            await self._stage1_transaction(slot, tp, work, self._dead_letter_limit)
+        except MessageSizeTooLargeError as err:
+            log.warning(
+                "partition %d: a record was refused for its size (%r); retrying with dead letters truncated",
+                tp.partition,
+                err,
+            )
+            await self._stage1_transaction(slot, tp, work, 0)
         self.stats.transactions += 1
         self.stats.records += work.records
         self.stats.reports_counted += work.counted
         self.stats.dead_letters += len(work.dead)
         self.stats.last_commit_s = time.perf_counter()
+
+    async def _stage1_transaction(
+        self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit, dead_letter_limit: int
+    ) -> None:
+        producer, p = slot.producer, tp.partition
+        async with producer.transaction():
+            sent = []
+            for d in work.dead:
+                letter, headers = _dead_letter_record(d, self.topics.reports, p, dead_letter_limit)
+                sent.append(
+                    await producer.send(self.topics.dead_letter, letter, key=d.record.key, partition=p, headers=headers)
+                )
+            for key, value in work.changes:
+                sent.append(await producer.send(self.topics.stage1_state, value, key=key, partition=p))
+            if work.handover is not None:
+                handover = work.handover.to_bytes()
+                sent.append(await producer.send(self.topics.partials, handover, key=f"p{p}".encode(), partition=0))
+            await _delivered(sent)
+            if work.next_offset is not None:
+                await producer.send_offsets_to_transaction({tp: work.next_offset}, self.settings.group)
+        if work.handover is not None:
+            self.stats.handovers += 1
 
     async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
         now = _now_ms()
@@ -645,9 +675,12 @@ class Worker:
         changes = slot.state.state_records()
         producer = slot.producer
         async with producer.transaction():
-            for rel in releases:
+            sent = [
                 await producer.send(self.topics.releases, rel.to_bytes(), key=rel.key.encode(), partition=0)
-            await self._send_stage2_state(producer, changes)
+                for rel in releases
+            ]
+            sent += await self._send_stage2_state(producer, changes)
+            await _delivered(sent)  # a release the broker refused aborts the batch: its windows stay unreleased
             await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.settings.group)
         self.stats.transactions += 1
         self.stats.releases += len(releases)
@@ -705,14 +738,35 @@ async def _settle(slot: _Stage1Slot) -> None:
         await asyncio.wait([slot.last_commit])
 
 
-def _dead_letter_headers(d: DeadLetter, topic: str, partition: int) -> list[tuple[str, bytes]]:
-    return [
+async def _delivered(futures: list[asyncio.Future[Any]]) -> None:
+    """Wait for every delivery of a transaction; the first failure raises (and the transaction aborts)."""
+    if futures:
+        await asyncio.gather(*futures)
+
+
+#: Room left in a dead letter for its key, headers and the batch's framing (bytes).
+DEAD_LETTER_OVERHEAD = 16 << 10
+
+
+def _dead_letter_record(
+    d: DeadLetter, topic: str, partition: int, limit: int
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The dead letter of ``d``: its original bytes and headers (reason, detail, source offset, broker time,
+    reports, original size). A value larger than ``limit`` bytes less :data:`DEAD_LETTER_OVERHEAD` is cut to fit
+    (``ptel.truncated: true``): the broker would refuse the whole record, and the dead letter must exist."""
+    value = d.record.value or b""
+    room = max(0, limit - DEAD_LETTER_OVERHEAD)
+    truncated = len(value) > room
+    headers = [
         ("ptel.reason", d.reason.encode()),
         ("ptel.detail", d.detail.encode("utf-8", "replace")[:1000]),
         ("ptel.source", f"{topic}/{partition}/{d.record.offset}".encode()),
         ("ptel.timestamp_ms", str(d.record.timestamp_ms).encode()),
         ("ptel.reports", str(d.reports).encode()),
+        ("ptel.original_bytes", str(len(value)).encode()),
+        ("ptel.truncated", b"true" if truncated else b"false"),
     ]
+    return (value[:room] if truncated else value), headers
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

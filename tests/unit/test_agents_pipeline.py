@@ -93,11 +93,15 @@ class _FakeProducer:
         key: bytes | None = None,
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
+    ) -> asyncio.Future[None]:
+        """Queue a record; its delivery future (delivered at once, as aiokafka's resolves after the broker's ack)."""
         if self.open != 1:
             raise AssertionError("send outside one open transaction")
         await asyncio.sleep(0)
         self._sends.append((topic, key, value, headers))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
 
     async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
         await asyncio.sleep(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -184,10 +185,15 @@ class _Producer:
             self.committed.append(self._open)
         self._open = None
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, partition: int = 0) -> None:
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, partition: int = 0
+    ) -> asyncio.Future[None]:
         if self._open is None:
             raise AssertionError("send outside a transaction")
         self._open.append((topic, key, value))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
 
 
 async def test_assigning_stage2_writes_a_fresh_noise_key(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,3 +282,37 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
     assert big.key == fits.key and not big.estimates and not big.released_keys
     assert big.ledger == fits.ledger  # the charge stays (safe side), and the record says so
     assert st.cursor("crashed") > 0  # released once: never retried into a crash loop
+
+
+# ------------------------------------------------------------------------------------------------
+# every delivery is awaited before a commit; a dead letter too large for its topic is truncated, never lost
+
+
+def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_its_size() -> None:
+    from agents.stage1 import SourceRecord
+    from agents.worker import DEAD_LETTER_OVERHEAD, _dead_letter_record
+
+    big = DeadLetter(SourceRecord(41, 1_000, b"k", bytes(2_000_000)), "wire.bad_version", "version 0", 1)
+    value, headers = _dead_letter_record(big, "reports", 3, 1_048_588)
+    h = dict(headers)
+    assert len(value) == 1_048_588 - DEAD_LETTER_OVERHEAD and h["ptel.truncated"] == b"true"
+    assert h["ptel.original_bytes"] == b"2000000" and h["ptel.source"] == b"reports/3/41"
+    assert h["ptel.reason"] == b"wire.bad_version"
+    small = DeadLetter(SourceRecord(1, 1_000, None, b"\x00abc"), "wire.bad_version", "", 1)
+    value, headers = _dead_letter_record(small, "reports", 0, 1_048_588)
+    assert value == b"\x00abc" and dict(headers)["ptel.truncated"] == b"false"
+    assert _dead_letter_record(big, "reports", 3, 0)[0] == b""  # the retry after a refusal: headers only
+
+
+async def test_a_refused_delivery_fails_the_transaction() -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from agents.worker import _delivered
+
+    loop = asyncio.get_running_loop()
+    ok, refused = loop.create_future(), loop.create_future()
+    ok.set_result(None)
+    refused.set_exception(MessageSizeTooLargeError())
+    await _delivered([ok])
+    with pytest.raises(MessageSizeTooLargeError):
+        await _delivered([ok, refused])
