@@ -86,7 +86,7 @@ from pydantic import (
 
 from mechanisms.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.core import Measurement
-from mechanisms.directed import add_up, mul_up
+from mechanisms.directed import add_up, mul_up, sqrt_up
 from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.protocol_choice import choose_protocol
 from mechanisms.randomized_response import (
@@ -685,7 +685,8 @@ class KeyedMetric(_MetricBase):
         Δ2 = √L0, Δ∞ = 1.
         """
         l0 = self.keys_per_window
-        return (l0, l0, 1) if self.release.mechanism == "laplace" else (l0, math.sqrt(l0), 1)
+        # Δ2 = √L0 rounded up: the loss must never come out below the exact one (L0/(2·scale²) for the Gaussian)
+        return (l0, l0, 1) if self.release.mechanism == "laplace" else (l0, sqrt_up(l0), 1)
 
     @property
     def key_capacity(self) -> int:

@@ -394,3 +394,24 @@ def test_key_capacity_loads_iff_its_worst_case_fits(max_key_bytes: int, cap: int
         assert isinstance(keyed, KeyedMetric) and keyed.key_capacity == cap
     else:
         assert [p for p, _ in problems_of(doc)] == ["metrics[4].max_keys_per_partition"]
+
+
+def test_the_gaussian_keyed_loss_is_never_below_the_exact_one() -> None:
+    """ρ = L0 / (2·scale²) exactly, for the (key, bit) cells' Δ2 = √L0: with √L0 rounded to nearest, about 12% of
+    (scale, L0) pairs came out one ulp low (scale 0.5, L0 = 6: 11.999999999999998, not 12)."""
+    from fractions import Fraction
+
+    doc = demo_doc()
+    low = 0
+    for scale in (0.5, 0.7, 1.0, 1.3, 2.0, 3.7, 5.0):
+        for l0 in range(1, 41):
+            doc["metrics"][4]["release"] = {"mechanism": "gaussian", "scale": scale, "threshold": 200, "dtype": "int"}
+            doc["metrics"][4]["keys_per_window"] = l0
+            doc["metrics"][4]["reports_per_window"] = max(l0, 8)
+            doc["metrics"][4]["budget"] = {"rho": 1e9, "delta": 0.5}
+            metric = parse_spec(doc).metric("errors")
+            assert isinstance(metric, KeyedMetric)
+            rho, _ = metric.release.build().map(metric.sensitivity())
+            exact = Fraction(l0) / (2 * Fraction(scale) ** 2)
+            low += Fraction(rho) < exact
+    assert low == 0
