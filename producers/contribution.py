@@ -11,17 +11,33 @@ pseudonym already names one client, one metric and one window, the window of the
 
 Reports over a bound are dropped before publishing and counted. The agents enforce the same bounds
 again on their side (a device may be buggy or hostile).
+
+Across restarts: with a ``state_file`` (a device keeps it beside its client secret), what was admitted is written
+to disk -- atomically, fsynced, mode 0600 -- **before** the reports are handed to the transport
+(:meth:`ContributionLimiter.persist`, once per send call), and read back when the app starts, so a restarted device
+never sends another ``reports_per_window`` reports in the same window (a crash between the write and the send only
+loses quota: the safe side). A state file that cannot be read or parsed fails closed
+(:class:`ContributionStateError`): the app must not send rather than start again from zero.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 from numpy.typing import NDArray
 
+from producers.private_file import private_temp_file
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
 
-__all__ = ["ContributionLimiter"]
+__all__ = ["ContributionLimiter", "ContributionStateError"]
+
+
+class ContributionStateError(RuntimeError):
+    """The device's contribution state file is unreadable or malformed: refuse to send (fail closed)."""
 
 _KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late reports of a recent window)
 
@@ -29,7 +45,7 @@ _KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late repo
 class ContributionLimiter:
     """Counts what each (metric, pseudonym) has sent and admits reports within the spec's bounds."""
 
-    def __init__(self, spec: CollectionSpec) -> None:
+    def __init__(self, spec: CollectionSpec, state_file: Path | None = None) -> None:
         self.window_size_s = spec.window.size_s
         self._reports = {m.name: m.reports_per_window for m in spec.metrics}
         self._max_keys = {m.name: m.keys_per_window for m in spec.metrics if isinstance(m, KeyedMetric)}
@@ -37,6 +53,51 @@ class ContributionLimiter:
         self._counts: dict[int, dict[str, dict[int, int]]] = {}
         self._keys: dict[int, dict[str, dict[int, set[str]]]] = {}
         self._newest = -1
+        self.state_file = state_file
+        self._changed = False
+        if state_file is not None and state_file.exists():
+            self._load(state_file)
+
+    # ------------------------------------------------------------------------------------------
+    # persistence
+
+    def _load(self, path: Path) -> None:
+        try:
+            doc = json.loads(path.read_bytes())
+            if doc.get("v") != 1:
+                raise ValueError(f"unknown version {doc.get('v')!r}")
+            self._newest = int(doc["newest"])
+            for w, metrics in doc["counts"].items():
+                for metric, sent in metrics.items():
+                    self._counts.setdefault(int(w), {})[str(metric)] = {int(p): int(n) for p, n in sent.items()}
+            for w, metrics in doc["keys"].items():
+                for metric, keys in metrics.items():
+                    self._keys.setdefault(int(w), {})[str(metric)] = {int(p): set(map(str, k)) for p, k in keys.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ContributionStateError(
+                f"contribution state {path} cannot be read ({err}); refusing to send rather than forget what this "
+                "device already sent -- restore the file, or delete it only if no report of the current windows left"
+            ) from None
+
+    def persist(self) -> None:
+        """Write what was admitted since the last call to :attr:`state_file` (atomic, fsynced, 0600) -- before the
+        reports are published. A no-op without a state file or without changes."""
+        if self.state_file is None or not self._changed:
+            return
+        counts = {
+            str(w): {m: {str(p): n for p, n in sent.items()} for m, sent in ms.items()}
+            for w, ms in self._counts.items()
+        }
+        keys = {
+            str(w): {m: {str(p): sorted(k) for p, k in kept.items()} for m, kept in ms.items()}
+            for w, ms in self._keys.items()
+        }
+        doc = {"v": 1, "newest": self._newest, "counts": counts, "keys": keys}
+        path = self.state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with private_temp_file(path, json.dumps(doc, separators=(",", ":")).encode()) as tmp:
+            os.replace(tmp, path)
+        self._changed = False
 
     def _tables(self, window: int, metric: str) -> tuple[dict[int, int], dict[int, set[str]]] | None:
         if window < self._newest - _KEEP_WINDOWS:
@@ -55,7 +116,9 @@ class ContributionLimiter:
         tables = self._tables(client_time // self.window_size_s, metric)
         if tables is None:
             return False
-        return self._admit(tables, self._reports[metric], self._max_keys.get(metric), pseudonym, key)
+        admitted = self._admit(tables, self._reports[metric], self._max_keys.get(metric), pseudonym, key)
+        self._changed |= admitted
+        return admitted
 
     @staticmethod
     def _admit(
@@ -98,4 +161,5 @@ class ContributionLimiter:
                 continue
             for i in rows:
                 out[i] = self._admit(tables, max_reports, max_keys, pseudonyms[i], keys[i] if keys else None)
+        self._changed |= bool(out.any())
         return out

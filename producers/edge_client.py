@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,6 +80,7 @@ class EdgeClient:
         rng: RandomSource | None = None,
         enforce_bounds: bool = True,
         clock: Callable[[], float] = time.time,
+        quota_file: Path | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size ({batch_size!r}) must be a non-negative integer (0: one report per message)")
@@ -90,7 +92,9 @@ class EdgeClient:
         self.wire_format: WireFormat = wire_format
         self.shards = shards
         self.privatizers: Mapping[str, MetricPrivatizer] = make_privatizers(spec, rng)
-        self.limiter: ContributionLimiter | None = ContributionLimiter(spec) if enforce_bounds else None
+        #: The contribution bounds; with ``quota_file`` (a device keeps it beside its client secret) what was sent
+        #: survives restarts (:mod:`producers.contribution`).
+        self.limiter: ContributionLimiter | None = ContributionLimiter(spec, quota_file) if enforce_bounds else None
         self.stats = SendStats()
         #: The device clock, seconds since the epoch (the wall clock; a test may inject another).
         self.clock = clock
@@ -116,9 +120,11 @@ class EdgeClient:
         a contribution bound dropped it."""
         privatizer = self.privatizer(metric)
         report = privatizer.report(value, secret=secret, client_time=self.client_time())
-        if self.limiter is not None and not self.limiter.admit_report(report):
-            self.stats.dropped += 1
-            return False
+        if self.limiter is not None:
+            if not self.limiter.admit_report(report):
+                self.stats.dropped += 1
+                return False
+            self.limiter.persist()  # on disk before it leaves: a restart never sends it again
         data = encode_report(report, format=self.wire_format)
         await self.sink.publish(partition_key(report.metric, shard_of(report, self.shards)), data)
         self.stats.reports += 1
@@ -137,6 +143,8 @@ class EdgeClient:
         privatizer = self.privatizer(metric)
         batch = privatizer.batch(values, secrets=secrets, client_times=self.client_time())
         admitted = self.limiter.admit_batch(batch) if self.limiter is not None else np.ones(len(batch), np.bool_)
+        if self.limiter is not None:
+            self.limiter.persist()  # on disk before they leave
         if not admitted.all():
             self.stats.dropped += int((~admitted).sum())
             if not admitted.any():

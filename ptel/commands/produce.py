@@ -43,6 +43,7 @@ from tqdm import tqdm
 from agents.errors import AgentError
 from agents.topics import ensure_plans, reports_plan
 from producers.client_secret import ClientSecret, ClientSecretError
+from producers.contribution import ContributionStateError
 from producers.edge_client import EdgeClient
 from producers.ground_truth import GroundTruth
 from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
@@ -111,6 +112,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="master client secret file, created with mode 0600 if missing "
         "(default: $PTEL_CLIENT_SECRET or ~/.config/ptel/client.secret)",
+    )
+    src.add_argument(
+        "--quota-file",
+        type=Path,
+        default=None,
+        help="keep the contribution bounds' counts in this file (mode 0600), so a restart never sends more than "
+        "the spec allows per window (a device keeps it beside its secret; default: in memory)",
     )
     wire = p.add_argument_group("messages")
     wire.add_argument(
@@ -291,7 +299,14 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
     rejected = 0
     started = time.monotonic()
     await publisher.start()
-    client = EdgeClient(spec, publisher, batch_size=args.batch_size, wire_format=args.format, shards=args.shards)
+    client = EdgeClient(
+        spec,
+        publisher,
+        batch_size=args.batch_size,
+        wire_format=args.format,
+        shards=args.shards,
+        quota_file=args.quota_file,
+    )
     try:
         if args.replay is not None:
             _, rejected = await replay(args, spec, client, master, truth, progress)
@@ -337,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(produce(args, spec, connection))
-    except (PublishError, ClientSecretError, EventError) as err:
+    except (PublishError, ClientSecretError, ContributionStateError, EventError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # e.g. the ground-truth file's directory is not writable

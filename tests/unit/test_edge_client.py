@@ -16,7 +16,7 @@ from producers.ground_truth import GroundTruth
 from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
 from producers.simulate import SEED_CATEGORY_FREQUENCIES, Population
 from ptel.cli import main
-from schemas.spec import load_spec
+from schemas.spec import load_spec, parse_spec
 from schemas.wire import Report, ReportBatch, decode, partition_key, reports_of, shard_of
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
@@ -199,3 +199,31 @@ async def test_reports_carry_the_send_time_and_the_pseudonym_of_its_window() -> 
         clock.t = bad
         with pytest.raises(ValueError, match="device clock"):
             await client.send("theme", "A", secret=secret)
+
+
+# ------------------------------------------------------------------------------------------------
+# the device's contribution bound survives a restart (state on disk before a report leaves)
+
+
+async def test_a_restarted_device_never_sends_more_than_its_quota(tmp_path: Path) -> None:
+    from producers.contribution import ContributionStateError
+
+    doc = SPEC.model_dump(mode="json", exclude_none=True)
+    doc["metrics"] = [{"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 2}]
+    spec = parse_spec(doc)
+    quota = tmp_path / "quota.json"
+    secret = ClientSecret.generate()
+    now = [1_700_000_003.0]
+    sent = 0
+    for _ in range(4):  # the app restarts between sends: a new client (and limiter) on the same file each time
+        sink = ListSink()
+        client = EdgeClient(spec, sink, clock=lambda: now[0], quota_file=quota)
+        sent += sum([await client.send("crashed", True, secret=secret) for _ in range(3)])
+    assert sent == 2  # reports_per_window, across four restarts
+    assert quota.stat().st_mode & 0o777 == 0o600
+    now[0] += spec.window.size_s  # the next window has a fresh quota
+    client = EdgeClient(spec, ListSink(), clock=lambda: now[0], quota_file=quota)
+    assert await client.send("crashed", True, secret=secret)
+    quota.write_text("{not json")  # a damaged file fails closed: never a fresh quota
+    with pytest.raises(ContributionStateError, match="refusing to send"):
+        EdgeClient(spec, ListSink(), clock=lambda: now[0], quota_file=quota)
