@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from pydantic import SecretStr
 
 from agents.errors import ConfigurationError
 from agents.monitor.transport import ReadCommittedTransport
@@ -54,6 +55,13 @@ class MonitorSettings:
     app_id: str | None = None
     #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
     kafka: KafkaConnection | None = field(default=None, repr=False)
+    #: Bearer token of the operator views (exact dead-letter counts); ``None``: served on a loopback bind only.
+    operator_token: SecretStr | None = field(default=None, repr=False)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the web server binds to a loopback address only."""
+        return self.web_bind in ("127.0.0.1", "::1", "localhost") or self.web_bind.startswith("127.")
 
     def __post_init__(self) -> None:
         servers = [s.strip() for s in self.bootstrap.split(",")]

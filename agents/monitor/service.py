@@ -21,5 +21,6 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
     topics = define_topics(app, spec)
     tables = define_tables(app, spec)
     register_agents(app, spec, topics, tables)
-    register_views(app, spec, tables)
+    token = settings.operator_token.get_secret_value() if settings.operator_token else None
+    register_views(app, spec, tables, operator_token=token, loopback=settings.loopback)
     return app

@@ -6,8 +6,16 @@ path                                      returns
 ``/metrics/``                             every metric of the spec with its newest window (or null)
 ``/metrics/{metric}/latest/``             the newest release summary of ``metric`` (404 before one)
 ``/metrics/{metric}/history/``            ``metric``'s summaries within the retention, oldest first
-``/dead-letters/``                        dead-letter counts (records and reports) by reason
+``/dead-letters/``                        dead-letter counts (records and reports) by reason --
+                                          **operators only** (below)
 ========================================  ==========================================================
+
+The dead-letter counts are exact, and some reasons count reports of central metrics (``key_capacity``,
+``late``, ``window_mismatch`` of keyed and regression reports): beside a central release they would tell whether
+one more client reported, which its (ε, δ) does not cover (``docs/privacy.md``). They are operator data:
+with an operator token configured (:attr:`agents.monitor.app.MonitorSettings.operator_token`) the view requires
+``Authorization: Bearer <token>`` (401 otherwise); without one it answers only on a loopback bind (operators of
+this host), and 403 elsewhere. The release views hold only what the release records publish.
 
 A view answers from the tables of the worker it reaches. The releases tables have one partition, so the
 worker that consumes the releases topic holds all of them; the dead-letter counts span the P partitions of
@@ -18,6 +26,7 @@ release and per dead letter).
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from agents.monitor.dead_letters import totals
@@ -41,8 +50,22 @@ def metrics_index(spec: CollectionSpec, latest: Any) -> dict[str, Any]:
     return {"spec": spec.name, "metrics": metrics}
 
 
-def register_views(app: Any, spec: CollectionSpec, tables: MonitorTables) -> None:
-    """Add the four views to ``app``'s web server."""
+def operator_denial(authorization: str | None, token: str | None, loopback: bool) -> tuple[int, str] | None:
+    """Why a request for an operator view is refused, as ``(status, reason)``; ``None``: allowed."""
+    if token is None:
+        if loopback:
+            return None
+        return 403, "operator view: configure an operator token (--operator-token-file) to serve it off loopback"
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if not authorization or not hmac.compare_digest(given.encode(), token.encode()):
+        return 401, "operator view: send Authorization: Bearer <operator token>"
+    return None
+
+
+def register_views(
+    app: Any, spec: CollectionSpec, tables: MonitorTables, *, operator_token: str | None = None, loopback: bool = True
+) -> None:
+    """Add the four views to ``app``'s web server (see the module docstring for who may read which)."""
     known = {m.name for m in spec.metrics}
 
     async def metrics(view: Any, request: Any) -> Any:
@@ -65,7 +88,11 @@ def register_views(app: Any, spec: CollectionSpec, tables: MonitorTables) -> Non
         )
 
     async def dead_letters(view: Any, request: Any) -> Any:
-        return view.json({"spec": spec.name, **totals(list(tables.dead_letters.items()))})
+        denied = operator_denial(request.headers.get("Authorization"), operator_token, loopback)
+        if denied is not None:
+            status, reason = denied
+            return view.error(status, reason, spec=spec.name)
+        return view.json({"spec": spec.name, "operator_data": True, **totals(list(tables.dead_letters.items()))})
 
     app.page("/metrics/", name="metrics")(metrics)
     app.page("/metrics/{metric}/latest/", name="metric-latest")(metric_latest)

@@ -10,10 +10,13 @@ spec's retention, dead-letter counts by reason, exact under redelivery -- and se
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import faust
+from pydantic import SecretStr
 
 from agents.errors import AgentError
 from agents.monitor.app import MonitorSettings
@@ -38,6 +41,13 @@ def register(subparsers: Any) -> None:
     add_bootstrap_argument(p)
     p.add_argument("--web-port", type=int, default=6066, help="port of the JSON views (default 6066)")
     p.add_argument("--web-bind", default="127.0.0.1", help="interface the web server listens on (default 127.0.0.1)")
+    p.add_argument(
+        "--operator-token-file",
+        type=Path,
+        default=None,
+        help="bearer token of the operator views (exact dead-letter counts); or $PTEL_MONITOR_OPERATOR_TOKEN; "
+        "without one they answer on a loopback bind only",
+    )
     p.add_argument("--app-id", default=None, help="Faust app id / consumer group (default: ptel-monitor.<spec>)")
     p.set_defaults(func=run)
 
@@ -49,8 +59,19 @@ def run(args: Any) -> int:
     connection = kafka_connection_or_report(args)
     if connection is None:
         return 2
+    token = os.environ.get("PTEL_MONITOR_OPERATOR_TOKEN")
+    if args.operator_token_file is not None:
+        try:
+            token = args.operator_token_file.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            print(f"ptel monitor: --operator-token-file {args.operator_token_file}: {err.strerror}", file=sys.stderr)
+            return 2
+    if token is not None and len(token) < 16:
+        print("ptel monitor: the operator token must have at least 16 characters", file=sys.stderr)
+        return 2
     try:
         settings = MonitorSettings(
+            operator_token=SecretStr(token) if token else None,
             bootstrap=connection.bootstrap_servers,
             web_port=args.web_port,
             web_bind=args.web_bind,

@@ -369,3 +369,61 @@ def test_command_refuses_bad_arguments(tmp_path: Any, capsys: pytest.CaptureFixt
     capsys.readouterr()
     assert main(["monitor", "--spec", str(spec), "--bootstrap", "127.0.0.1:1", "--web-port", "0"]) == 2
     assert "web_port (0) must be an integer in [1, 65535]" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# the exact dead-letter counts are operator data (docs/privacy.md)
+
+
+class _Pages:
+    """``app.page(path, name=...)`` of a Faust app: records the handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    def page(self, path: str, name: str) -> Any:
+        def register(handler: Any) -> Any:
+            self.handlers[path] = handler
+            return handler
+
+        return register
+
+
+class _View:
+    def json(self, doc: Any, status: int = 200) -> tuple[int, Any]:
+        return status, doc
+
+    def error(self, status: int, reason: str, **extra: Any) -> tuple[int, Any]:
+        return status, {"error": reason, **extra}
+
+
+class _Request:
+    def __init__(self, authorization: str | None = None) -> None:
+        self.headers = {} if authorization is None else {"Authorization": authorization}
+
+
+async def test_the_dead_letter_counts_are_served_to_operators_only() -> None:
+    from types import SimpleNamespace
+
+    from agents.monitor.views import register_views
+
+    spec = parse_spec(
+        {"name": "m", "window": {"size_s": 10, "grace_s": 2}, "metrics": [{"name": "e", "kind": "bool", "prob": 0.75}]}
+    )
+    tally = {"offset": 5, "records": {"key_capacity": 1}, "reports": {"key_capacity": 1}, "at": ["key_capacity"]}
+    tables = SimpleNamespace(dead_letters={"reports/0": tally}, latest_release={}, release_history={})
+    token = "t" * 32
+
+    async def ask(authorization: str | None, *, operator_token: str | None, loopback: bool) -> tuple[int, Any]:
+        pages = _Pages()
+        register_views(pages, spec, tables, operator_token=operator_token, loopback=loopback)  # type: ignore[arg-type]
+        result: tuple[int, Any] = await pages.handlers["/dead-letters/"](_View(), _Request(authorization))
+        return result
+
+    assert (await ask(None, operator_token=None, loopback=True))[0] == 200  # an operator of this host
+    status, body = await ask(None, operator_token=None, loopback=False)
+    assert status == 403 and "operator token" in body["error"]
+    assert (await ask(None, operator_token=token, loopback=True))[0] == 401
+    assert (await ask("Bearer wrong", operator_token=token, loopback=False))[0] == 401
+    status, body = await ask(f"Bearer {token}", operator_token=token, loopback=False)
+    assert status == 200 and body["operator_data"] is True and body["records"] == {"key_capacity": 1}
