@@ -14,6 +14,7 @@ because each table's partitions must equal its source topic's partitions.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,4 +71,6 @@ def define_topics(app: Any, spec: CollectionSpec) -> MonitorTopics:
 async def ensure_source_topics(bootstrap: Connection, spec: CollectionSpec, timeout_s: float = 30.0) -> None:
     """Create a missing source topic as the agents would; raise :class:`agents.errors.TopicError` if one exists
     with another partition count, :class:`agents.errors.BrokerError` if the broker cannot be reached."""
-    await ensure_plans(bootstrap, _plans(spec), spec.topics.replication_factor, timeout_s)
+    # the monitor only reads them: an existing topic's record limit is the writer's concern (the worker checks it)
+    plans = [dataclasses.replace(p, minimum={}) for p in _plans(spec)]
+    await ensure_plans(bootstrap, plans, spec.topics.replication_factor, timeout_s)
