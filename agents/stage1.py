@@ -30,6 +30,7 @@ import numpy as np
 from agents.errors import StateError
 from agents.kinds import Aggregator, concat
 from agents.partials import Partial
+from agents.placement import Placement
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
@@ -161,8 +162,11 @@ class PartitionState:
         validator: Validator,
         aggregator: Aggregator,
         idle: IdlePolicy | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.partition = partition
+        #: Which partition each report belongs to (``None``: not checked, a one-partition view in tests).
+        self.placement = placement
         self.window = window
         self.validator = validator
         self.aggregator = aggregator
@@ -205,12 +209,19 @@ class PartitionState:
         check, start_of, closed_at = self.validator.check, self.window.start_of, self.window.closed_before
         last_ts: int | None = None
         start = ts_floor = 0
+        placement, partition = self.placement, self.partition
         for rec in records:  # one iteration per Kafka record: keep it lean
-            verdict = check(rec.value)
+            verdict: Accepted | Rejection | None = check(rec.value)
             ts = rec.timestamp_ms
             if ts != last_ts:  # LogAppendTime: runs of records share a millisecond
                 start, ts_floor, last_ts = start_of(ts), closed_at(ts), ts
-            if isinstance(verdict, Rejection):
+            if placement is not None and isinstance(verdict, Accepted):
+                wrong = placement.misplaced(verdict, partition)
+                if wrong is not None:
+                    verdict = self._misplaced(out, rec, verdict, wrong)
+            if verdict is None:
+                pass  # every report of the record belongs to another partition (dead-lettered)
+            elif isinstance(verdict, Rejection):
                 self._reject(out, rec, verdict.reason, verdict.detail, verdict.reports)
             elif self.closed_before_ms is not None and start < self.closed_before_ms:
                 # late against the watermark *before* this record (w_p is a running max over the batch)
@@ -235,6 +246,16 @@ class PartitionState:
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
         return PreparedBatch(out, groups, sources, floors)
+
+    def _misplaced(self, out: BatchResult, rec: SourceRecord, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
+        """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``); the rest."""
+        n = int(np.count_nonzero(wrong))
+        detail = (
+            f"{n} of {verdict.reports} reports belong to another partition of {verdict.metric.name!r} (their "
+            f"pseudonym or cohort maps elsewhere): a copy here would count beside the original"
+        )
+        self._reject(out, rec, "wrong_partition", detail, n)
+        return None if n == verdict.reports else verdict.subset(~wrong)
 
     def aggregate(self, prepared: PreparedBatch) -> BatchResult:
         """The per-window half of :meth:`process` (numpy, one pass per (metric, window) of the batch): place each
@@ -508,6 +529,12 @@ class PartitionState:
             verdict = self.validator.check(rec.value)
             if isinstance(verdict, Rejection):
                 continue
+            if self.placement is not None:  # the rows process() took: those of this partition
+                wrong = self.placement.misplaced(verdict, self.partition)
+                if wrong is not None:
+                    if bool(wrong.all()):
+                        continue
+                    verdict = verdict.subset(~wrong)
             key = (verdict.metric.name, self.window.start_of(rec.timestamp_ms))
             groups[key].append(verdict)
             sources[key].append(rec)

@@ -31,6 +31,7 @@ from agents.errors import AgentError, ConfigurationError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
+from agents.placement import Placement
 from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, SourceRecord
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
@@ -176,6 +177,7 @@ class Worker:
         self.window = WindowSpec(spec.window.size_s, spec.window.grace_s)
         self.validator = Validator(spec, protocols, olh_range)
         self.aggregator = Aggregator(spec, olh_range)
+        self.placement = Placement(spec.topics.partitions)
         self.builder = builder
         self.on_release = on_release
         self.stats = WorkerStats()
@@ -349,7 +351,7 @@ class Worker:
         producer = await start_transactional_producer(
             self.settings.connection, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
         )
-        state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle)
+        state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
         state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
         offset = await self._seek_committed(tp)
         replay = state.replay_from()
