@@ -35,6 +35,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,19 +175,32 @@ class _Progress:
 
 
 class _Pacer:
-    """Sleeps so that ``sent`` reports take at least ``sent / rate`` seconds (no cap when rate <= 0)."""
+    """Caps the send rate at ``rate`` reports/s (no cap when ``rate <= 0``): a token bucket that holds at most
+    ``burst_s`` seconds' worth of reports, so idle time (the waits between real-time windows) never builds up credit
+    for a later burst -- the rate holds over every interval longer than ``burst_s``, not only on average."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.rate = rate
-        self.start = time.monotonic()
-        self.sent = 0
+        self.capacity = max(1.0, rate * burst_s)
+        self.clock = clock
+        self.sleep = sleep
+        self.tokens = self.capacity
+        self.last = clock()
 
     async def sent_more(self, n: int) -> None:
-        self.sent += n
-        if self.rate > 0:
-            ahead = self.sent / self.rate - (time.monotonic() - self.start)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
+        if self.rate <= 0:
+            return
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate) - n
+        self.last = now
+        if self.tokens < 0:  # the deficit is paid by waiting; the refill after the wait covers it
+            await self.sleep(-self.tokens / self.rate)
 
 
 async def simulate(
