@@ -102,8 +102,10 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
                 )
             ],
         }
-        bad = [(b"bad", v) for values in corpus.values() for v in values]
-        singles = [(partition_key("crashed", i % 64), bool_report(1000 + i)) for i in range(300)]
+        # valid reports refused for their window go where their pseudonym maps (elsewhere: wrong_partition)
+        home = {"window_mismatch": partition_key("crashed", 77 % 64), "late": partition_key("crashed", 78 % 64)}
+        bad = [(home.get(reason, b"bad"), v) for reason, values in corpus.items() for v in values]
+        singles = [(partition_key("crashed", (1000 + i) % 64), bool_report(1000 + i)) for i in range(300)]
         batches = [
             (
                 partition_key("crashed", b),
@@ -111,7 +113,7 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
                     ReportBatch(
                         "crashed",
                         fp["crashed"],
-                        np.arange(2000 + 100 * b, 2100 + 100 * b, dtype=np.uint64),
+                        (64 * (10_000 + 100 * b + np.arange(100)) + b).astype(np.uint64),  # all of shard b
                         np.full(100, now_s, np.uint32),
                         BoolColumns(np.arange(100) % 3 == 0),
                     )
@@ -119,7 +121,7 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
             )
             for b in range(2)
         ]
-        repeated = [(partition_key("crashed", 1), bool_report(999_999)) for _ in range(5)]  # 1 counted, 4 over bound
+        repeated = [(partition_key("crashed", 999_999 % 64), bool_report(999_999)) for _ in range(5)]  # 1 + 4 over
         await send_all(kafka_bootstrap, spec.topics.reports, bad + singles + batches + repeated)
 
         expected = Counter({reason: len(v) for reason, v in corpus.items()})
