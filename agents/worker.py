@@ -78,6 +78,10 @@ class WorkerSettings:
     future_tolerance_ms: int = FUTURE_TOLERANCE_MS
     #: Take over the dataset's privacy ledger from the group that owns it (see :meth:`Worker._ledger_owner`).
     adopt_ledger: bool = False
+    #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
+    #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
+    #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
+    instance_id: str | None = None
     #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
     #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
     backlog_s: int = 60
@@ -218,6 +222,7 @@ class Worker:
             session_timeout_ms=self.settings.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.settings.session_timeout_ms // 5),
             max_partition_fetch_bytes=8 << 20,
+            group_instance_id=self.settings.instance_id,
         )
         await self._consumer.start()
         # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would

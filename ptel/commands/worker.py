@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from typing import Any
@@ -60,6 +61,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="take over the privacy ledger of the reports topic from the worker group that owns it (its cursors, "
         "budget and noise key continue: no window is released twice); stop the other group first",
+    )
+    p.add_argument(
+        "--instance-id",
+        default=os.environ.get("PTEL_WORKER_INSTANCE_ID"),
+        help="static group membership id, unique per worker process: a restarted worker takes its partitions back "
+        "at once (default $PTEL_WORKER_INSTANCE_ID; none: dynamic membership)",
     )
     p.add_argument(
         "--backlog",
@@ -115,6 +122,7 @@ def run(args: Any) -> int:
         idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
         max_batch=args.max_batch,
         adopt_ledger=args.adopt_ledger,
+        instance_id=args.instance_id or None,
         backlog_s=args.backlog,
     )
     try:
