@@ -57,6 +57,10 @@ class MonitorSettings:
     kafka: KafkaConnection | None = field(default=None, repr=False)
     #: Bearer token of the operator views (exact dead-letter counts); ``None``: served on a loopback bind only.
     operator_token: SecretStr | None = field(default=None, repr=False)
+    #: A reverse proxy in front authenticates every request (off loopback without a token: documented mode).
+    behind_proxy: bool = False
+    #: Serve Faust's built-in ``/router/`` and ``/table/`` views too (off: they expose raw table contents).
+    faust_views: bool = False
 
     @property
     def loopback(self) -> bool:
@@ -128,5 +132,7 @@ def create_app(spec: CollectionSpec, settings: MonitorSettings) -> Any:
         web_enabled=True,
         web_port=settings.web_port,
         web_bind=settings.web_bind,
+        web_router_enabled=settings.faust_views,
+        web_tables_enabled=settings.faust_views,
         **extra,
     )

@@ -42,6 +42,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--web-port", type=int, default=6066, help="port of the JSON views (default 6066)")
     p.add_argument("--web-bind", default="127.0.0.1", help="interface the web server listens on (default 127.0.0.1)")
     p.add_argument(
+        "--behind-proxy",
+        action="store_true",
+        help="a reverse proxy in front authenticates every request: allows a non-loopback --web-bind without a token",
+    )
+    p.add_argument(
+        "--faust-views", action="store_true", help="also serve Faust's built-in /router/ and /table/ views (off)"
+    )
+    p.add_argument(
         "--operator-token-file",
         type=Path,
         default=None,
@@ -72,6 +80,8 @@ def run(args: Any) -> int:
     try:
         settings = MonitorSettings(
             operator_token=SecretStr(token) if token else None,
+            behind_proxy=args.behind_proxy,
+            faust_views=args.faust_views,
             bootstrap=connection.bootstrap_servers,
             web_port=args.web_port,
             web_bind=args.web_bind,
@@ -80,6 +90,14 @@ def run(args: Any) -> int:
         )
     except AgentError as err:
         print(err, file=sys.stderr)
+        return 2
+    if not settings.loopback and settings.operator_token is None and not settings.behind_proxy:
+        print(
+            f"ptel monitor: --web-bind {settings.web_bind} is not loopback: give an operator token "
+            "(--operator-token-file or $PTEL_MONITOR_OPERATOR_TOKEN), or --behind-proxy if a reverse proxy "
+            "authenticates every request",
+            file=sys.stderr,
+        )
         return 2
     # One event loop for the topic check and the Faust worker (Faust binds its services to the current loop).
     loop = asyncio.new_event_loop()
@@ -93,7 +111,7 @@ def run(args: Any) -> int:
     app = build_monitor(spec, settings)
     print(
         f"monitor {app.conf.id} on {connection.describe()}: "
-        f"http://{settings.web_bind}:{settings.web_port}/metrics/ and /dead-letters/",
+        f"http://{settings.web_bind}:{settings.web_port}/api/metrics/ (JSON), /metrics (Prometheus), /healthz, /readyz",
         flush=True,
     )
     # the logging set-up of `ptel` (ptel.logs) stays in place: Faust logs through the same handler and format

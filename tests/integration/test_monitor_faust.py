@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
@@ -219,7 +220,7 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
 
         want_records = {"late": 1, "unknown_metric": 1, "wire.truncated": 1, "wrong_kind": 1}
         body = await _wait_view(
-            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
+            proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
         )
         assert body["records"] == want_records
         assert body["reports"] == {"late": 1, "unknown_metric": 4, "wire.truncated": 1, "wrong_kind": 1}
@@ -233,23 +234,23 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
         latest = await _wait_view(
             proc,
             log,
-            f"{base}/metrics/crashed/latest/",
+            f"{base}/api/metrics/crashed/latest/",
             lambda s, b: s == 200 and b["window_start_ms"] == T0 + WINDOW_MS,
         )
         assert latest["n"] == 120 and latest["key"] == crashed1.key and latest["window_end_ms"] == T0 + 2 * WINDOW_MS
         assert latest["estimates"][0]["label"] == "true_fraction" and latest["estimates"][0]["value"] == 0.5
         assert latest["privacy"]["epsilon_inf"] == 1.0
-        history = await _wait_view(proc, log, f"{base}/metrics/crashed/history/", lambda s, b: s == 200)
+        history = await _wait_view(proc, log, f"{base}/api/metrics/crashed/history/", lambda s, b: s == 200)
         assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
         assert history["releases"][0]["source_offset"] == 2  # the duplicate's offset: one entry, same content
-        index = await _wait_view(proc, log, f"{base}/metrics/", lambda s, b: s == 200)
+        index = await _wait_view(proc, log, f"{base}/api/metrics/", lambda s, b: s == 200)
         assert [(m["metric"], m["kind"], m["latest"]["key"]) for m in index["metrics"]] == [
             ("crashed", "bool", crashed1.key),
             ("theme", "categorical", theme0.key),
         ]
-        theme = await _wait_view(proc, log, f"{base}/metrics/theme/latest/", lambda s, b: s == 200)
+        theme = await _wait_view(proc, log, f"{base}/api/metrics/theme/latest/", lambda s, b: s == 200)
         assert theme["released_keys"] == [{"key": "a", "count": 40.0, "value_true": None}]
-        status, body = await asyncio.to_thread(_get, f"{base}/metrics/nosuch/latest/")
+        status, body = await asyncio.to_thread(_get, f"{base}/api/metrics/nosuch/latest/")
         assert status == 404 and "unknown metric" in body["error"]
         assert _stop(proc) == 0
 
@@ -262,16 +263,16 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
             abort=False,
         )
         body = await _wait_view(
-            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
+            proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
         )
         assert body["records"] == {**want_records, "late": 2}
         assert body["total_reports"] == 8
-        crashed = await _wait_view(proc, log, f"{base}/metrics/crashed/latest/", lambda s, b: s == 200)
+        crashed = await _wait_view(proc, log, f"{base}/api/metrics/crashed/latest/", lambda s, b: s == 200)
         assert crashed["key"] == crashed1.key and crashed["n"] == 120  # an old window re-published is not newer
         history = await _wait_view(
             proc,
             log,
-            f"{base}/metrics/crashed/history/",
+            f"{base}/api/metrics/crashed/history/",
             lambda s, b: s == 200 and b["releases"] and b["releases"][0]["source_offset"] > 2,
         )
         assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
@@ -314,7 +315,7 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         await send_all(kafka_bootstrap, spec.topics.reports, bad + good)
 
         body = await _wait_view(
-            proc, log, f"{base}/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
+            proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
         )
         assert body["records"] == {"unknown_metric": 1, "window_mismatch": 1, "wire.empty": 2, "wrong_fingerprint": 1}
         assert body["total_reports"] == 5
@@ -322,7 +323,7 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         history = await _wait_view(
             proc,
             log,
-            f"{base}/metrics/crashed/history/",
+            f"{base}/api/metrics/crashed/history/",
             lambda s, b: s == 200 and any(r["window_start_ms"] == start_ms for r in b["releases"]),
         )
         latest = next(r for r in history["releases"] if r["window_start_ms"] == start_ms)
@@ -335,8 +336,18 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         assert latest["estimates"] == [e.model_dump(mode="json") for e in rel.estimates]
         assert latest["privacy"] == rel.privacy.model_dump(mode="json")
         await asyncio.sleep(1.0)  # nothing more arrives: the counts stay exact
-        status, again = await asyncio.to_thread(_get, f"{base}/dead-letters/")
+        status, again = await asyncio.to_thread(_get, f"{base}/api/dead-letters/")
         assert status == 200 and again["records"] == body["records"]
+        # operations: Prometheus text that prometheus_client parses (faust-streaming's sensors), health, readiness,
+        # and the JSON views' old paths redirect to /api/
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            families = {f.name for f in text_string_to_metric_families(response.read().decode())}
+        assert any(name.endswith("messages_received") for name in families), sorted(families)[:20]
+        assert (await asyncio.to_thread(_get, f"{base}/healthz"))[0] == 200
+        ready = await _wait_view(proc, log, f"{base}/readyz", lambda s, b: s == 200)
+        assert ready["ready"] is True
+        moved = await asyncio.to_thread(_get, f"{base}/metrics/crashed/history/")
+        assert moved[0] == 200 and moved[1]["metric"] == "crashed"  # followed from the old path
         assert _stop(proc) == 0
     finally:
         if proc.poll() is None:

@@ -132,7 +132,7 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(tmp_path: Path)
         deadline = time.monotonic() + 90
         status, body = 0, None
         while time.monotonic() < deadline:
-            status, body = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{port}/metrics/crashed/history/")
+            status, body = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{port}/api/metrics/crashed/history/")
             if status == 200 and body and len(body.get("releases", [])) >= 2:
                 break
             await asyncio.sleep(1.0)

@@ -335,8 +335,10 @@ def test_monitor_tables_match_their_source_topics_and_views_are_routed() -> None
     assert tables["dead_letters"].changelog_topic.get_topic_name() == "ptel-monitor.mon-dead_letters-changelog"
     assert {a.channel.get_topic_name() for a in app.agents.values()} == {"rel", "dl"}
     paths = {view.view_path for view in app.web.views.values()}
-    assert {"/metrics/", "/metrics/{metric}/latest/", "/metrics/{metric}/history/", "/dead-letters/"} <= paths
-
+    assert {"/api/metrics/", "/api/metrics/{metric}/latest/", "/api/metrics/{metric}/history/"} <= paths
+    assert {"/api/dead-letters/", "/metrics", "/healthz", "/readyz"} <= paths
+    assert {"/metrics/", "/dead-letters/"} <= paths  # redirects to /api/ for one release
+    assert not any(p.startswith(("/table", "/router")) for p in paths)  # Faust's raw views are off
 
 def test_metrics_index_lists_every_metric() -> None:
     spec = _spec()
@@ -417,7 +419,8 @@ async def test_the_dead_letter_counts_are_served_to_operators_only() -> None:
     async def ask(authorization: str | None, *, operator_token: str | None, loopback: bool) -> tuple[int, Any]:
         pages = _Pages()
         register_views(pages, spec, tables, operator_token=operator_token, loopback=loopback)  # type: ignore[arg-type]
-        result: tuple[int, Any] = await pages.handlers["/dead-letters/"](_View(), _Request(authorization))
+        assert (await pages.handlers["/healthz"](_View(), _Request()))[0] == 200
+        result: tuple[int, Any] = await pages.handlers["/api/dead-letters/"](_View(), _Request(authorization))
         return result
 
     assert (await ask(None, operator_token=None, loopback=True))[0] == 200  # an operator of this host
