@@ -32,7 +32,9 @@ def _listeners(value: str) -> dict[str, str]:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"kafka", "worker", "producer"}
+    assert set(compose["services"]) == {"kafka", "worker", "monitor", "producer"}
+    for name in ("kafka", "worker", "monitor"):
+        assert compose["services"][name]["healthcheck"]["test"], name
 
 
 def test_kafka_is_the_official_391_image_in_kraft_combined_mode(kafka: dict[str, Any]) -> None:
