@@ -12,7 +12,9 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   ``transactions``, ``handovers``             counter   Kafka transactions committed, stage-1 hand-overs
   ``releases``                                counter   releases published (this process), by ``metric`` and ``outcome``
                                                         (``released`` / ``refused``)
-  ``records_refetched``                       counter   records fetched twice and dropped (replays)
+  ``records_refetched``                       counter   records fetched twice and dropped
+  ``aborts``, ``reports_replayed``            counter   transactions aborted and retried; reports re-admitted by the
+                                                        replay of open windows after an assignment
   ``rejected_records``, ``rejected_reports``  counter   dead letters by ``reason`` and source ``partition`` (since the
                                                         group started: persisted with each partition's state)
   ``consumer_lag``                            gauge     per source ``partition``: high watermark minus next offset
@@ -104,6 +106,8 @@ class WorkerObserver(Collector):
             ("handovers", stats.handovers, "Stage-1 hand-overs committed by this process"),
             ("records_refetched", stats.records_refetched, "Records fetched again and dropped"),
             ("dead_letters", stats.dead_letters, "Dead letters written by this process"),
+            ("aborts", stats.aborts, "Transactions aborted and retried (a record refused for its size)"),
+            ("reports_replayed", stats.reports_replayed, "Reports re-admitted by replays after an assignment"),
         ):
             yield CounterMetricFamily(f"ptel_worker_{name}", text, value=value)
         releases = CounterMetricFamily(

@@ -108,6 +108,10 @@ class WorkerStats:
     transactions: int = 0
     #: Source records fetched again after the worker had taken them up (dropped, never counted twice).
     records_refetched: int = 0
+    #: Transactions aborted and retried (a record the broker refused for its size) -- any other abort stops the worker.
+    aborts: int = 0
+    #: Reports re-admitted to the open windows' client maps by the replays after an assignment.
+    reports_replayed: int = 0
     #: (release key, wall ms of its commit) of the latest releases (bounded: a worker runs for months).
     release_wall_ms: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=10_000))
     #: ``time.perf_counter()`` when the fetch that brought the first source record began (not before the worker's
@@ -367,6 +371,7 @@ class Worker:
             # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
             trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
             readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
+            self.stats.reports_replayed += readmitted
         self._stage1[p] = _Stage1Slot(state, producer, _now_ms(), offset)
         log.info(
             "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",
@@ -607,6 +612,7 @@ class Worker:
         try:
             await self._stage1_transaction(slot, tp, work, self._dead_letter_limit)
         except MessageSizeTooLargeError as err:
+            self.stats.aborts += 1
             log.warning(
                 "partition %d: a record was refused for its size (%r); retrying with dead letters truncated",
                 tp.partition,

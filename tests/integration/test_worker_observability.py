@@ -85,6 +85,8 @@ async def test_metrics_health_and_readiness_follow_the_broker(tmp_path: Path) ->
             "ptel_worker_last_release_timestamp_seconds",
             "ptel_worker_privacy_spent",
             "ptel_worker_transactions",
+            "ptel_worker_aborts",
+            "ptel_worker_reports_replayed",
             "ptel_worker_up",
         ):
             assert name in families, (name, sorted(families))
