@@ -71,7 +71,7 @@ async def _first_release_after(bootstrap: str, topic: str, after_ms: int, timeou
                 for r in recs:
                     doc = json.loads(r.value)
                     if doc["window_end_ms"] > after_ms and r.timestamp > after_ms:
-                        return (r.timestamp - after_ms) / 1000.0
+                        return float(r.timestamp - after_ms) / 1000.0
         return None
     finally:
         await consumer.stop()
