@@ -33,6 +33,7 @@ class Placement:
         self.partitions = partitions
         self.shards = shards
         self._of: dict[tuple[str, int], int] = {}
+        self._mask = np.uint64(shards - 1) if shards & (shards - 1) == 0 else None
 
     def partition_of(self, metric: str, shard: int) -> int:
         """Kafka's default partitioner on ``partition_key(metric, shard)``."""
@@ -56,10 +57,16 @@ class Placement:
             else:
                 home = self.partition_of(name, shard % self.shards)
             return None if home == partition else np.ones(1, np.bool_)
+        shards: np.ndarray
         if isinstance(columns, RapporColumns):
             shards = columns.cohorts.astype(np.int64)
+        elif self._mask is not None:  # a power of two: one AND per row
+            shards = accepted.pseudonyms & self._mask
         else:
-            shards = (accepted.pseudonyms % np.uint64(self.shards)).astype(np.int64)
+            shards = accepted.pseudonyms % np.uint64(self.shards)
+        first = int(shards[0])
+        if bool((shards == shards[0]).all()):  # the usual batch: one shard (producers batch by key)
+            return None if self.partition_of(name, first) == partition else np.ones(accepted.reports, np.bool_)
         unique, inverse = np.unique(shards, return_inverse=True)
         homes = np.array([self.partition_of(name, int(s)) for s in unique.tolist()], np.int64)
         wrong = homes[inverse] != partition

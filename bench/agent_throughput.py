@@ -298,10 +298,13 @@ def batch_messages(
     gen = np.random.default_rng(20261121)  # bench data only: stands in for the devices' PRF pseudonyms
     out = []
     for b in range(batches):
+        # as the edge client batches them: every row of one shard (pseudonym mod 64), which is the message's key --
+        # the worker counts a row only on the partition its shard maps to
+        shard = np.uint64(b % 64)
         if pseudonyms == "random":
-            ids = gen.integers(0, 1 << 64, size, dtype=np.uint64, endpoint=False)
+            ids = gen.integers(0, 1 << 58, size, dtype=np.uint64, endpoint=False) * np.uint64(64) + shard
         else:
-            ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64)
+            ids = np.arange(b * size, (b + 1) * size, dtype=np.uint64) * np.uint64(64) + shard
         batch = ReportBatch("m0", fp, ids, np.full(size, sent_s, np.uint32), BoolColumns(ids % 4 == 0))
         out.append((partition_key("m0", b % 64), encode_batch(batch)))
     return out
