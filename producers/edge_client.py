@@ -16,6 +16,15 @@ by the broker's LogAppendTime and dead-letter (``window_mismatch``) a report who
 size_s`` is another window, so that a device has one pseudonym -- one quota -- per release window. An
 event's own time (simulated, replayed, buffered) never reaches the wire: a device that flushes buffered
 events sends them all in the current window, where the contribution bounds clip them.
+
+A vectorized call (:meth:`EdgeClient.send_rows`) privatizes its events together, stamped with one send
+time, but hands them to the sink message by message; it reads the clock again before every message, and
+when a window boundary has passed since the stamp, the rows not yet handed over are privatized again with
+the new time (new window, new pseudonym, admitted against the new window's quota). So every message
+leaves in the window its reports name, whatever the size of the call; the rows re-stamped never left the
+device (they spent nothing), and their admission in the old window only over-counts a window that is over.
+What remains is the delivery delay after the hand-over (linger, network), a few milliseconds at a
+boundary, which the agents' grace covers.
 """
 
 from __future__ import annotations
@@ -101,12 +110,15 @@ class EdgeClient:
         #: ``client_time`` of the last :meth:`send` / :meth:`send_many` (``None`` before the first).
         self.last_client_time: int | None = None
 
-    def client_time(self) -> int:
-        """The device clock now, in whole seconds: ``floor(clock())``, what the next report carries."""
+    def _now(self) -> int:
         now = self.clock()
         if not math.isfinite(now) or not 0 <= now < 2**32:
             raise ValueError(f"device clock ({now!r}) must be seconds since the epoch in [0, 2^32)")
-        t = self.last_client_time = math.floor(now)
+        return math.floor(now)
+
+    def client_time(self) -> int:
+        """The device clock now, in whole seconds: ``floor(clock())``, what the next report carries."""
+        t = self.last_client_time = self._now()
         return t
 
     def privatizer(self, metric: str) -> MetricPrivatizer:
@@ -135,38 +147,75 @@ class EdgeClient:
     async def send_many(
         self, metric: str, values: Sequence[Any], *, secrets: Sequence[ClientSecret]
     ) -> NDArray[np.bool_]:
-        """Privatize many clients' events now (vectorized, all stamped with one send time, see
-        :attr:`last_client_time`) and publish those within the bounds per :attr:`batch_size`.
+        """Privatize and publish many clients' events now (see :meth:`send_rows`).
 
         Returns the admission mask: ``mask[i]`` is False when a contribution bound dropped event i.
         """
-        privatizer = self.privatizer(metric)
-        batch = privatizer.batch(values, secrets=secrets, client_times=self.client_time())
-        admitted = self.limiter.admit_batch(batch) if self.limiter is not None else np.ones(len(batch), np.bool_)
-        if self.limiter is not None:
-            self.limiter.persist()  # on disk before they leave
-        if not admitted.all():
-            self.stats.dropped += int((~admitted).sum())
-            if not admitted.any():
-                return admitted
-            batch = batch.subset(admitted)
-        await self.publish_batch(batch)
-        return admitted
+        return await self.send_rows(metric, values, secrets=secrets) >= 0
 
-    async def publish_batch(self, batch: ReportBatch) -> None:
-        """Publish already privatized reports: singly (``batch_size = 0``) or as per-key batches."""
+    async def send_rows(
+        self, metric: str, values: Sequence[Any], *, secrets: Sequence[ClientSecret]
+    ) -> NDArray[np.int64]:
+        """Privatize many clients' events (vectorized, stamped with the send time) and publish those within
+        the bounds per :attr:`batch_size`; rows still unsent when the clock crosses a window boundary are
+        privatized again in the new window (see the module doc).
+
+        Returns the window ``client_time // size_s`` each event was sent in, ``-1`` where a contribution
+        bound dropped it.
+        """
+        if len(values) != len(secrets):
+            raise ValueError(f"values ({len(values)}) and secrets ({len(secrets)}) must have the same length")
+        privatizer = self.privatizer(metric)
+        size = self.spec.window.size_s
+        windows = np.full(len(values), -1, dtype=np.int64)
+        todo = np.arange(len(values), dtype=np.int64)
+        while todo.size:
+            t = self.client_time()
+            if todo.size == len(values):
+                batch = privatizer.batch(values, secrets=secrets, client_times=t)
+            else:
+                rows = todo.tolist()
+                batch = privatizer.batch([values[i] for i in rows], secrets=[secrets[i] for i in rows], client_times=t)
+            admitted = self.limiter.admit_batch(batch) if self.limiter is not None else np.ones(len(batch), np.bool_)
+            if self.limiter is not None:
+                self.limiter.persist()  # on disk before they leave: a restart never sends them again
+            if not admitted.all():
+                self.stats.dropped += int((~admitted).sum())
+                if not admitted.any():
+                    break
+                batch, todo = batch.subset(admitted), todo[admitted]
+            published = await self.publish_batch(batch, window=t // size)
+            windows[todo[published]] = t // size
+            todo = todo[~published]
+        return windows
+
+    def _window_changed(self, window: int | None) -> bool:
+        return window is not None and self._now() // self.spec.window.size_s != window
+
+    async def publish_batch(self, batch: ReportBatch, *, window: int | None = None) -> NDArray[np.bool_]:
+        """Publish already privatized reports: singly (``batch_size = 0``) or as per-key batches.
+
+        With ``window``, stops before the first message that would leave after the clock has left that window.
+        Returns the mask of the rows handed to the sink (all of them without ``window``).
+        """
+        published = np.zeros(len(batch), dtype=np.bool_)
         shard_ids = batch.shards(self.shards)
         if self.batch_size == 0:
             keys: dict[int, bytes] = {}
-            for data, shard in zip(encode_rows(batch, format=self.wire_format), shard_ids.tolist(), strict=True):
+            for i, (data, shard) in enumerate(
+                zip(encode_rows(batch, format=self.wire_format), shard_ids.tolist(), strict=True)
+            ):
+                if self._window_changed(window):
+                    break
                 key = keys.get(shard)
                 if key is None:
                     key = keys[shard] = partition_key(batch.metric, shard)
                 await self.sink.publish(key, data)
+                published[i] = True
+                self.stats.reports += 1
                 self.stats.messages += 1
                 self.stats.bytes += len(data)
-            self.stats.reports += len(batch)
-            return
+            return published
         order = np.argsort(shard_ids, kind="stable")
         sorted_ids = shard_ids[order]
         bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
@@ -175,9 +224,13 @@ class EdgeClient:
                 continue
             key = partition_key(batch.metric, int(shard_ids[rows[0]]))
             for start in range(0, int(rows.size), self.batch_size):
-                part = batch.subset(rows[start : start + self.batch_size])
-                data = encode_batch(part, format=self.wire_format)
+                if self._window_changed(window):
+                    return published
+                chosen = rows[start : start + self.batch_size]
+                data = encode_batch(batch.subset(chosen), format=self.wire_format)
                 await self.sink.publish(key, data)
+                published[chosen] = True
+                self.stats.reports += int(chosen.size)
                 self.stats.messages += 1
                 self.stats.bytes += len(data)
-        self.stats.reports += len(batch)
+        return published

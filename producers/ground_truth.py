@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from producers.private_file import private_temp_file
 from schemas.spec import CategoricalMetric, CollectionSpec
@@ -55,6 +56,19 @@ class GroundTruth:
             else:
                 cells[window] = {"n": 0, "sum_x": 0.0, "sum_y": 0.0, "sum_xx": 0.0, "sum_xy": 0.0}
         return cells[window]
+
+    def add_rows(
+        self, metric: str, windows: NDArray[np.int64], values: Sequence[Any], indices: np.ndarray | None = None
+    ) -> None:
+        """Record ``values[i]`` in window ``windows[i]`` for every i with ``windows[i] >= 0`` (what
+        :meth:`producers.edge_client.EdgeClient.send_rows` returns: ``-1`` for an event not sent)."""
+        w = np.asarray(windows, dtype=np.int64)
+        if len(w) != len(values) or (indices is not None and len(indices) != len(values)):
+            raise ValueError("windows, values (and indices) must have the same length")
+        for window in np.unique(w[w >= 0]).tolist():
+            sel = w == window
+            picked = [v for v, ok in zip(values, sel.tolist(), strict=True) if ok]
+            self.add(metric, window, picked, None if indices is None else np.asarray(indices)[sel])
 
     def add(self, metric: str, window: int, values: Sequence[Any], indices: np.ndarray | None = None) -> None:
         """Record raw ``values`` of ``metric`` in client window ``window`` (categorical: pass their ``indices``)."""

@@ -185,8 +185,8 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
             wanted.update(f"{m.name}|{start * 1000}" for m in spec.metrics)
             await asyncio.sleep(start + 0.2 - now)
             for ev in population.round():
-                await client.send_many(ev.metric, ev.values, secrets=population.secrets_of(ev.clients))
-                truth.add(ev.metric, (client.last_client_time or 0) // size, ev.values, ev.indices)  # send window
+                sent = await client.send_rows(ev.metric, ev.values, secrets=population.secrets_of(ev.clients))
+                truth.add_rows(ev.metric, sent, ev.values, ev.indices)  # per send window
                 sent_reports += len(ev.values)
             await producer.flush()
         truth.write(out_dir / "demo-truth.json")

@@ -5,8 +5,9 @@ metrics: 1..keys_per_window keys), for ``--windows`` windows (or ``--duration`` 
 seeds' distributions (see producers.simulate) drawn from ``--seed``. With ``--realtime`` (the default)
 each window's reports are sent within that window of wall-clock time, so each simulated window is one
 broker (LogAppendTime) window; with ``--no-realtime`` the windows are sent as fast as possible.
-``--rate`` caps reports per second (0: no cap). Devices enforce the spec's contribution bounds before
-sending (reports over them are counted, not sent).
+``--rate`` caps reports per second (0: no cap) as a token bucket: reports go out in calls of at most a
+tenth of a second's worth, and time spent waiting (between windows) earns no credit for a later burst.
+Devices enforce the spec's contribution bounds before sending (reports over them are counted, not sent).
 
 Replay: ``--replay FILE`` (JSONL or CSV, see producers.replay) sends each valid line; a line that does
 not fit the spec is reported with its line number, counted, and never sent.
@@ -174,33 +175,47 @@ class _Progress:
         self.bar.close()
 
 
-class _Pacer:
-    """Caps the send rate at ``rate`` reports/s (no cap when ``rate <= 0``): a token bucket that holds at most
-    ``burst_s`` seconds' worth of reports, so idle time (the waits between real-time windows) never builds up credit
-    for a later burst -- the rate holds over every interval longer than ``burst_s``, not only on average."""
+class Pacer:
+    """A rate cap: after :meth:`sent_more` returns, the reports sent in any interval of ``T`` seconds number
+    at most ``rate·T + burst`` plus the last call's ``n`` (no cap when ``rate <= 0``).
+
+    A token bucket in its virtual-scheduling form (GCRA): ``due`` is when the reports sent so far would
+    have finished at exactly ``rate``; a call adds ``n / rate`` to it and sleeps until ``due - burst /
+    rate``. An idle spell (between windows, say) moves ``due`` forward to ``now`` only, so it earns at
+    most ``burst`` reports of credit -- never the whole idle time's worth. ``clock`` and ``sleep`` are
+    injectable for tests.
+    """
 
     def __init__(
         self,
         rate: float,
-        burst_s: float = 0.1,
+        *,
+        burst: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        if not math.isfinite(rate) or not math.isfinite(burst) or burst < 0:
+            raise ValueError(f"rate ({rate!r}) must be finite and burst ({burst!r}) finite and non-negative")
         self.rate = rate
-        self.capacity = max(1.0, rate * burst_s)
+        self.burst = burst
         self.clock = clock
         self.sleep = sleep
-        self.tokens = self.capacity
-        self.last = clock()
+        self.due = clock()
+
+    def chunk(self, largest: int) -> int:
+        """Reports per call that keep each call's burst at about a tenth of a second of the rate."""
+        if self.rate <= 0:
+            return largest
+        return max(1, min(largest, math.ceil(self.rate / 10)))
 
     async def sent_more(self, n: int) -> None:
         if self.rate <= 0:
             return
         now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate) - n
-        self.last = now
-        if self.tokens < 0:  # the deficit is paid by waiting; the refill after the wait covers it
-            await self.sleep(-self.tokens / self.rate)
+        self.due = max(self.due, now) + n / self.rate
+        wait = self.due - self.burst / self.rate - now
+        if wait > 0:
+            await self.sleep(wait)
 
 
 async def simulate(
@@ -214,23 +229,21 @@ async def simulate(
     size = spec.window.size_s
     windows = args.windows if args.windows is not None else max(1, math.ceil((args.duration or 3 * size) / size))
     population = Population(spec, args.clients, seed=args.seed, master=master)
-    pacer = _Pacer(args.rate)
+    pacer = Pacer(args.rate)
+    chunk = pacer.chunk(CHUNK)
     for _ in range(windows):
         started = time.time()
         for events in population.round():
             privatizer = client.privatizer(events.metric)
-            for lo in range(0, len(events.values), CHUNK):
-                values = events.values[lo : lo + CHUNK]
-                owners = events.clients[lo : lo + CHUNK]
+            for lo in range(0, len(events.values), chunk):
+                values = events.values[lo : lo + chunk]
+                owners = events.clients[lo : lo + chunk]
                 # stamped with the send time (the wire never carries a simulated time): see the module doc
-                sent = await client.send_many(events.metric, values, secrets=population.secrets_of(owners))
-                now = client.last_client_time or 0
-                kept = [v for v, ok in zip(values, sent.tolist(), strict=True) if ok]  # the truth of what was sent
-                indices = events.indices[lo : lo + CHUNK][sent] if events.indices is not None else None
+                sent = await client.send_rows(events.metric, values, secrets=population.secrets_of(owners))
+                indices = events.indices[lo : lo + chunk] if events.indices is not None else None
                 if indices is None and isinstance(privatizer, CategoricalPrivatizer):
-                    indices = privatizer.indices(kept) if kept else None
-                if kept:
-                    truth.add(events.metric, now // size, kept, indices)
+                    indices = privatizer.indices(values)
+                truth.add_rows(events.metric, sent, values, indices)  # the truth of what was sent, per send window
                 progress.update(len(values))
                 await pacer.sent_more(len(values))
         if args.realtime:
@@ -248,8 +261,8 @@ async def replay(
     progress: _Progress,
 ) -> tuple[int, int]:
     """Send the valid lines of ``--replay``; returns (sent events, rejected lines)."""
-    size = spec.window.size_s
-    pacer = _Pacer(args.rate)
+    pacer = Pacer(args.rate)
+    chunk = pacer.chunk(CHUNK)
     secrets: dict[str, ClientSecret] = {}
     pending: dict[str, list[ReplayEvent]] = defaultdict(list)
     rejected = 0
@@ -265,13 +278,11 @@ async def replay(
             if e.client not in secrets:
                 secrets[e.client] = master.for_client(e.client)
         # stamped with the send time, never the line's event time (see the module doc)
-        admitted = await client.send_many(metric, values, secrets=[secrets[e.client] for e in events])
+        windows = await client.send_rows(metric, values, secrets=[secrets[e.client] for e in events])
         privatizer = client.privatizer(metric)
-        vals = [v for v, ok in zip(values, admitted.tolist(), strict=True) if ok]  # the truth of what was sent
-        if vals:
-            idx = privatizer.indices(vals) if isinstance(privatizer, CategoricalPrivatizer) else None
-            truth.add(metric, (client.last_client_time or 0) // size, vals, idx)
-        sent += int(admitted.sum())
+        idx = privatizer.indices(values) if isinstance(privatizer, CategoricalPrivatizer) else None
+        truth.add_rows(metric, windows, values, idx)  # the truth of what was sent, per send window
+        sent += int((windows >= 0).sum())
         progress.update(len(events))
         await pacer.sent_more(len(events))
 
@@ -284,7 +295,7 @@ async def replay(
                 tqdm.write(f"{args.replay}: further rejected lines are counted, not shown", file=sys.stderr)
             continue
         pending[item.metric].append(item)
-        if len(pending[item.metric]) >= CHUNK:
+        if len(pending[item.metric]) >= chunk:
             await flush(item.metric)
         if len(secrets) > 100_000:
             secrets.clear()  # bound memory on huge replays; secrets are re-derived on demand

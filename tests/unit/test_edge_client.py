@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -227,3 +228,46 @@ async def test_a_restarted_device_never_sends_more_than_its_quota(tmp_path: Path
     quota.write_text("{not json")  # a damaged file fails closed: never a fresh quota
     with pytest.raises(ContributionStateError, match="refusing to send"):
         EdgeClient(spec, ListSink(), clock=lambda: now[0], quota_file=quota)
+
+
+class TickingSink(ListSink):
+    """A sink whose every message takes ``step`` seconds of the device clock (a slow hand-over)."""
+
+    def __init__(self, clock: DeviceClock, step: float) -> None:
+        super().__init__()
+        self.clock, self.step = clock, step
+        self.times: list[float] = []
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        self.times.append(self.clock.t)
+        self.sent.append((key, value))
+        self.clock.t += self.step
+
+
+@pytest.mark.parametrize("batch_size", [0, 25])
+async def test_a_chunk_crossing_a_window_boundary_is_restamped_where_it_crosses(batch_size: int) -> None:
+    # one vectorized call whose hand-over spans a window boundary: every message leaves in the window its
+    # reports name (client_time // size_s and the pseudonym's window), none is stamped with the old window
+    size = SPEC.window.size_s
+    clock = DeviceClock(T0 + size - 1.0)  # 1 s before a boundary
+    sink = TickingSink(clock, 0.01 if batch_size == 0 else 0.1)  # the boundary falls mid-call
+    client = EdgeClient(SPEC, sink, batch_size=batch_size, clock=clock, rng=SeededRandom(4))
+    pop = population(300)
+    theme = next(ev for ev in pop.round() if ev.metric == "theme")
+    secrets = pop.secrets_of(theme.clients)
+    windows = await client.send_rows("theme", theme.values, secrets=secrets)
+    assert (windows >= 0).all() and client.stats.reports == len(theme.values) and client.stats.dropped == 0
+    assert set(windows.tolist()) == {T0 // size, T0 // size + 1}  # both windows, split where the clock crossed
+    seen: dict[int, int] = {}
+    for (_, value), sent_at in zip(sink.sent, sink.times, strict=True):
+        for report in reports_of(decode(value)):
+            assert report.client_time // size == math.floor(sent_at) // size
+            seen[report.pseudonym] = report.client_time // size
+    # each client's one report carries the pseudonym of the window it was sent in, as send_rows says
+    expected = {s.pseudonym("theme", int(w)): int(w) for s, w in zip(secrets, windows.tolist(), strict=True)}
+    assert seen == expected
+    truth = GroundTruth(SPEC, source="simulation")
+    privatizer = client.privatizer("theme")
+    truth.add_rows("theme", windows, theme.values, privatizer.indices(theme.values))  # type: ignore[attr-defined]
+    cells = truth.to_json()["metrics"]["theme"]["windows"]
+    assert {int(w): c["n"] for w, c in cells.items()} == dict(Counter(windows.tolist()))

@@ -122,30 +122,3 @@ def test_every_command_exits_2_on_an_unreadable_spec(
     bad.write_text("name: [unclosed\n")
     assert main([command, "--spec", str(bad)]) == SPEC_ERROR_EXIT == 2
     assert "bad.yaml" in capsys.readouterr().err
-
-
-async def test_the_rate_cap_builds_no_credit_while_idle() -> None:
-    """`ptel produce --rate`: after a long idle gap (the wait for the next real-time window) the next reports still
-    leave at the rate, not in a burst (the pacer counted from the start of the run, so every gap became credit)."""
-    from ptel.commands.produce import _Pacer
-
-    now = [0.0]
-    slept: list[float] = []
-
-    async def sleep(s: float) -> None:
-        slept.append(s)
-        now[0] += s
-
-    pacer = _Pacer(100.0, clock=lambda: now[0], sleep=sleep)
-    for _ in range(10):  # 1,000 reports in chunks of 100 at 100/s: 10 s
-        await pacer.sent_more(100)
-    first = now[0]
-    assert 9.8 <= first <= 10.0
-    now[0] += 60.0  # idle for a minute
-    for _ in range(10):
-        await pacer.sent_more(100)
-    assert 9.8 <= now[0] - first - 60.0 <= 10.0  # again 10 s: no credit from the idle minute
-    unlimited = _Pacer(0.0, clock=lambda: now[0], sleep=sleep)
-    before = len(slept)
-    await unlimited.sent_more(10**6)
-    assert len(slept) == before
