@@ -369,7 +369,7 @@ class BoolMetric(_MetricBase):
 
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client: ``reports · ln(p / (1 - p))`` (basic composition)."""
-        return reports * randomized_response_epsilon(self.resolved_prob(), 2)
+        return mul_up(reports, randomized_response_epsilon(self.resolved_prob(), 2))  # rounded toward the larger loss
 
 
 class BinsSpec(_Frozen):
@@ -455,7 +455,7 @@ class CategoricalMetric(_MetricBase):
 
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client: ``reports · ε`` (basic composition)."""
-        return reports * self.resolved_epsilon()
+        return mul_up(reports, self.resolved_epsilon())  # rounded toward the larger loss
 
     def resolved_protocol(self) -> Literal["krr", "oue", "olh"]:
         """The protocol devices run: ``protocol``, or for ``auto`` the mechanisms' ``choose_protocol(k, ε)``
@@ -853,16 +853,17 @@ class CollectionSpec(_Frozen):
             other = "rho" if unit == "epsilon" else "epsilon"
             raise SpecFieldError(f"metrics[{i}].budget.{other}", f"this release spends {unit}: give budget.{unit}")
         windows = self.window.windows_per_horizon
-        if windows * first > given:
+        total, total_delta = mul_up(windows, first), mul_up(windows, delta)  # toward the larger loss
+        if total > given:
             raise SpecFieldError(
                 f"metrics[{i}].budget.{unit}",
-                f"{windows} releases over the retention horizon spend {unit} = {windows * first:.4g} "
+                f"{windows} releases over the retention horizon spend {unit} = {total:.4g} "
                 f"({first:.4g} per window), above the budget {given}",
             )
-        if windows * delta > budget.delta:
+        if total_delta > budget.delta:
             raise SpecFieldError(
                 f"metrics[{i}].budget.delta",
-                f"{windows} releases over the retention horizon spend delta = {windows * delta:.3g} "
+                f"{windows} releases over the retention horizon spend delta = {total_delta:.3g} "
                 f"({delta:.3g} per window), above the budget {budget.delta}",
             )
 
