@@ -428,6 +428,7 @@ def test_local_horizon_losses_round_toward_the_larger_loss() -> None:
         doc["metrics"][0]["prob"] = prob
         doc["metrics"][0].pop("budget", None)
         metric = parse_spec(doc).metrics[0]
+        assert isinstance(metric, BoolMetric)
         eps = metric.horizon_epsilon(1)
         for reports in range(1, 200):
             low += Fraction(metric.horizon_epsilon(reports)) < reports * Fraction(eps)
