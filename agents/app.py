@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agents.errors import StateError
-from agents.kinds import olh_ranges, resolve_protocols
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.release import build_release
 from agents.validation import Protocol
 from agents.worker import Worker, WorkerSettings
 from mechanisms.rng import DerivedRandom, RandomSource, SeededRandom
+from schemas.conformance import olh_ranges, resolve_protocols
 from schemas.releases import Release, release_key
 from schemas.spec import CollectionSpec
 

@@ -21,15 +21,14 @@ from numpy.typing import NDArray
 
 from agents.errors import ConfigurationError
 from agents.partials import Partial, Shape
-from agents.validation import Accepted, AnyMetric, Protocol
-from mechanisms.local_hashing import make_optimized_local_hashing, olh_bucket_count, olh_support_counts
-from mechanisms.protocol_choice import choose_protocol
+from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
 from mechanisms.randomized_response import (
     make_randomized_response,
     make_randomized_response_bool,
     make_randomized_response_from_epsilon,
 )
 from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
+from schemas.conformance import Accepted, AnyMetric, Protocol
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 from schemas.wire import (
     BoolColumns,
@@ -82,34 +81,6 @@ def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
         got = f"{partial.counts.shape}/{partial.cohort_n.shape}"
         return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
     return None
-
-
-def resolve_protocol(metric: CategoricalMetric) -> Protocol:
-    """The protocol devices use for ``metric``: as written, or the mechanisms' choice for ``auto``."""
-    if metric.protocol != "auto":
-        return metric.protocol
-    if metric.prob is not None:
-        return "krr"  # a k-RR probability was given
-    # the devices make the same choice (mechanisms.protocol_choice), so both sides agree on the payload
-    chosen = str(choose_protocol(metric.k, float(metric.resolved_epsilon())).protocol)
-    chosen = {"grr": "krr"}.get(chosen, chosen)  # the mechanisms call k-RR "GRR"
-    if chosen not in ("krr", "oue", "olh"):
-        raise ConfigurationError(f"protocol of {metric.name}", chosen, "must be one of krr, oue, olh")
-    return chosen  # type: ignore[return-value]
-
-
-def resolve_protocols(spec: CollectionSpec) -> dict[str, Protocol]:
-    """Resolved protocol of every categorical metric."""
-    return {m.name: resolve_protocol(m) for m in spec.metrics if isinstance(m, CategoricalMetric)}
-
-
-def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str, int]:
-    """Hash range ``g = round(e^ε) + 1`` of every OLH metric (``mechanisms.local_hashing.olh_bucket_count``)."""
-    return {
-        m.name: olh_bucket_count(float(m.resolved_epsilon()))
-        for m in spec.metrics
-        if isinstance(m, CategoricalMetric) and protocols.get(m.name) == "olh"
-    }
 
 
 @dataclass(frozen=True)

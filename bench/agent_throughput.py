@@ -51,7 +51,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.app import build_worker
-from agents.kinds import Aggregator, resolve_protocols
+from agents.kinds import Aggregator
 from agents.stage1 import PartitionState, SourceRecord
 from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import Accepted, Validator
@@ -59,6 +59,7 @@ from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
 from agents.worker import Worker, WorkerSettings
 from ptel.kafka_broker import LocalKafka, default_port
+from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import BoolColumns, BoolPayload, Report, ReportBatch, encode_batch, encode_report, partition_key
 

@@ -25,10 +25,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from agents.errors import AgentError
-from agents.kinds import resolve_protocols
 from agents.stage1 import Handover, PartitionState, PreparedBatch, SourceRecord, watermark_key
 from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
 from agents.worker import PIPELINE_DEPTH, Worker, WorkerSettings, _Stage1Slot
+from schemas.conformance import resolve_protocols
 from tests.unit.test_agents_worker import SPEC, _bool, _no_release
 
 P = ParamSpec("P")

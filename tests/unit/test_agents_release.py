@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agents.errors import StateError
-from agents.kinds import Aggregator, local_measurement, resolve_protocols, shape_of
+from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.release import build_release
@@ -14,6 +14,7 @@ from agents.stage1 import Handover
 from agents.stage2 import ReleaserState
 from mechanisms.rappor import encode_batch_packed
 from mechanisms.rng import SeededRandom
+from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import BudgetSpec, CategoricalMetric, CollectionSpec, RapporMetric, parse_spec
 

@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.kinds import Aggregator, resolve_protocols, shape_mismatch
+from agents.kinds import Aggregator, shape_mismatch
 from agents.partials import Partial, same_counts
 from agents.stage1 import Handover, PartitionState, SourceRecord
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
+from schemas.conformance import resolve_protocols
 from schemas.spec import parse_spec
 from schemas.wire import (
     BoolColumns,

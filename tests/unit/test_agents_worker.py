@@ -13,7 +13,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.changelog import ReplayError, check_range_retained
 from agents.errors import ConfigurationError, StateError
-from agents.kinds import Aggregator, resolve_protocols
+from agents.kinds import Aggregator
 from agents.stage1 import DeadLetter, PartitionState
 from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY, ReleaserState
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics
@@ -25,6 +25,7 @@ from agents.watermarks import (
     untrusted_timestamp,
 )
 from agents.worker import Worker, WorkerSettings
+from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, Report, encode_report

@@ -30,7 +30,7 @@ import pytest
 from scipy.stats import beta
 
 from agents.app import release_builder
-from agents.kinds import Aggregator, resolve_protocols
+from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.release import build_release
 from agents.stage1 import Handover, PartitionState, SourceRecord
@@ -40,6 +40,7 @@ from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
 from producers.client_secret import ClientSecret
 from producers.privatize import make_privatizers
+from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, RapporMetric, parse_spec
 from schemas.wire import RapporColumns, encode_report

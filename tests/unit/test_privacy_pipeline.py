@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from agents.app import release_builder
-from agents.kinds import Aggregator, resolve_protocols
+from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1 import Handover
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.worker import Worker, WorkerSettings
+from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, RapporMetric, parse_spec
 

@@ -1,0 +1,297 @@
+"""Does a report conform to a spec? Decode one record and check it against the spec's metrics.
+
+This is the contract between devices and every service that accepts their reports (the agents before they
+count, the HTTP gateway before it forwards): the payload kind a device sends for each metric, the shape of its
+payload (categories ``< k``, bit vectors of length ``k``, cohorts ``< m``, OLH values ``< g``, keys of at most
+``max_key_bytes``), and the fingerprint of the device parameters it was privatized under.
+
+Nothing here raises on bad input: a malformed or out-of-spec record becomes a :class:`Rejection` whose
+``reason`` is a wire decoder's reason prefixed ``wire.`` or one of :data:`CONFORMANCE_REASONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from mechanisms.local_hashing import olh_bucket_count
+from mechanisms.protocol_choice import choose_protocol
+from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+from schemas.wire import (
+    WIRE_ERROR_REASONS,
+    BatchColumns,
+    BoolColumns,
+    BoolPayload,
+    CategoryColumns,
+    CategoryPayload,
+    KeyedColumns,
+    KeyedPayload,
+    LocalHashColumns,
+    LocalHashPayload,
+    PayloadKind,
+    RapporColumns,
+    RapporPayload,
+    RegressionColumns,
+    RegressionPayload,
+    Report,
+    ReportBatch,
+    UnaryColumns,
+    UnaryPayload,
+    WireError,
+    decode,
+)
+
+__all__ = [
+    "CONFORMANCE_REASONS",
+    "Accepted",
+    "AnyMetric",
+    "ConformanceError",
+    "MetricRules",
+    "Protocol",
+    "Rejection",
+    "Validator",
+    "expected_payload",
+    "olh_ranges",
+    "resolve_protocol",
+    "resolve_protocols",
+]
+
+AnyMetric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric
+Protocol = Literal["krr", "oue", "olh"]
+
+#: The reasons of a record that decodes but does not fit the spec (besides the wire decoder's ``wire.<reason>``).
+CONFORMANCE_REASONS = frozenset(
+    {
+        "unknown_metric",  # metric name not in the spec
+        "wrong_fingerprint",  # privatized under other device parameters (or another spec version)
+        "wrong_kind",  # payload kind does not match the metric's kind / protocol
+        "wrong_bit_length",  # OUE / RAPPOR bit vector of the wrong length k
+        "category_out_of_range",  # k-RR index >= k
+        "hash_value_out_of_range",  # OLH value >= g
+        "cohort_out_of_range",  # RAPPOR cohort >= m
+        "key_too_long",  # keyed metric key longer than max_key_bytes
+    }
+)
+#: Every reason a :class:`Validator` gives.
+VALIDATOR_REASONS = CONFORMANCE_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS} | {"wire.empty"}
+
+
+class ConformanceError(ValueError):
+    """A validator cannot be built: a setting is missing or out of range (the message names it and the range)."""
+
+
+def resolve_protocol(metric: CategoricalMetric) -> Protocol:
+    """The protocol devices use for ``metric``: as written, or the mechanisms' choice for ``auto``."""
+    if metric.protocol != "auto":
+        return metric.protocol
+    if metric.prob is not None:
+        return "krr"  # a k-RR probability was given
+    # the devices make the same choice (mechanisms.protocol_choice), so both sides agree on the payload
+    chosen = str(choose_protocol(metric.k, float(metric.resolved_epsilon())).protocol)
+    chosen = {"grr": "krr"}.get(chosen, chosen)  # the mechanisms call k-RR "GRR"
+    if chosen not in ("krr", "oue", "olh"):
+        raise ConformanceError(f"protocol of {metric.name} ({chosen!r}) must be one of krr, oue, olh")
+    return chosen  # type: ignore[return-value]
+
+
+def resolve_protocols(spec: CollectionSpec) -> dict[str, Protocol]:
+    """Resolved protocol of every categorical metric."""
+    return {m.name: resolve_protocol(m) for m in spec.metrics if isinstance(m, CategoricalMetric)}
+
+
+def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str, int]:
+    """Hash range ``g = round(e^ε) + 1`` of every OLH metric (``mechanisms.local_hashing.olh_bucket_count``)."""
+    return {
+        m.name: olh_bucket_count(float(m.resolved_epsilon()))
+        for m in spec.metrics
+        if isinstance(m, CategoricalMetric) and protocols.get(m.name) == "olh"
+    }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a record is not counted: a reason from :data:`REJECTION_REASONS`, a detail for people, and how
+    many reports the record held (1 when it could not be decoded)."""
+
+    reason: str
+    detail: str
+    reports: int = 1
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A record that passed every check: its metric and its reports as columns (row i: ``pseudonyms[i]``,
+    ``client_times[i]``, ``columns`` row i)."""
+
+    metric: AnyMetric
+    pseudonyms: np.ndarray
+    columns: BatchColumns
+    client_times: np.ndarray
+
+    @property
+    def reports(self) -> int:
+        return int(self.pseudonyms.shape[0])
+
+    def subset(self, rows: np.ndarray) -> Accepted:
+        """The rows selected by the boolean mask (or indices) ``rows``, in order."""
+        # rare path (window boundaries): the checked constructor is cheap enough here
+        batch = ReportBatch(self.metric.name, self.metric.fingerprint, self.pseudonyms, self.client_times, self.columns)
+        part = batch.subset(np.asarray(rows))
+        return Accepted(self.metric, part.pseudonyms, part.columns, part.client_times)
+
+
+def expected_payload(metric: AnyMetric, protocol: Protocol | None) -> PayloadKind:
+    """The payload kind a device sends for ``metric`` (categorical: by its resolved protocol)."""
+    if isinstance(metric, BoolMetric):
+        return PayloadKind.BOOL
+    if isinstance(metric, CategoricalMetric):
+        return {"krr": PayloadKind.CATEGORY, "oue": PayloadKind.UNARY, "olh": PayloadKind.LOCAL_HASH}[protocol or "krr"]
+    if isinstance(metric, RapporMetric):
+        return PayloadKind.RAPPOR
+    if isinstance(metric, KeyedMetric):
+        return PayloadKind.KEYED
+    return PayloadKind.REGRESSION
+
+
+@dataclass(frozen=True)
+class MetricRules:
+    """What a valid report of one metric looks like, resolved once from the spec."""
+
+    metric: AnyMetric
+    fingerprint: int
+    payload: PayloadKind
+    protocol: Protocol | None = None
+    #: k-RR / OUE categories, RAPPOR bits.
+    k: int = 0
+    #: RAPPOR cohorts.
+    m: int = 0
+    #: OLH hash range g.
+    g: int = 0
+    max_key_bytes: int = 0
+
+
+class Validator:
+    """Checks records against a spec; ``protocols`` gives the resolved protocol of each categorical metric
+    (``auto`` resolved by the mechanisms, see :func:`resolve_protocol`)."""
+
+    def __init__(
+        self, spec: CollectionSpec, protocols: dict[str, Protocol], olh_range: dict[str, int] | None = None
+    ) -> None:
+        self.spec = spec
+        self.rules: dict[str, MetricRules] = {}
+        for metric in spec.metrics:
+            protocol = protocols.get(metric.name) if isinstance(metric, CategoricalMetric) else None
+            if isinstance(metric, CategoricalMetric) and protocol is None:
+                raise ConformanceError(f"protocol of {metric.name} (None) must be resolved before validation")
+            g = (olh_range or {}).get(metric.name, 0)
+            if protocol == "olh" and g < 2:
+                raise ConformanceError(f"olh range g of {metric.name} ({g!r}) must be an integer in [2, ∞)")
+            self.rules[metric.name] = MetricRules(
+                metric=metric,
+                fingerprint=metric.fingerprint,
+                payload=expected_payload(metric, protocol),
+                protocol=protocol,
+                k=metric.k
+                if isinstance(metric, CategoricalMetric)
+                else metric.bits
+                if isinstance(metric, RapporMetric)
+                else 0,
+                m=metric.m if isinstance(metric, RapporMetric) else 0,
+                g=g,
+                max_key_bytes=metric.max_key_bytes if isinstance(metric, KeyedMetric) else 0,
+            )
+
+    @classmethod
+    def for_spec(cls, spec: CollectionSpec) -> Validator:
+        """The validator of ``spec`` with its protocols resolved as devices resolve them."""
+        protocols = resolve_protocols(spec)
+        return cls(spec, protocols, olh_ranges(spec, protocols))
+
+    def check(self, value: bytes | None) -> Accepted | Rejection:
+        """Decode ``value`` and check it against the spec; never raises on bad input."""
+        if value is None:
+            return Rejection("wire.empty", "record has no value (tombstone)")
+        try:
+            message = decode(value)
+        except WireError as err:
+            return Rejection(f"wire.{err.reason}", err.detail)
+        return self.check_message(message)
+
+    def check_message(self, message: Report | ReportBatch) -> Accepted | Rejection:
+        """Check an already decoded message against the spec."""
+        n = 1 if isinstance(message, Report) else len(message)
+        rules = self.rules.get(message.metric)
+        if rules is None:
+            return Rejection("unknown_metric", f"metric {message.metric!r} is not in spec {self.spec.name!r}", n)
+        if message.fingerprint != rules.fingerprint:
+            return Rejection(
+                "wrong_fingerprint",
+                f"fingerprint {message.fingerprint:#010x} != {rules.fingerprint:#010x} of {message.metric!r}",
+                n,
+            )
+        if message.kind != rules.payload:
+            return Rejection(
+                "wrong_kind",
+                f"{message.kind.name.lower()} payload for {message.metric!r}, expected {rules.payload.name.lower()}",
+                n,
+            )
+        if isinstance(message, ReportBatch):
+            problem = _check_columns(rules, message.columns)
+            if problem is not None:
+                return Rejection(problem[0], problem[1], n)
+            return Accepted(rules.metric, message.pseudonyms, message.columns, message.client_times)
+        columns = _columns_of(message)
+        problem = _check_columns(rules, columns)
+        if problem is not None:
+            return Rejection(problem[0], problem[1], n)
+        pseudonyms = np.array([message.pseudonym], np.uint64)
+        return Accepted(rules.metric, pseudonyms, columns, np.array([message.client_time], np.uint32))
+
+
+def _columns_of(report: Report) -> BatchColumns:
+    """One report as one-row columns (same dtypes as a decoded batch)."""
+    p = report.payload
+    if isinstance(p, BoolPayload):
+        return BoolColumns(np.array([p.bit], np.bool_))
+    if isinstance(p, CategoryPayload):
+        return CategoryColumns(np.array([p.index], np.uint16))
+    if isinstance(p, UnaryPayload):
+        return UnaryColumns(p.k, np.frombuffer(p.bits, np.uint8)[None, :])
+    if isinstance(p, LocalHashPayload):
+        return LocalHashColumns(np.array([p.seed], np.uint64), np.array([p.value], np.uint32))
+    if isinstance(p, RapporPayload):
+        return RapporColumns(p.k, np.array([p.cohort], np.uint16), np.frombuffer(p.bits, np.uint8)[None, :])
+    if isinstance(p, KeyedPayload):
+        return KeyedColumns((p.key,), np.array([p.bit], np.bool_))
+    if isinstance(p, RegressionPayload):
+        return RegressionColumns(np.array([p.x]), np.array([p.y]))
+    raise WireError("bad_kind", f"unknown payload {type(p).__name__}")
+
+
+def _largest(a: np.ndarray) -> int:
+    """``max(a)`` of a non-empty integer column (a single report's one row without a numpy reduction)."""
+    return int(a[0]) if a.size == 1 else int(a.max())
+
+
+def _check_columns(rules: MetricRules, c: BatchColumns) -> tuple[str, str] | None:
+    if isinstance(c, CategoryColumns):
+        if c.indices.size and (top := _largest(c.indices)) >= rules.k:
+            return "category_out_of_range", f"category index {top} >= k = {rules.k}"
+    elif isinstance(c, UnaryColumns):
+        if c.k != rules.k:
+            return "wrong_bit_length", f"{c.k} OUE bits, expected k = {rules.k}"
+    elif isinstance(c, LocalHashColumns):
+        if c.values.size and (top := _largest(c.values)) >= rules.g:
+            return "hash_value_out_of_range", f"OLH value {top} >= g = {rules.g}"
+    elif isinstance(c, RapporColumns):
+        if c.k != rules.k:
+            return "wrong_bit_length", f"{c.k} RAPPOR bits, expected k = {rules.k}"
+        if c.cohorts.size and (top := _largest(c.cohorts)) >= rules.m:
+            return "cohort_out_of_range", f"cohort {top} >= m = {rules.m}"
+    elif isinstance(c, KeyedColumns):
+        longest = max((len(key.encode("utf-8")) for key in c.keys), default=0)
+        if longest > rules.max_key_bytes:
+            return "key_too_long", f"key of {longest} bytes > max_key_bytes = {rules.max_key_bytes}"
+    return None
