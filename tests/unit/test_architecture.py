@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN: dict[str, set[str]] = {
     "mechanisms": {"aiokafka", "faust", "mode", "asyncio", "pydantic", "producers", "agents", "schemas", "ptel"},
     "schemas": {"aiokafka", "faust", "producers", "agents", "ptel"},
-    "producers": {"agents", "faust", "ptel"},
-    "agents": {"producers", "ptel"},
+    "producers": {"agents", "faust", "ptel", "gateway"},
+    "agents": {"producers", "ptel", "gateway"},
+    "gateway": {"agents", "faust", "ptel"},
 }
 
 

@@ -1,0 +1,174 @@
+"""The gateway's HTTP API as an OpenAPI 3.1 document (served at ``/openapi.json``; ``docs/gateway-openapi.json`` is
+this document, kept equal to it by a test)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.device_auth import AUTH_REASONS
+from gateway.device_quota import QUOTA_REASONS
+from gateway.forwarder import FORWARD_REASONS
+from gateway.keys import DEVICE_ID_PATTERN
+from schemas.conformance import CONFORMANCE_REASONS
+from schemas.wire import WIRE_ERROR_REASONS
+
+__all__ = ["REFUSAL_REASONS", "openapi_document", "openapi_text"]
+
+#: Every ``reason`` of a refusal, by status.
+REFUSAL_REASONS: dict[int, list[str]] = {
+    400: sorted({f"wire.{r}" for r in WIRE_ERROR_REASONS} | {"bad_idempotency_key"}),
+    401: sorted(AUTH_REASONS),
+    413: ["body_too_large", "too_many_reports"],
+    415: ["unsupported_media_type"],
+    422: sorted(CONFORMANCE_REASONS | {"mixed_partitions"}),
+    429: sorted(QUOTA_REASONS),
+    503: sorted(FORWARD_REASONS),
+}
+
+_DESCRIPTIONS = {
+    400: "The body is not one report or one batch of the wire format, or a header is malformed.",
+    401: "The device is not authenticated.",
+    413: "The body or its number of reports is over the gateway's limits.",
+    415: "The content type is not one of the wire format's.",
+    422: "The report does not fit the spec (metric, kind, fingerprint or shape).",
+    429: "The device has used its contribution quota in this window; Retry-After gives the seconds to the next one.",
+    503: "Kafka cannot take reports now (down, slow, backlog full) or the gateway is shutting down; retry after "
+    "Retry-After seconds with the same Idempotency-Key.",
+}
+
+
+def _refusal(status: int) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _DESCRIPTIONS[status],
+        "content": {
+            "application/json": {
+                "schema": {
+                    "allOf": [
+                        {"$ref": "#/components/schemas/Refusal"},
+                        {"properties": {"reason": {"enum": REFUSAL_REASONS[status]}}},
+                    ]
+                }
+            }
+        },
+    }
+    if status in (429, 503):
+        response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}}
+    return response
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the gateway."""
+    wire_body = {"schema": {"type": "string", "format": "binary"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "private-telemetry collection gateway",
+            "version": "1",
+            "description": "Devices send reports they privatized themselves; the gateway authenticates the device, "
+            "checks the reports against the spec, holds the device to its contribution quota and answers 202 once "
+            "Kafka has acknowledged them. See docs/gateway.md.",
+        },
+        "paths": {
+            "/v1/reports": {
+                "post": {
+                    "summary": "Send one report or a device's small batch (the wire format, binary or JSON)",
+                    "security": [{"deviceToken": []}, {"clientCertificate": []}],
+                    "parameters": [
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "description": "Same key on every retry of one request: a retry of an accepted request "
+                            "is answered 202 again and forwards nothing (honoured for the window of the first "
+                            "attempt and the next).",
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/octet-stream": wire_body,
+                            "application/vnd.ptel.report": wire_body,
+                            "application/json": {"schema": {"type": "object"}},
+                        },
+                    },
+                    "responses": {
+                        "202": {
+                            "description": "Accepted: Kafka has acknowledged every report of the request.",
+                            "headers": {
+                                "Idempotent-Replayed": {
+                                    "description": "true when this answers an earlier attempt with the same key",
+                                    "schema": {"type": "string", "enum": ["true"]},
+                                }
+                            },
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Accepted"}}},
+                        },
+                        **{str(status): _refusal(status) for status in sorted(REFUSAL_REASONS)},
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness",
+                    "responses": {"200": {"description": "The process serves requests."}},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: connected to Kafka, not stalled, backlog not full, not shutting down",
+                    "responses": {
+                        "200": {"description": "Ready."},
+                        "503": {"description": "Not ready; the body says why."},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (ptel_gateway_*)",
+                    "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {}}}},
+                }
+            },
+        },
+        "components": {
+            "securitySchemes": {
+                "deviceToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "<device id>:<key id>:<base64url HMAC-SHA256>, issued by `ptel gateway-keys "
+                    f"token`; device ids match {DEVICE_ID_PATTERN}",
+                },
+                "clientCertificate": {"type": "mutualTLS", "description": "device id = the subject's commonName"},
+            },
+            "schemas": {
+                "Accepted": {
+                    "type": "object",
+                    "required": ["accepted", "window_start"],
+                    "properties": {
+                        "accepted": {"type": "integer", "minimum": 1, "description": "reports forwarded"},
+                        "window_start": {"type": "integer", "description": "start of their window, epoch seconds"},
+                    },
+                },
+                "Refusal": {
+                    "type": "object",
+                    "required": ["error", "reason", "detail"],
+                    "properties": {
+                        "error": {"type": "string", "description": "the class of refusal"},
+                        "reason": {"type": "string", "description": "machine-readable reason"},
+                        "detail": {"type": "string", "description": "for people"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def openapi_text() -> str:
+    """The document as stable, indented JSON (the text of ``docs/gateway-openapi.json``)."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,297 @@
+"""The gateway's HTTP server (aiohttp): ``POST /v1/reports`` and the operator endpoints.
+
+A request is answered in this order, the cheapest refusal first; every refusal has a machine-readable ``reason``
+in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is counted
+(``ptel_gateway_requests_total{status, reason}``); nothing refused is forwarded:
+
+=====  ===========================================================================================================
+413    ``body_too_large`` (over ``max_body_bytes``), ``too_many_reports`` (a device batch over
+       ``max_device_reports``)
+401    an authentication reason of :data:`gateway.device_auth.AUTH_REASONS`
+503    a forwarding reason of :data:`gateway.forwarder.FORWARD_REASONS`, with ``Retry-After``: Kafka is down or
+       slow, the backlog is full, or the gateway is shutting down (the device keeps its reports and retries)
+415    ``unsupported_media_type`` (not ``application/octet-stream``, ``application/vnd.ptel.report`` or
+       ``application/json``)
+400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
+422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec), or
+       ``mixed_partitions`` (a device batch whose RAPPOR cohorts differ)
+429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
+202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s}``)
+=====  ===========================================================================================================
+
+Accepted reports are re-stamped before they are forwarded: ``client_time`` becomes the gateway's clock (whole
+seconds) and the pseudonym the one of the authenticated device for that metric and window
+(:meth:`gateway.keys.GatewayKeys.pseudonym`). The payload -- what the device's local randomizer released -- is
+forwarded as it came: the raw value never reaches the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthenticator
+from gateway.device_quota import DeviceQuota
+from gateway.errors import ForwardError, GatewaySettingError
+from gateway.forwarder import Forwarder, ForwarderSettings
+from gateway.idempotency import IDEMPOTENCY_KEY_MAX, Answer, IdempotencyCache
+from gateway.keys import GatewayKeys
+from gateway.metrics import GatewayMetrics
+from schemas.conformance import Rejection, Validator
+from schemas.kafka_connection import Connection
+from schemas.spec import CollectionSpec
+from schemas.wire import (
+    DEFAULT_SHARDS,
+    KeyedPayload,
+    RapporPayload,
+    Report,
+    ReportBatch,
+    WireError,
+    decode,
+    partition_key,
+)
+
+__all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings"]
+
+log = logging.getLogger(__name__)
+
+#: Accepted request content types (the body's first byte tells binary from JSON, as for Kafka messages).
+MEDIA_TYPES = frozenset({"application/octet-stream", "application/vnd.ptel.report", "application/json"})
+_JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Limits of the HTTP API and the forwarder's settings."""
+
+    #: Largest request body, bytes.
+    max_body_bytes: int = 64 * 1024
+    #: Most reports in one request (a device's small batch).
+    max_device_reports: int = 100
+    #: ``Retry-After`` of a 503, seconds.
+    retry_after_s: int = 1
+    forwarder: ForwarderSettings = field(default_factory=ForwarderSettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_body_bytes, bool) or not 64 <= self.max_body_bytes <= 16 << 20:
+            raise GatewaySettingError("max_body_bytes", self.max_body_bytes, "must be an integer in [64, 16777216]")
+        if isinstance(self.max_device_reports, bool) or not 1 <= self.max_device_reports <= 10_000:
+            raise GatewaySettingError("max_device_reports", self.max_device_reports, "must be an integer in [1, 10000]")
+        if isinstance(self.retry_after_s, bool) or not 1 <= self.retry_after_s <= 3600:
+            raise GatewaySettingError("retry_after_s", self.retry_after_s, "must be an integer in [1, 3600]")
+
+
+def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=json.dumps(body, separators=(",", ":")).encode(), content_type=_JSON, headers=headers
+    )
+
+
+class Gateway:
+    """Accepts devices' privatized reports for the metrics of ``spec`` and forwards them to its reports topic."""
+
+    def __init__(
+        self,
+        spec: CollectionSpec,
+        connection: Connection,
+        keys: GatewayKeys,
+        *,
+        authenticator: DeviceAuthenticator | None = None,
+        settings: GatewaySettings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.keys = keys
+        self.settings = settings or GatewaySettings()
+        self.authenticator: DeviceAuthenticator = authenticator or TokenAuthenticator(keys)
+        self.validator = Validator.for_spec(spec)
+        self.quota = DeviceQuota(spec)
+        self.idempotency = IdempotencyCache()
+        self.metrics = GatewayMetrics()
+        self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
+        self.clock = clock
+        self.window_s = spec.window.size_s
+
+    # -------------------------------------------------------------------------------------- app
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes; the forwarder starts and drains with it)."""
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_post("/v1/reports", self.handle_reports)
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/openapi.json", self.handle_openapi)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _: web.Application) -> None:
+        await self.forwarder.start()
+
+    async def _on_shutdown(self, _: web.Application) -> None:
+        # before aiohttp waits for open requests: refuse new reports, flush and settle the accepted ones
+        await self.forwarder.drain()
+
+    async def _on_cleanup(self, _: web.Application) -> None:
+        await self.forwarder.stop()
+
+    # -------------------------------------------------------------------------------------- refusals
+
+    def _refuse(self, status: int, reason: str, detail: str, *, retry_after: int | None = None) -> web.Response:
+        self.metrics.request(status, reason)
+        error = {400: "malformed", 401: "unauthenticated", 413: "too_large", 415: "unsupported_media_type"}.get(
+            status, {422: "not_in_spec", 429: "quota_exceeded", 503: "unavailable"}.get(status, "refused")
+        )
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        if status == 401:
+            headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="ptel-gateway"'}
+        return _answer(status, {"error": error, "reason": reason, "detail": detail}, headers)
+
+    def _rejected(self, rejection: Rejection) -> web.Response:
+        status = 400 if rejection.reason.startswith("wire.") else 422
+        return self._refuse(status, rejection.reason, rejection.detail)
+
+    # -------------------------------------------------------------------------------------- reports
+
+    async def handle_reports(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._refuse(413, "body_too_large", f"{request.content_length} bytes > {limit}")
+        device = self.authenticator.authenticate(request)
+        if isinstance(device, AuthFailure):
+            return self._refuse(401, device.reason, device.detail)
+        refusal = self.forwarder.refusal(started)
+        if refusal is not None:
+            return self._refuse(
+                503, refusal, self.forwarder.last_error or refusal, retry_after=self.settings.retry_after_s
+            )
+        if request.content_type not in MEDIA_TYPES:
+            return self._refuse(
+                415, "unsupported_media_type", f"{request.content_type!r}: use one of {sorted(MEDIA_TYPES)}"
+            )
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
+            return self._refuse(400, "bad_idempotency_key", f"at most {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(413, "body_too_large", f"more than {limit} bytes")
+        try:
+            message = decode(body)
+        except WireError as err:
+            return self._refuse(400, f"wire.{err.reason}", err.detail)
+        n = 1 if isinstance(message, Report) else len(message)
+        if n > self.settings.max_device_reports:
+            return self._refuse(
+                413, "too_many_reports", f"{n} reports > {self.settings.max_device_reports} per request"
+            )
+        checked = self.validator.check_message(message)
+        if isinstance(checked, Rejection):
+            return self._rejected(checked)
+
+        now = self.clock()
+        window = math.floor(now) // self.window_s
+        if key is not None:
+            previous = await self.idempotency.previous(device, key, window)
+            if previous is not None:
+                self.metrics.request(previous.status, "replayed")
+                return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
+            self.idempotency.begin(device, key, window)
+        answer = await self._forward(device, message, n, now, window)
+        if key is not None:
+            self.idempotency.finish(device, key, answer if answer.status == 202 else None)
+        if answer.status == 202:
+            self.metrics.request(202, "accepted")
+            self.metrics.request_seconds.observe(time.monotonic() - started)
+            return _answer(202, answer.body)
+        return self._refuse(
+            answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
+        )
+
+    async def _forward(self, device: str, message: Report | ReportBatch, n: int, now: float, window: int) -> Answer:
+        metric = message.metric
+        client_time = math.floor(now)
+        pseudonym = self.keys.pseudonym(device, metric, window)
+        originals = [message] if isinstance(message, Report) else list(message.reports())
+        reports = [Report(metric, r.fingerprint, pseudonym, client_time, r.payload) for r in originals]
+        first = reports[0].payload
+        if isinstance(first, RapporPayload):
+            shard = first.cohort
+            if any(r.payload.cohort != shard for r in reports if isinstance(r.payload, RapporPayload)):
+                return Answer(422, {"reason": "mixed_partitions", "detail": "one RAPPOR cohort per request"})
+        else:
+            shard = pseudonym % DEFAULT_SHARDS
+        keys = [r.payload.key for r in reports if isinstance(r.payload, KeyedPayload)] or None
+        refused = self.quota.reserve(device, metric, window, n, keys)
+        if refused is not None:
+            self.metrics.reports(metric, "refused", n)
+            retry = self.quota.retry_after_s(window, self.window_s, now)
+            detail = f"the spec allows {self._bound(metric, refused)} per device and window"
+            return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
+        try:
+            await self.forwarder.forward(partition_key(metric, shard), reports)
+        except ForwardError as err:
+            self.quota.release(device, metric, window, n, keys)
+            self.metrics.reports(metric, "refused", n)
+            return Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": self.settings.retry_after_s})
+        self.metrics.reports(metric, "forwarded", n)
+        return Answer(202, {"accepted": n, "window_start": window * self.window_s})
+
+    def _bound(self, metric: str, reason: str) -> str:
+        m = self.spec.metric(metric)
+        if reason == "reports_per_window":
+            return f"{m.reports_per_window} report(s)"
+        if reason == "keys_per_window":
+            return f"{getattr(m, 'keys_per_window', 0)} key(s)"
+        return "each key once"
+
+    # -------------------------------------------------------------------------------------- operations
+
+    async def handle_healthz(self, _: web.Request) -> web.Response:
+        return _answer(200, {"status": "ok"})
+
+    async def handle_readyz(self, _: web.Request) -> web.Response:
+        refusal = self.forwarder.refusal()
+        if refusal is None:
+            return _answer(200, {"status": "ready"})
+        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": self.forwarder.last_error})
+
+    async def handle_metrics(self, _: web.Request) -> web.Response:
+        text = self.metrics.text(lambda: self.forwarder.pending_reports, lambda: self.forwarder.connected)
+        return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def handle_openapi(self, _: web.Request) -> web.Response:
+        from gateway.openapi import openapi_document
+
+        return _answer(200, openapi_document())
+
+
+async def serve(
+    gateway: Gateway, host: str, port: int, *, ssl_context: Any = None, shutdown_timeout: float = 30.0
+) -> web.AppRunner:
+    """Start serving ``gateway`` on ``host:port`` (TLS with ``ssl_context``); stop with ``await runner.cleanup()``,
+    which drains the forwarder first (every accepted request is answered)."""
+    runner = web.AppRunner(gateway.app(), access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+    await site.start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port ``runner`` listens on (after binding port 0)."""
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return int(server.sockets[0].getsockname()[1])
+    raise RuntimeError("the gateway is not listening")

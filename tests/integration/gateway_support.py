@@ -1,0 +1,142 @@
+"""Helpers for the gateway's tests: a gateway served in this process, devices that send through it, Kafka reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gateway.keys import GatewayKeys
+from gateway.server import Gateway, GatewaySettings, bound_port, serve
+from schemas.kafka_connection import Connection
+from schemas.spec import CollectionSpec
+from schemas.wire import Report, ReportBatch, decode, reports_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Served:
+    gateway: Gateway
+    url: str
+    keys: GatewayKeys
+
+
+@contextlib.asynccontextmanager
+async def served_gateway(
+    spec: CollectionSpec,
+    connection: Connection,
+    *,
+    keys: GatewayKeys | None = None,
+    settings: GatewaySettings | None = None,
+    ready_timeout_s: float = 30.0,
+) -> AsyncIterator[Served]:
+    """A gateway on a free loopback port, ready (connected to Kafka) before it is yielded; drained on exit."""
+    keys = keys or GatewayKeys.generate()
+    gateway = Gateway(spec, connection, keys, settings=settings)
+    runner = await serve(gateway, "127.0.0.1", 0)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while gateway.forwarder.refusal() is not None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gateway not ready after {ready_timeout_s} s: {gateway.forwarder.last_error}")
+            await asyncio.sleep(0.05)
+        yield Served(gateway, f"http://127.0.0.1:{bound_port(runner)}", keys)
+    finally:
+        await runner.cleanup()
+
+
+async def post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    *,
+    token: str | None = None,
+    content_type: str = "application/octet-stream",
+    idempotency_key: str | None = None,
+) -> tuple[int, dict[str, Any], Any]:
+    """POST ``body`` to ``url/v1/reports``; returns (status, JSON body, headers)."""
+    headers = {"Content-Type": content_type}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if idempotency_key is not None:
+        headers["Idempotency-Key"] = idempotency_key
+    async with session.post(f"{url}/v1/reports", data=body, headers=headers) as response:
+        return response.status, await response.json(content_type=None), response.headers
+
+
+async def read_reports(
+    bootstrap: str, topic: str, partitions: int, *, expect: int | None = None, timeout_s: float = 30.0
+) -> list[Report]:
+    """Every report in ``topic`` from the beginning (until ``expect`` reports, or until the end offsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[Report] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            if (expect is None and all(positions[tp] >= ends[tp] for tp in tps)) or (
+                expect is not None and len(out) >= expect
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"read {len(out)} reports of {topic} in {timeout_s} s (expected {expect})")
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                for record in records:
+                    message = decode(record.value)
+                    out.extend(reports_of(message) if isinstance(message, ReportBatch) else [message])
+    finally:
+        await consumer.stop()
+    return out
+
+
+@dataclass
+class GatewayProcess:
+    """``ptel gateway`` in a subprocess (to be killed with SIGKILL)."""
+
+    spec_path: Path
+    bootstrap: str
+    keys_path: Path
+    port: int
+    log: Path
+    proc: Any = field(default=None)
+
+    async def start(self, ready_timeout_s: float = 60.0) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ptel.cli", "gateway", "--spec", str(self.spec_path), "--bootstrap", self.bootstrap,
+            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}",
+            stdout=self.log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(ROOT),
+        )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(f"http://127.0.0.1:{self.port}/readyz") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if self.proc.returncode is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"ptel gateway did not become ready:\n{self.log.read_text()[-3000:]}")
+                await asyncio.sleep(0.1)
+
+    def kill9(self) -> None:
+        self.proc.kill()
+
+    async def wait(self) -> int:
+        return int(await self.proc.wait())

@@ -1,0 +1,228 @@
+"""The HTTP collection gateway against the real broker: devices -> gateway -> Kafka -> worker, exact counts; quotas
+per authenticated device whatever pseudonym it claims; refusals with their status, counted and never forwarded;
+retries with an Idempotency-Key forwarded once; a graceful stop answers every accepted request."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
+from gateway.keys import GatewayKeys
+from gateway.server import GatewaySettings
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from producers.gateway_sink import GatewayRefusedError, GatewaySink
+from schemas.wire import (
+    BoolPayload,
+    KeyedPayload,
+    RegressionPayload,
+    Report,
+    ReportBatch,
+    encode_batch,
+    encode_report,
+)
+from tests.integration.agents_support import delete_worker_topics, handed_over_counts, make_spec, wait_for_window_start
+from tests.integration.gateway_support import post, read_reports, served_gateway
+
+METRICS = [
+    {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 1},
+    {
+        "name": "errors",
+        "kind": "keyed",
+        "keys_per_window": 2,
+        "reports_per_window": 2,
+        "max_key_bytes": 16,
+        "value": {"prob": 0.9},
+        "release": {"scale": 1.0, "threshold": 10},
+    },
+    {
+        "name": "latency",
+        "kind": "regression",
+        "x_bounds": [-3, 3],
+        "y_bounds": [-10, 10],
+        "scale": 1.0,
+        "candidates": 21,
+        "reports_per_window": 5,
+    },
+]
+DEVICES = 24
+
+
+async def test_devices_through_the_gateway_and_the_worker_count_exactly_once_per_device(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=3, size_s=6, grace_s=1)
+    settings = WorkerSettings(kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1000, clock_skew_ms=500))
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        async with served_gateway(spec, kafka_bootstrap) as served, aiohttp.ClientSession() as session:
+            start_ms = await wait_for_window_start(spec.window.size_s)
+            refused: list[str] = []
+
+            async def device(i: int) -> None:
+                token = served.keys.issue(f"device-{i}")
+                sink = GatewaySink(served.url, token, session=session)
+                # a hostile device: no on-device bounds, and a fresh secret (pseudonym) for every report
+                clients = [EdgeClient(spec, sink, enforce_bounds=False) for _ in range(4)]
+                assert await clients[0].send("crashed", i % 3 == 0, secret=ClientSecret.generate())
+                for client, key in zip(clients, ("a", "b", "c"), strict=False):
+                    try:
+                        await client.send("errors", (key, True), secret=ClientSecret.generate())
+                    except GatewayRefusedError as err:
+                        refused.append(err.reason)
+                for client in clients[1:]:
+                    try:
+                        await client.send("crashed", True, secret=ClientSecret.generate())
+                    except GatewayRefusedError as err:
+                        assert err.status == 429
+                        refused.append(err.reason)
+
+            await asyncio.gather(*(device(i) for i in range(DEVICES)))
+            assert sorted(refused) == sorted(["reports_per_window"] * (4 * DEVICES)), refused
+            assert served.gateway.metrics.count(429, "reports_per_window") == 4 * DEVICES
+            assert served.gateway.metrics.count(202, "accepted") == 3 * DEVICES
+
+        windows = {("crashed", start_ms), ("errors", start_ms)}
+        n, over = await handed_over_counts(
+            kafka_bootstrap, WorkerTopics.for_spec(spec, settings.group).partials, windows
+        )
+        assert n[("crashed", start_ms)] == DEVICES  # one per device, whatever it claimed
+        assert n[("errors", start_ms)] == 2 * DEVICES
+        assert over[("crashed", start_ms)] == over[("errors", start_ms)] == 0  # the gateway held every device
+        forwarded = await read_reports(kafka_bootstrap, spec.topics.reports, 3, expect=3 * DEVICES)
+        per_metric_pseudonyms = {(r.metric, r.pseudonym) for r in forwarded}
+        assert len(per_metric_pseudonyms) == 2 * DEVICES  # one pseudonym per device and metric, derived by the gateway
+        assert {r.client_time // spec.window.size_s for r in forwarded} == {start_ms // 1000 // spec.window.size_s}
+    finally:
+        worker.stop()
+        await task
+        await worker.close()
+        await delete_worker_topics(kafka_bootstrap, spec, settings.group)
+
+
+async def test_refusals_have_their_status_and_reason_are_counted_and_never_forwarded(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    keys = GatewayKeys.generate()
+    other = GatewayKeys.generate()
+    settings = GatewaySettings(max_body_bytes=4096, max_device_reports=10)
+    fp = spec.metric("crashed").fingerprint
+    good = encode_report(Report("crashed", fp, 1, 1, BoolPayload(True)))
+    token = keys.issue("dev-1")
+    forged = token.rsplit(":", 1)[0] + ":" + other.issue("dev-1").rsplit(":", 1)[1]
+    one = Report("latency", spec.metric("latency").fingerprint, 1, 1, RegressionPayload(0.0, 1.0))
+    batch = ReportBatch.from_reports([one] * 11)
+    unknown = encode_report(Report("nope", fp, 1, 1, BoolPayload(True)))
+    foreign = encode_report(Report("crashed", fp ^ 1, 1, 1, BoolPayload(True)))
+    long_key = encode_report(Report("errors", spec.metric("errors").fingerprint, 1, 1, KeyedPayload("k" * 17, True)))
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        (dict(body=good), 401, "missing_credentials"),
+        (dict(body=good, token="not-a-token"), 401, "malformed_token"),
+        (dict(body=good, token="dev-1:k9:" + "A" * 43), 401, "unknown_key"),
+        (dict(body=good, token=forged), 401, "bad_token"),
+        (dict(body=good, token=keys.issue("dev-2").replace("dev-2", "dev-3")), 401, "bad_token"),
+        (dict(body=b"\x01" * 5000, token=token), 413, "body_too_large"),
+        (dict(body=encode_batch(batch), token=token), 413, "too_many_reports"),
+        (dict(body=good, token=token, content_type="text/plain"), 415, "unsupported_media_type"),
+        (dict(body=b"\xff\x00garbage", token=token), 400, "wire.bad_message_type"),
+        (dict(body=b"{not json", token=token, content_type="application/json"), 400, "wire.bad_json"),
+        (dict(body=good, token=token, idempotency_key="x" * 200), 400, "bad_idempotency_key"),
+        (dict(body=unknown, token=token), 422, "unknown_metric"),
+        (dict(body=foreign, token=token), 422, "wrong_fingerprint"),
+        (dict(body=long_key, token=token), 422, "key_too_long"),
+    ]  # fmt: skip
+    async with (
+        served_gateway(spec, kafka_bootstrap, keys=keys, settings=settings) as served,
+        aiohttp.ClientSession() as session,
+    ):
+        for kwargs, status, reason in cases:
+            got, body, headers = await post(session, served.url, **kwargs)
+            assert (got, body["reason"]) == (status, reason), (kwargs.get("token"), body)
+            assert body["detail"] and body["error"]
+            if status == 401:
+                assert headers["WWW-Authenticate"].startswith("Bearer")
+        for _, status, reason in cases:
+            assert served.gateway.metrics.count(status, reason) >= 1
+        async with session.get(f"{served.url}/metrics") as r:
+            text = await r.text()
+        assert 'ptel_gateway_requests_total{reason="bad_token",status="401"} 2.0' in text
+        assert served.gateway.forwarder.stats.reports == 0
+    assert await read_reports(kafka_bootstrap, spec.topics.reports, 1) == []
+
+
+async def test_a_retry_with_the_same_idempotency_key_is_forwarded_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    fp = spec.metric("latency").fingerprint
+    async with served_gateway(spec, kafka_bootstrap) as served, aiohttp.ClientSession() as session:
+        token = served.keys.issue("dev-1")
+        body = encode_report(Report("latency", fp, 5, 5, RegressionPayload(1.5, 2.5)))
+        key = uuid.uuid4().hex
+        # two attempts in flight at once, then a late retry: one forward, three identical answers
+        first, second = await asyncio.gather(
+            post(session, served.url, body, token=token, idempotency_key=key),
+            post(session, served.url, body, token=token, idempotency_key=key),
+        )
+        third = await post(session, served.url, body, token=token, idempotency_key=key)
+        assert [a[0] for a in (first, second, third)] == [202, 202, 202]
+        assert first[1] == second[1] == third[1]
+        assert third[2]["Idempotent-Replayed"] == "true"
+        # the same key of another device is another request
+        other = await post(session, served.url, body, token=served.keys.issue("dev-2"), idempotency_key=key)
+        assert other[0] == 202 and "Idempotent-Replayed" not in other[2]
+        # JSON bodies are accepted too
+        json_body = encode_report(Report("latency", fp, 1, 1, RegressionPayload(0.5, 0.25)), format="json")
+        status, answer, _ = await post(session, served.url, json_body, token=token, content_type="application/json")
+        assert status == 202, answer
+    reports = await read_reports(kafka_bootstrap, spec.topics.reports, 1, expect=3)
+    assert sorted((r.payload.x, r.payload.y) for r in reports if isinstance(r.payload, RegressionPayload)) == [
+        (0.5, 0.25),
+        (1.5, 2.5),
+        (1.5, 2.5),
+    ]
+    assert len(await read_reports(kafka_bootstrap, spec.topics.reports, 1)) == 3
+
+
+async def test_a_graceful_stop_answers_every_accepted_request_and_forwards_it(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=2, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    fp = spec.metric("latency").fingerprint
+    accepted: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        async with served_gateway(spec, kafka_bootstrap, settings=GatewaySettings()) as served:
+            tokens = [served.keys.issue(f"dev-{i}") for i in range(200)]
+
+            async def one(i: int) -> None:
+                body = encode_report(Report("latency", fp, 1, 1, RegressionPayload(float(i), 0.0)))
+                try:
+                    status, _, _ = await post(session, served.url, body, token=tokens[i])
+                except aiohttp.ClientError:
+                    return
+                if status == 202:
+                    accepted.append(float(i))
+
+            sends = [asyncio.create_task(one(i)) for i in range(200)]
+            await asyncio.sleep(0.05)
+        # the context exit stopped the gateway while requests were in flight
+        await asyncio.gather(*sends)
+    assert accepted, "no request was accepted before the stop"
+    reports = await read_reports(kafka_bootstrap, spec.topics.reports, 2)
+    xs = [r.payload.x for r in reports if isinstance(r.payload, RegressionPayload)]
+    assert sorted(xs) == sorted(accepted)  # every 202 is in Kafka once, nothing else is
+    assert np.unique(xs).size == len(xs)
