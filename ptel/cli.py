@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 from ptel import __version__
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
-COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor", "gateway", "schema")
+COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor", "gateway", "gateway_keys", "schema")
 
 
 def load_command_modules(names: Sequence[str] = COMMAND_MODULES, package: str = "ptel.commands") -> list[ModuleType]:

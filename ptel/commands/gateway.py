@@ -1,4 +1,4 @@
-"""``ptel gateway``: the HTTP collection gateway for devices; ``ptel gateway-keys``: its keys and device tokens.
+"""``ptel gateway``: the HTTP collection gateway for devices (its keys: ``ptel gateway-keys``).
 
 ``ptel gateway --spec SPEC --keys FILE --listen HOST:PORT`` serves ``POST /v1/reports`` (``docs/gateway.md``)
 until SIGINT/SIGTERM, then stops accepting, waits until Kafka has acknowledged every accepted report and exits.
@@ -63,43 +63,6 @@ def register(subparsers: Any) -> None:
         help="unacknowledged reports before requests are refused with 503",
     )
     p.set_defaults(func=run)
-
-    k = subparsers.add_parser(
-        "gateway-keys",
-        help="create or rotate the gateway's key file, or issue a device token",
-        description="The key file holds the token keys (at most two valid at once) and the pseudonym key.",
-    )
-    k.add_argument("action", choices=("create", "rotate", "token"))
-    k.add_argument("file", type=Path, help="the gateway key file (mode 0600)")
-    k.add_argument("device_id", nargs="?", default=None, help="device id (token)")
-    k.set_defaults(func=run_keys)
-
-
-def run_keys(args: Any) -> int:
-    try:
-        if args.action == "create":
-            if args.file.exists():
-                print(f"ptel gateway-keys: {args.file} exists; use rotate", file=sys.stderr)
-                return 2
-            GatewayKeys.generate().save(args.file)
-            print(f"created {args.file}")
-        elif args.action == "rotate":
-            keys = GatewayKeys.load(args.file).rotated()
-            keys.save(args.file)
-            ids = [k.key_id for k in keys.token_keys]
-            print(
-                f"rotated {args.file}: new tokens under {ids[0]}; "
-                f"tokens under {ids[1]} stay valid until the next rotation"
-            )
-        else:
-            if args.device_id is None:
-                print("ptel gateway-keys token: give the device id", file=sys.stderr)
-                return 2
-            print(GatewayKeys.load(args.file).issue(args.device_id))
-    except (GatewayError, ValueError) as err:
-        print(f"ptel gateway-keys: {err}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def _host_port(listen: str) -> tuple[str, int]:

@@ -1,0 +1,208 @@
+"""The gateway's parts without a broker: device tokens and key rotation, derived pseudonyms, the per-device quota,
+the idempotency cache, settings validation, and the OpenAPI document (in sync with docs/ and with the routes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.device_quota import DeviceQuota
+from gateway.errors import GatewayKeyError, GatewaySettingError
+from gateway.forwarder import ForwarderSettings
+from gateway.idempotency import Answer, IdempotencyCache
+from gateway.keys import GatewayKeys, check_device_id
+from gateway.openapi import REFUSAL_REASONS, openapi_text
+from gateway.server import Gateway, GatewaySettings
+from producers.gateway_sink import GatewaySink
+from schemas.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SPEC = parse_spec(
+    {
+        "version": 1,
+        "name": "gw",
+        "window": {"size_s": 10, "grace_s": 1, "retention_s": 3600},
+        "metrics": [
+            {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 2},
+            {
+                "name": "errors",
+                "kind": "keyed",
+                "keys_per_window": 2,
+                "reports_per_window": 3,
+                "value": {"prob": 0.75},
+                "release": {"scale": 1.0, "threshold": 10},
+            },
+        ],
+    }
+)
+
+
+# ------------------------------------------------------------------------------------------------ tokens
+
+
+def test_a_token_verifies_only_for_its_device_and_key() -> None:
+    keys = GatewayKeys.generate()
+    token = keys.issue("phone-1")
+    assert keys.verify(token) == ("phone-1", "")
+    device, _, mac = token.split(":")
+    assert keys.verify(f"phone-2:k1:{mac}") == (None, "bad_token")
+    assert keys.verify(f"{device}:k7:{mac}") == (None, "unknown_key")
+    assert keys.verify(f"{device}:k1:{mac[:-1]}A" if mac[-1] != "A" else f"{device}:k1:{mac[:-1]}B")[1] == "bad_token"
+    assert keys.verify("no-colons") == (None, "malformed_token")
+    assert GatewayKeys.generate().verify(token) == (None, "bad_token")  # another deployment's key
+
+
+def test_device_ids_with_colons_are_allowed_and_bad_ids_are_refused() -> None:
+    keys = GatewayKeys.generate()
+    assert keys.verify(keys.issue("aa:bb:cc:dd:ee:ff"))[0] == "aa:bb:cc:dd:ee:ff"
+    for bad in ("", "-leading", "a" * 129, "sp ace", "ünï"):
+        with pytest.raises(ValueError, match="device id"):
+            check_device_id(bad)
+
+
+def test_rotation_keeps_the_previous_key_valid_and_drops_the_one_before(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    keys = GatewayKeys.generate()
+    keys.save(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    old_token = keys.issue("d")
+    once = GatewayKeys.load(path).rotated()
+    once.save(path)
+    loaded = GatewayKeys.load(path)
+    assert [k.key_id for k in loaded.token_keys] == ["k2", "k1"]
+    assert loaded.verify(old_token)[0] == "d" and loaded.verify(loaded.issue("d"))[0] == "d"
+    twice = loaded.rotated()
+    assert [k.key_id for k in twice.token_keys] == ["k3", "k2"]
+    assert twice.verify(old_token) == (None, "unknown_key")
+    # pseudonyms never change with token rotation (a second pseudonym would be a second quota)
+    assert twice.pseudonym("d", "crashed", 5) == keys.pseudonym("d", "crashed", 5)
+    assert "redacted" in repr(twice) and twice.token_keys[0].secret.hex() not in repr(twice.token_keys)
+
+
+def test_a_key_file_readable_by_others_or_malformed_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    GatewayKeys.generate().save(path)
+    os.chmod(path, 0o644)
+    with pytest.raises(GatewayKeyError, match="chmod 600"):
+        GatewayKeys.load(path)
+    os.chmod(path, 0o600)
+    doc = json.loads(path.read_text())
+    doc["token_keys"] = doc["token_keys"] * 3
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GatewayKeyError, match="1 or 2 token keys"):
+        GatewayKeys.load(path)
+    path.write_text("{")
+    with pytest.raises(GatewayKeyError, match="malformed"):
+        GatewayKeys.load(path)
+    with pytest.raises(GatewayKeyError, match="cannot open"):
+        GatewayKeys.load(tmp_path / "missing")
+
+
+@given(st.text(min_size=0, max_size=300))
+def test_verify_never_raises_on_any_token(token: str) -> None:
+    device, reason = KEYS.verify(token)
+    assert (device is None) == bool(reason)
+
+
+KEYS = GatewayKeys.generate()
+
+
+def test_pseudonyms_are_per_device_metric_and_window() -> None:
+    keys = GatewayKeys.generate()
+    p = keys.pseudonym("d", "crashed", 7)
+    assert p == keys.pseudonym("d", "crashed", 7) and 0 <= p < 2**64
+    others = {keys.pseudonym("e", "crashed", 7), keys.pseudonym("d", "errors", 7), keys.pseudonym("d", "crashed", 8)}
+    assert p not in others and len(others) == 3
+    assert GatewayKeys.generate().pseudonym("d", "crashed", 7) != p
+
+
+# ------------------------------------------------------------------------------------------------ quota
+
+
+def test_the_quota_holds_each_device_to_the_spec_bounds() -> None:
+    q = DeviceQuota(SPEC)
+    assert q.reserve("d", "crashed", 1, 2) is None
+    assert q.reserve("d", "crashed", 1, 1) == "reports_per_window"
+    assert q.reserve("e", "crashed", 1, 1) is None  # another device
+    assert q.reserve("d", "crashed", 2, 2) is None  # the next window
+    q.release("d", "crashed", 1, 1)
+    assert q.reserve("d", "crashed", 1, 1) is None  # given back after a failed delivery
+    assert q.reserve("d", "errors", 1, 2, ["a", "a"]) == "repeated_key"
+    assert q.reserve("d", "errors", 1, 1, ["a"]) is None
+    assert q.reserve("d", "errors", 1, 1, ["a"]) == "repeated_key"
+    assert q.reserve("d", "errors", 1, 2, ["b", "c"]) == "keys_per_window"
+    assert q.reserve("d", "errors", 1, 1, ["b"]) is None
+    assert q.retry_after_s(1, 10, 15.2) == 5 and q.retry_after_s(1, 10, 19.99) == 1
+
+
+# ------------------------------------------------------------------------------------------------ idempotency
+
+
+async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_failures() -> None:
+    cache = IdempotencyCache()
+    assert await cache.previous("d", "k", 1) is None
+    cache.begin("d", "k", 1)
+    waiting = asyncio.create_task(cache.previous("d", "k", 1))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the first attempt is still in flight
+    cache.finish("d", "k", Answer(202, {"accepted": 1}))
+    assert (await waiting) == Answer(202, {"accepted": 1})
+    assert await cache.previous("d", "k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
+    assert await cache.previous("d", "k", 3) is None  # two windows later it is forgotten
+    cache.begin("d", "x", 3)
+    cache.finish("d", "x", None)  # failed: a retry is forwarded
+    assert await cache.previous("d", "x", 3) is None
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+def test_settings_out_of_range_name_the_setting_and_range() -> None:
+    with pytest.raises(GatewaySettingError, match=r"max_body_bytes \(10\) must be an integer in \[64"):
+        GatewaySettings(max_body_bytes=10)
+    with pytest.raises(GatewaySettingError, match="max_device_reports"):
+        GatewaySettings(max_device_reports=0)
+    with pytest.raises(GatewaySettingError, match="linger_ms"):
+        ForwarderSettings(linger_ms=-1)
+    with pytest.raises(GatewaySettingError, match="stall_after_s"):
+        ForwarderSettings(stall_after_s=0)
+    with pytest.raises(ValueError, match="url"):
+        GatewaySink("ftp://x", "t")
+    with pytest.raises(ValueError, match="max_attempts"):
+        GatewaySink("http://127.0.0.1:1", "t", max_attempts=0)
+    assert "redacted" in repr(GatewaySink("http://127.0.0.1:1", "secret-token"))
+    assert "secret-token" not in repr(GatewaySink("http://127.0.0.1:1", "secret-token"))
+
+
+# ------------------------------------------------------------------------------------------------ OpenAPI
+
+
+def test_the_openapi_document_in_docs_is_the_served_one() -> None:
+    assert (ROOT / "docs" / "gateway-openapi.json").read_text(encoding="utf-8") == openapi_text(), (
+        "docs/gateway-openapi.json is stale: python -c 'from gateway.openapi import openapi_text; "
+        'print(openapi_text(), end="")\' > docs/gateway-openapi.json'
+    )
+
+
+def test_every_route_and_every_refusal_status_is_documented() -> None:
+    doc = json.loads(openapi_text())
+    app = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate()).app()
+    routes = {
+        (r.method.lower(), r.resource.canonical)
+        for r in app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
+    documented = {(method, path) for path, ops in doc["paths"].items() for method in ops}
+    assert routes == documented
+    responses = doc["paths"]["/v1/reports"]["post"]["responses"]
+    assert set(responses) == {"202"} | {str(s) for s in REFUSAL_REASONS}
+    for status, reasons in REFUSAL_REASONS.items():
+        enum = responses[str(status)]["content"]["application/json"]["schema"]["allOf"][1]["properties"]["reason"]
+        assert enum["enum"] == reasons
