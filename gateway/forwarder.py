@@ -1,11 +1,15 @@
 """Reports of many devices, packed into columnar batches and published with the idempotent producer.
 
-Each admitted request hands its reports (one partition key per request: a device's reports of one metric share
-its pseudonym, or its RAPPOR cohort) to :meth:`Forwarder.forward` and gets a future that completes when Kafka has
-acknowledged the message holding them. Every ``linger_ms`` the reports waiting under each partition key are
-packed into :class:`~schemas.wire.ReportBatch` messages of at most ``max_batch_reports`` reports (a request is never
-split) and sent with ``enable_idempotence=True`` / ``acks="all"``: the broker drops a retried batch it already
-has, so aiokafka's retries never duplicate a report, and an acknowledged report is on every in-sync replica.
+Each admitted request hands its reports to :meth:`Forwarder.forward` with the one partition they must be on and
+gets a future that completes when Kafka has acknowledged the message holding them. A report's partition is a
+function of the report alone -- Kafka's default partitioner on ``partition_key(metric, shard)``, the shard being its
+pseudonym mod 64 or its RAPPOR cohort (:mod:`schemas.wire`, :meth:`Forwarder.partition_of`) -- which is what the
+agents check (``agents.placement``), whatever key the message carries. So the reports of many devices bound for one
+partition share a message: every ``linger_ms`` the reports waiting for each partition are packed into
+:class:`~schemas.wire.ReportBatch` messages of at most ``max_batch_reports`` reports (a request is never split), sent
+to that partition explicitly with ``enable_idempotence=True`` / ``acks="all"``: the broker drops a retried batch it
+already has, so aiokafka's retries never duplicate a report, and an acknowledged report is on every in-sync
+replica.
 
 Back-pressure instead of unbounded buffering (:meth:`Forwarder.refusal`, answered 503 with ``Retry-After``):
 
@@ -30,10 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from gateway.errors import ForwardError, GatewaySettingError
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
-from schemas.wire import Report, ReportBatch, encode_batch
+from schemas.wire import Report, ReportBatch, encode_batch, partition_key
 
 __all__ = ["FORWARD_REASONS", "Forwarder", "ForwarderSettings"]
 
@@ -47,8 +52,10 @@ FORWARD_REASONS = frozenset({"kafka_unavailable", "backlog_full", "shutting_down
 class ForwarderSettings:
     """Batching, bounds and Kafka tuning of the forwarder."""
 
-    #: How long reports wait for others of the same partition key before their batch is sent.
-    linger_ms: int = 5
+    #: How long reports wait for others bound for the same partition before their batch is sent. With 0 (the
+    #: default) a batch leaves as soon as the event loop gets to it and holds whatever arrived meanwhile: batches
+    #: grow with the load by themselves, and no report waits for a timer.
+    linger_ms: int = 0
     #: Reports per Kafka message (a request is never split, so a message may hold one request more).
     max_batch_reports: int = 1000
     #: Reports handed over and not yet acknowledged before new requests are refused (``backlog_full``).
@@ -77,6 +84,7 @@ class ForwarderSettings:
 
 @dataclass
 class _Request:
+    key: bytes
     reports: list[Report]
     done: asyncio.Future[None]
 
@@ -110,7 +118,10 @@ class Forwarder:
         #: Called with (reports, value bytes, seconds from send to acknowledgement) for every acknowledged message.
         self.on_ack = on_ack
         self._producer: AIOKafkaProducer | None = None
-        self._queued: dict[bytes, list[_Request]] = {}
+        self._queued: dict[int, list[_Request]] = {}
+        #: Partitions of the topic (known once connected).
+        self.partitions = 0
+        self._partition_of: dict[tuple[str, int], int] = {}
         self._queued_since = 0.0
         self._wake = asyncio.Event()
         self._in_flight: dict[int, float] = {}  # message id -> send time (insertion order: oldest first)
@@ -157,6 +168,9 @@ class Forwarder:
                 partitions = await producer.partitions_for(self.topic)
                 if not partitions:
                     raise ForwardError("kafka_unavailable", f"topic {self.topic!r} does not exist")
+                if self.partitions and len(partitions) != self.partitions:
+                    self._partition_of.clear()
+                self.partitions = len(partitions)
             except Exception as err:  # any failure to connect: retried with backoff, readiness stays false
                 self.last_error = f"{type(err).__name__}: {err}"
                 log.warning("gateway cannot reach Kafka at %s (%s); retrying", bootstrap_of(self.connection), err)
@@ -217,14 +231,23 @@ class Forwarder:
             return "kafka_unavailable"
         return None
 
-    def forward(self, key: bytes, reports: list[Report]) -> asyncio.Future[None]:
-        """Queue ``reports`` (one partition ``key``); the future completes when Kafka acknowledged them, or fails
-        with :class:`ForwardError`. Call only when :meth:`refusal` is ``None``."""
+    def partition_of(self, metric: str, shard: int) -> tuple[int, bytes]:
+        """The partition of the reports of ``(metric, shard)`` (Kafka's default partitioner on their partition key)
+        and that key. Call only when connected."""
+        key = partition_key(metric, shard)
+        partition = self._partition_of.get((metric, shard))
+        if partition is None:
+            partition = self._partition_of[(metric, shard)] = (murmur2(key) & 0x7FFFFFFF) % self.partitions
+        return partition, key
+
+    def forward(self, partition: int, key: bytes, reports: list[Report]) -> asyncio.Future[None]:
+        """Queue ``reports`` (all bound for ``partition``, whose partition key is ``key``); the future completes when
+        Kafka acknowledged them, or fails with :class:`ForwardError`. Call only when :meth:`refusal` is ``None``."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._queued:
             self._queued_since = time.monotonic()
             self._wake.set()
-        self._queued.setdefault(key, []).append(_Request(reports, done))
+        self._queued.setdefault(partition, []).append(_Request(key, reports, done))
         self.pending_reports += len(reports)
         return done
 
@@ -242,23 +265,23 @@ class Forwarder:
                 self._wake.set()  # keep the queue (and its age, which refuses new reports) until connected
                 continue
             queued, self._queued = self._queued, {}
-            for key, requests in queued.items():
-                await self._send_key(key, requests)
+            for partition, requests in queued.items():
+                await self._send_partition(partition, requests)
 
-    async def _send_key(self, key: bytes, requests: list[_Request]) -> None:
+    async def _send_partition(self, partition: int, requests: list[_Request]) -> None:
         limit = self.settings.max_batch_reports
         chunk: list[_Request] = []
         size = 0
         for request in requests:
             if chunk and size + len(request.reports) > limit:
-                await self._send(key, chunk, size)
+                await self._send(partition, chunk, size)
                 chunk, size = [], 0
             chunk.append(request)
             size += len(request.reports)
         if chunk:
-            await self._send(key, chunk, size)
+            await self._send(partition, chunk, size)
 
-    async def _send(self, key: bytes, chunk: list[_Request], size: int) -> None:
+    async def _send(self, partition: int, chunk: list[_Request], size: int) -> None:
         producer = self._producer
         reports = [r for request in chunk for r in request.reports]
         value = encode_batch(ReportBatch.from_reports(reports))
@@ -267,7 +290,7 @@ class Forwarder:
         self._in_flight[message_id] = sent = time.monotonic()
         try:
             assert producer is not None
-            ack = await producer.send(self.topic, value, key=key)
+            ack = await producer.send(self.topic, value, key=chunk[0].key, partition=partition)
         except Exception as err:  # refused before it was handed over: nothing of it can reach Kafka
             del self._in_flight[message_id]
             self._settle(chunk, size, ForwardError("kafka_unavailable", f"{type(err).__name__}: {err}"))

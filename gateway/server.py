@@ -55,7 +55,6 @@ from schemas.wire import (
     ReportBatch,
     WireError,
     decode,
-    partition_key,
 )
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings"]
@@ -65,6 +64,7 @@ log = logging.getLogger(__name__)
 #: Accepted request content types (the body's first byte tells binary from JSON, as for Kafka messages).
 MEDIA_TYPES = frozenset({"application/octet-stream", "application/vnd.ptel.report", "application/json"})
 _JSON = "application/json"
+_JSON_HEADERS = {"Content-Type": _JSON}
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,16 @@ class GatewaySettings:
 
 def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        status=status, body=json.dumps(body, separators=(",", ":")).encode(), content_type=_JSON, headers=headers
+        status=status,
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        headers={**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS,
+    )
+
+
+def _accepted(n: int, window_start: int) -> web.Response:
+    """The 202 answer (the hot path: no JSON encoder)."""
+    return web.Response(
+        status=202, body=b'{"accepted":%d,"window_start":%d}' % (n, window_start), headers=_JSON_HEADERS
     )
 
 
@@ -175,9 +184,10 @@ class Gateway:
             return self._refuse(
                 503, refusal, self.forwarder.last_error or refusal, retry_after=self.settings.retry_after_s
             )
-        if request.content_type not in MEDIA_TYPES:
+        media_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+        if media_type not in MEDIA_TYPES:
             return self._refuse(
-                415, "unsupported_media_type", f"{request.content_type!r}: use one of {sorted(MEDIA_TYPES)}"
+                415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}"
             )
         key = request.headers.get("Idempotency-Key")
         if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
@@ -195,9 +205,9 @@ class Gateway:
             return self._refuse(
                 413, "too_many_reports", f"{n} reports > {self.settings.max_device_reports} per request"
             )
-        checked = self.validator.check_message(message)
-        if isinstance(checked, Rejection):
-            return self._rejected(checked)
+        rejection = self.validator.conforms(message)
+        if rejection is not None:
+            return self._rejected(rejection)
 
         now = self.clock()
         window = math.floor(now) // self.window_s
@@ -213,7 +223,7 @@ class Gateway:
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
-            return _answer(202, answer.body)
+            return _accepted(answer.body["accepted"], answer.body["window_start"])
         return self._refuse(
             answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
         )
@@ -222,8 +232,10 @@ class Gateway:
         metric = message.metric
         client_time = math.floor(now)
         pseudonym = self.keys.pseudonym(device, metric, window)
-        originals = [message] if isinstance(message, Report) else list(message.reports())
-        reports = [Report(metric, r.fingerprint, pseudonym, client_time, r.payload) for r in originals]
+        if isinstance(message, Report):
+            reports = [message.restamped(pseudonym, client_time)]
+        else:
+            reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
         first = reports[0].payload
         if isinstance(first, RapporPayload):
             shard = first.cohort
@@ -239,7 +251,7 @@ class Gateway:
             detail = f"the spec allows {self._bound(metric, refused)} per device and window"
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
         try:
-            await self.forwarder.forward(partition_key(metric, shard), reports)
+            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports)
         except ForwardError as err:
             self.quota.release(device, metric, window, n, keys)
             self.metrics.reports(metric, "refused", n)

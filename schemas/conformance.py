@@ -30,6 +30,7 @@ from schemas.wire import (
     KeyedPayload,
     LocalHashColumns,
     LocalHashPayload,
+    Payload,
     PayloadKind,
     RapporColumns,
     RapporPayload,
@@ -219,10 +220,24 @@ class Validator:
             return Rejection(f"wire.{err.reason}", err.detail)
         return self.check_message(message)
 
-    def check_message(self, message: Report | ReportBatch) -> Accepted | Rejection:
-        """Check an already decoded message against the spec."""
-        n = 1 if isinstance(message, Report) else len(message)
+    def conforms(self, message: Report | ReportBatch) -> Rejection | None:
+        """``None`` if ``message`` fits the spec, else why not -- the same verdict as :meth:`check_message`, without
+        building columns (a single report is checked field by field)."""
         rules = self.rules.get(message.metric)
+        refused = self._refusal(message, rules)
+        if refused is not None or rules is None:
+            return refused
+        if isinstance(message, ReportBatch):
+            problem = _check_columns(rules, message.columns)
+        else:
+            problem = _check_payload(rules, message.payload)
+        if problem is None:
+            return None
+        return Rejection(problem[0], problem[1], 1 if isinstance(message, Report) else len(message))
+
+    def _refusal(self, message: Report | ReportBatch, rules: MetricRules | None) -> Rejection | None:
+        """Metric, fingerprint and payload kind."""
+        n = 1 if isinstance(message, Report) else len(message)
         if rules is None:
             return Rejection("unknown_metric", f"metric {message.metric!r} is not in spec {self.spec.name!r}", n)
         if message.fingerprint != rules.fingerprint:
@@ -237,6 +252,16 @@ class Validator:
                 f"{message.kind.name.lower()} payload for {message.metric!r}, expected {rules.payload.name.lower()}",
                 n,
             )
+        return None
+
+    def check_message(self, message: Report | ReportBatch) -> Accepted | Rejection:
+        """Check an already decoded message against the spec; the accepted reports as columns."""
+        rules = self.rules.get(message.metric)
+        refused = self._refusal(message, rules)
+        if refused is not None:
+            return refused
+        assert rules is not None
+        n = 1 if isinstance(message, Report) else len(message)
         if isinstance(message, ReportBatch):
             problem = _check_columns(rules, message.columns)
             if problem is not None:
@@ -268,6 +293,29 @@ def _columns_of(report: Report) -> BatchColumns:
     if isinstance(p, RegressionPayload):
         return RegressionColumns(np.array([p.x]), np.array([p.y]))
     raise WireError("bad_kind", f"unknown payload {type(p).__name__}")
+
+
+def _check_payload(rules: MetricRules, p: Payload) -> tuple[str, str] | None:
+    """:func:`_check_columns` of one report's payload, field by field (no arrays)."""
+    if isinstance(p, CategoryPayload):
+        if p.index >= rules.k:
+            return "category_out_of_range", f"category index {p.index} >= k = {rules.k}"
+    elif isinstance(p, UnaryPayload):
+        if p.k != rules.k:
+            return "wrong_bit_length", f"{p.k} OUE bits, expected k = {rules.k}"
+    elif isinstance(p, LocalHashPayload):
+        if p.value >= rules.g:
+            return "hash_value_out_of_range", f"OLH value {p.value} >= g = {rules.g}"
+    elif isinstance(p, RapporPayload):
+        if p.k != rules.k:
+            return "wrong_bit_length", f"{p.k} RAPPOR bits, expected k = {rules.k}"
+        if p.cohort >= rules.m:
+            return "cohort_out_of_range", f"cohort {p.cohort} >= m = {rules.m}"
+    elif isinstance(p, KeyedPayload):
+        size = len(p.key.encode("utf-8"))
+        if size > rules.max_key_bytes:
+            return "key_too_long", f"key of {size} bytes > max_key_bytes = {rules.max_key_bytes}"
+    return None
 
 
 def _largest(a: np.ndarray) -> int:

@@ -362,6 +362,20 @@ class Report:
         """The payload kind."""
         return _PAYLOAD_KIND[type(self.payload)]
 
+    def restamped(self, pseudonym: int, client_time: int) -> Report:
+        """This report under another pseudonym and client time, as a relay that derives them sends it on (the
+        metric, fingerprint and payload were checked when this report was made; only the two new fields are)."""
+        new = object.__new__(Report)
+        for name, value in (
+            ("metric", self.metric),
+            ("fingerprint", self.fingerprint),
+            ("pseudonym", _check_uint("pseudonym", pseudonym, _U64)),
+            ("client_time", _check_uint("client_time", client_time, _U32)),
+            ("payload", self.payload),
+        ):
+            object.__setattr__(new, name, value)  # frozen: set once, here, as the constructor would
+        return new
+
 
 # --------------------------------------------------------------------------------------------------
 # batch columns (read-only numpy arrays, one per field)

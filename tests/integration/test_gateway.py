@@ -218,10 +218,13 @@ async def test_a_graceful_stop_answers_every_accepted_request_and_forwards_it(
                     accepted.append(float(i))
 
             sends = [asyncio.create_task(one(i)) for i in range(200)]
-            await asyncio.sleep(0.05)
+            for _ in range(1000):  # stop as soon as the first answers arrive: most requests are still in flight
+                if accepted:
+                    break
+                await asyncio.sleep(0.01)
         # the context exit stopped the gateway while requests were in flight
         await asyncio.gather(*sends)
-    assert accepted, "no request was accepted before the stop"
+    assert accepted, "no request was accepted"
     reports = await read_reports(kafka_bootstrap, spec.topics.reports, 2)
     xs = [r.payload.x for r in reports if isinstance(r.payload, RegressionPayload)]
     assert sorted(xs) == sorted(accepted)  # every 202 is in Kafka once, nothing else is

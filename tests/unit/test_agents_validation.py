@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.validation import MetricRules, _check_columns, _columns_of
+from schemas.conformance import _check_payload
 from schemas.spec import parse_spec
 from schemas.wire import (
     BoolPayload,
@@ -51,3 +52,13 @@ def test_one_row_checks_give_the_batch_checks_verdicts(p: Payload, k: int, m: in
     report = Report("m", 0, 1, 2, p)
     batch = ReportBatch.from_reports([report, report])  # two rows: the reductions' path
     assert _check_columns(rules, _columns_of(report)) == _check_columns(rules, batch.columns)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(payloads, st.integers(1, 300), st.integers(1, 70_000), st.integers(2, 70_000), st.integers(1, 255))
+def test_the_field_by_field_check_of_a_single_report_gives_the_same_verdicts(
+    p: Payload, k: int, m: int, g: int, key_bytes: int
+) -> None:
+    rules = MetricRules(_METRIC, 0, PayloadKind.BOOL, k=k, m=m, g=g, max_key_bytes=key_bytes)
+    report = Report("m", 0, 1, 2, p)
+    assert _check_payload(rules, p) == _check_columns(rules, _columns_of(report))
