@@ -44,6 +44,7 @@ bench: setup
 	$(BIN)/python -m bench.producer_throughput
 	$(BIN)/python -m bench.agent_throughput
 	$(BIN)/python -m bench.transaction_latency
+	$(BIN)/python -m bench.gateway_throughput
 
 broker-start: setup
 	$(BIN)/ptel broker start

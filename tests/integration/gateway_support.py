@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
 import os
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +17,12 @@ from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
+from gateway.device_auth import DeviceAuthenticator
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve
 from schemas.kafka_connection import Connection
@@ -38,19 +46,22 @@ async def served_gateway(
     *,
     keys: GatewayKeys | None = None,
     settings: GatewaySettings | None = None,
+    authenticator: DeviceAuthenticator | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     ready_timeout_s: float = 30.0,
 ) -> AsyncIterator[Served]:
     """A gateway on a free loopback port, ready (connected to Kafka) before it is yielded; drained on exit."""
     keys = keys or GatewayKeys.generate()
-    gateway = Gateway(spec, connection, keys, settings=settings)
-    runner = await serve(gateway, "127.0.0.1", 0)
+    gateway = Gateway(spec, connection, keys, settings=settings, authenticator=authenticator)
+    runner = await serve(gateway, "127.0.0.1", 0, ssl_context=ssl_context)
     try:
         deadline = time.monotonic() + ready_timeout_s
         while gateway.forwarder.refusal() is not None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"gateway not ready after {ready_timeout_s} s: {gateway.forwarder.last_error}")
             await asyncio.sleep(0.05)
-        yield Served(gateway, f"http://127.0.0.1:{bound_port(runner)}", keys)
+        scheme = "https" if ssl_context is not None else "http"
+        yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys)
     finally:
         await runner.cleanup()
 
@@ -140,3 +151,63 @@ class GatewayProcess:
 
     async def wait(self) -> int:
         return int(await self.proc.wait())
+
+
+@dataclass(frozen=True)
+class Tls:
+    """PEM files: a CA, the gateway's certificate for 127.0.0.1 and a device's client certificate (CN = device id)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls(folder: Path, device_id: str) -> Tls:
+    """A throwaway CA signing a server certificate (127.0.0.1) and a client certificate for ``device_id``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(
+        name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: ec.EllipticCurvePrivateKey, **ext: Any
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+        )
+        if ext.get("ca"):
+            builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        if ext.get("ip"):
+            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+            builder = builder.add_extension(san, critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    def write(path: Path, key: ec.EllipticCurvePrivateKey | None, certificate: x509.Certificate | None) -> Path:
+        if key is not None:
+            path.write_bytes(
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
+            path.chmod(0o600)
+        if certificate is not None:
+            path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ptel-test-devices-ca")])
+    ca_cert = cert("ptel-test-devices-ca", ca_key, ca_name, ca_key, ca=True)
+    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    return Tls(
+        ca=write(folder / "ca.pem", None, ca_cert),
+        server_cert=write(folder / "server.pem", None, cert("127.0.0.1", server_key, ca_name, ca_key, ip=True)),
+        server_key=write(folder / "server.key", server_key, None),
+        client_cert=write(folder / "client.pem", None, cert(device_id, client_key, ca_name, ca_key)),
+        client_key=write(folder / "client.key", client_key, None),
+    )

@@ -4,23 +4,29 @@ retries with an Idempotency-Key forwarded once; a graceful stop answers every ac
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import ssl
 import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
+from aiohttp import web
 
 from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from gateway.device_auth import ClientCertificateAuthenticator
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.gateway_sink import GatewayRefusedError, GatewaySink
+from ptel.commands.gateway import _ssl_context as gateway_ssl_context
 from schemas.wire import (
     BoolPayload,
     KeyedPayload,
@@ -31,7 +37,7 @@ from schemas.wire import (
     encode_report,
 )
 from tests.integration.agents_support import delete_worker_topics, handed_over_counts, make_spec, wait_for_window_start
-from tests.integration.gateway_support import post, read_reports, served_gateway
+from tests.integration.gateway_support import ROOT, make_tls, post, read_reports, served_gateway
 
 METRICS = [
     {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 1},
@@ -229,3 +235,94 @@ async def test_a_graceful_stop_answers_every_accepted_request_and_forwards_it(
     xs = [r.payload.x for r in reports if isinstance(r.payload, RegressionPayload)]
     assert sorted(xs) == sorted(accepted)  # every 202 is in Kafka once, nothing else is
     assert np.unique(xs).size == len(xs)
+
+
+async def test_the_readme_device_example_sends_through_a_real_gateway(kafka_bootstrap: str, tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### A device sending through the gateway", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    spec, spec_path = make_spec(tmp_path, [{"name": "crashed_today", "kind": "bool", "prob": 0.75}], partitions=2)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    home = tmp_path / "device"
+    home.mkdir(mode=0o700)
+    async with served_gateway(spec, kafka_bootstrap) as served:
+        (home / "device.token").write_text(served.keys.issue("readme-device") + "\n")
+        assert code.count('"http://127.0.0.1:8088"') == 1 and code.count('"examples/demo-spec.yaml"') == 1
+        code = code.replace('"http://127.0.0.1:8088"', repr(served.url))
+        code = code.replace('"examples/demo-spec.yaml"', repr(str(spec_path)))
+        code = code.replace('Path.home() / ".ptel"', f"Path({str(home)!r})")
+        code = code.replace("asyncio.run(main())", "")
+        namespace: dict[str, Any] = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        await namespace["main"]()
+        assert served.gateway.metrics.count(202, "accepted") == 1
+    (report,) = await read_reports(kafka_bootstrap, spec.topics.reports, 2, expect=1)
+    assert report.metric == "crashed_today"
+    window = report.client_time // spec.window.size_s
+    assert report.pseudonym == served.keys.pseudonym("readme-device", "crashed_today", window)
+    assert (home / "quota.json").exists() and (home / "client.secret").stat().st_mode & 0o077 == 0
+
+
+async def test_mutual_tls_names_the_device_by_its_certificate(kafka_bootstrap: str, tmp_path: Path) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    tls = make_tls(tmp_path / "pki", "sensor-7")
+    args = argparse.Namespace(tls_cert=tls.server_cert, tls_key=tls.server_key, tls_client_ca=tls.ca, auth="mtls")
+    server_context = gateway_ssl_context(args)  # what `ptel gateway --auth mtls` builds
+    fp = spec.metric("crashed").fingerprint
+    body = encode_report(Report("crashed", fp, 1, 1, BoolPayload(True)))
+    with_cert = ssl.create_default_context(cafile=str(tls.ca))
+    with_cert.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+    without_cert = ssl.create_default_context(cafile=str(tls.ca))
+    async with (
+        served_gateway(
+            spec, kafka_bootstrap, authenticator=ClientCertificateAuthenticator(), ssl_context=server_context
+        ) as served,
+        aiohttp.ClientSession() as session,
+    ):
+        headers = {"Content-Type": "application/octet-stream"}
+        async with session.post(f"{served.url}/v1/reports", data=body, headers=headers, ssl=with_cert) as r:
+            assert r.status == 202, await r.text()
+        with pytest.raises(aiohttp.ClientError):  # the handshake refuses a device without a certificate
+            async with session.post(f"{served.url}/v1/reports", data=body, headers=headers, ssl=without_cert) as r:
+                pass
+    (report,) = await read_reports(kafka_bootstrap, spec.topics.reports, 1, expect=1)
+    window = report.client_time // spec.window.size_s
+    assert report.pseudonym == served.keys.pseudonym("sensor-7", "crashed", window)
+
+
+async def test_the_sink_retries_a_503_with_the_same_idempotency_key(tmp_path: Path) -> None:
+    """Against a real HTTP server that answers 503 (Retry-After: 1) twice, then 202."""
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(request.headers["Idempotency-Key"])
+        await request.read()
+        if len(seen) <= 2:
+            return web.json_response(
+                {"reason": "kafka_unavailable", "detail": ""}, status=503, headers={"Retry-After": "1"}
+            )
+        return web.json_response({"accepted": 1, "window_start": 0}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/reports", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        async with GatewaySink(f"http://127.0.0.1:{port}", "d:k1:x", backoff_s=0.01) as sink:
+            started = asyncio.get_running_loop().time()
+            await sink.publish(None, b"\x01")
+            waited = asyncio.get_running_loop().time() - started
+            assert len(seen) == 3 and len(set(seen)) == 1  # one request, three attempts, one key
+            assert waited >= 2.0  # Retry-After honoured
+            assert sink.stats.retries == 2 and sink.stats.accepted == 1
+            await sink.publish(None, b"\x02")
+            assert len(set(seen)) == 2  # a new message, a new key
+        async with GatewaySink("http://127.0.0.1:1", "d:k1:x", max_attempts=2, backoff_s=0.01) as dead:
+            with pytest.raises(GatewayRefusedError, match="unreachable"):
+                await dead.publish(None, b"\x01")
+    finally:
+        await runner.cleanup()

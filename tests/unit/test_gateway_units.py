@@ -206,3 +206,30 @@ def test_every_route_and_every_refusal_status_is_documented() -> None:
     for status, reasons in REFUSAL_REASONS.items():
         enum = responses[str(status)]["content"]["application/json"]["schema"]["allOf"][1]["properties"]["reason"]
         assert enum["enum"] == reasons
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def test_ptel_gateway_refuses_a_public_plain_listener_and_bad_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptel.cli import main
+
+    keys = tmp_path / "gateway.keys"
+    assert main(["gateway-keys", "create", str(keys)]) == 0
+    assert main(["gateway-keys", "create", str(keys)]) == 2  # never overwrites a deployment's keys
+    spec = str(ROOT / "ptel" / "examples" / "demo-spec.yaml")
+    base = ["gateway", "--spec", spec, "--bootstrap", "127.0.0.1:1", "--keys", str(keys)]
+    capsys.readouterr()
+    assert main([*base, "--listen", "0.0.0.0:8088"]) == 2
+    assert "not loopback" in capsys.readouterr().err
+    assert main([*base, "--listen", "nonsense"]) == 2
+    assert "--listen" in capsys.readouterr().err
+    assert main([*base, "--auth", "mtls"]) == 2
+    assert "--tls-cert" in capsys.readouterr().err
+    assert main([*base, "--max-body-bytes", "1"]) == 2
+    assert "max_body_bytes (1)" in capsys.readouterr().err
+    os.chmod(keys, 0o644)
+    assert main(base) == 2
+    assert "chmod 600" in capsys.readouterr().err
