@@ -34,6 +34,14 @@ from agents.placement import Placement
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
+from schemas.conformance import MetricRules
+from schemas.wire import (
+    CategoryColumns,
+    LocalHashColumns,
+    RapporColumns,
+    UnaryColumns,
+)
+from schemas.wire_columns import SingleReports, decode_single_reports, take_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,46 @@ class _Split:
     refused: list[tuple[SourceRecord, str, int, str]]
 
 
+@dataclass(frozen=True, eq=False)
+class _Chunk(Accepted):
+    """Reports of consecutive single-report records of one (metric, window), decoded together: row ``i`` is the one
+    report of ``records[i]``. It stands in a group for all its records (the group's record list holds the first);
+    the rare paths that handle records one by one split it first (:func:`_one_per_record`)."""
+
+    records: tuple[SourceRecord, ...] = ()
+
+
+def _one_per_record(
+    accepted: list[Accepted], records: list[SourceRecord], floors: list[int] | None
+) -> tuple[list[Accepted], list[SourceRecord], list[int] | None]:
+    """The entries with every :class:`_Chunk` split into one entry per record (same rows, same order)."""
+    if not any(isinstance(a, _Chunk) for a in accepted):
+        return accepted, records, floors
+    out_a: list[Accepted] = []
+    out_r: list[SourceRecord] = []
+    out_f: list[int] = []
+    for i, (verdict, rec) in enumerate(zip(accepted, records, strict=True)):
+        floor = floors[i] if floors is not None else 0
+        if not isinstance(verdict, _Chunk):
+            out_a.append(verdict)
+            out_r.append(rec)
+            out_f.append(floor)
+            continue
+        for j, one in enumerate(verdict.records):
+            row = np.arange(j, j + 1)
+            out_a.append(
+                Accepted(
+                    verdict.metric,
+                    verdict.pseudonyms[row],
+                    take_columns(verdict.columns, row),
+                    verdict.client_times[row],
+                )
+            )
+            out_r.append(one)
+            out_f.append(floor)
+    return out_a, out_r, (out_f if floors is not None else None)
+
+
 def _by_window(
     moved: list[tuple[int, SourceRecord, Accepted]],
 ) -> list[tuple[int, list[Accepted], list[SourceRecord]]]:
@@ -150,6 +198,24 @@ def watermark_key(partition: int) -> bytes:
 
 def partial_key(partition: int, metric: str, window_start_ms: int) -> bytes:
     return f"p{partition}/w/{metric}/{window_start_ms}".encode()
+
+
+def _fits(rules: MetricRules, table: SingleReports) -> np.ndarray | None:
+    """Rows of ``table`` whose payload fits the spec (``None``: all), as :func:`schemas.conformance._check_columns`
+    would find them one by one."""
+    c = table.columns
+    ok: np.ndarray | None = None
+    if isinstance(c, CategoryColumns):
+        ok = c.indices < rules.k
+    elif isinstance(c, LocalHashColumns):
+        ok = c.values < rules.g
+    elif isinstance(c, UnaryColumns):
+        ok = np.full(len(table), c.k == rules.k)
+    elif isinstance(c, RapporColumns):
+        ok = (c.cohorts < rules.m) & (c.k == rules.k)
+    if ok is None or bool(ok.all()):
+        return None
+    return ok
 
 
 class PartitionState:
@@ -196,10 +262,14 @@ class PartitionState:
         return self.aggregate(self.prepare(records))
 
     def prepare(self, records: Sequence[SourceRecord]) -> PreparedBatch:
-        """The per-record half of :meth:`process` (Python, one iteration per record): decode and validate,
-        window by broker time, move the watermark, dead-letter wire errors, late and ``spec_changed`` records,
-        and group the others by (metric, window). Nothing is counted until :meth:`aggregate`; call the two
-        in order, once per batch (a worker overlaps one partition's ``prepare`` with another's ``aggregate``).
+        """The per-record half of :meth:`process`: decode and validate, window by broker time, move the watermark,
+        dead-letter wire errors, late and ``spec_changed`` records, and group the others by (metric, window).
+        Nothing is counted until :meth:`aggregate`; call the two in order, once per batch (a worker overlaps one
+        partition's ``prepare`` with another's ``aggregate``).
+
+        Single-report records are decoded and checked together, as columns (:meth:`_fast_rows`); what remains per
+        record is its timestamp, its window and its place in a group. Every other record is decoded alone. Both
+        give the same verdicts, in the same order.
         """
         out = BatchResult()
         groups: dict[tuple[str, int], list[Accepted]] = {}  # (metric, window start) -> its records' reports
@@ -210,11 +280,58 @@ class PartitionState:
         last_ts: int | None = None
         start = ts_floor = 0
         placement, partition = self.placement, self.partition
-        for rec in records:  # one iteration per Kafka record: keep it lean
-            verdict: Accepted | Rejection | None = check(rec.value)
+        tables, fast_of, misplaced = self._fast_rows(records)
+        # (metric, window) -> the chunk being filled: (floor, table, rows, records)
+        open_chunks: dict[tuple[str, int], tuple[int, int, list[int], list[SourceRecord]]] = {}
+
+        def close(key: tuple[str, int]) -> None:
+            floor, t, rows, recs = open_chunks.pop(key)
+            table = tables[t]
+            pse, times, columns = table.take(np.asarray(rows, np.intp))
+            rules = self.validator.rules[table.metric]
+            groups[key].append(_Chunk(rules.metric, pse, columns, times, tuple(recs)))
+            sources[key].append(recs[0])
+            floors[key].append(floor)
+
+        for i, rec in enumerate(records):  # one iteration per Kafka record: keep it lean
             ts = rec.timestamp_ms
             if ts != last_ts:  # LogAppendTime: runs of records share a millisecond
                 start, ts_floor, last_ts = start_of(ts), closed_at(ts), ts
+            fast = fast_of[i] if fast_of is not None else None
+            if fast is not None:
+                t, row = fast
+                name = tables[t].metric
+                wrong_rows = misplaced[t]
+                if wrong_rows is not None and wrong_rows[row]:
+                    detail = (
+                        f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
+                        f"elsewhere): a copy here would count beside the original"
+                    )
+                    self._reject(out, rec, "wrong_partition", detail, 1)
+                elif self.closed_before_ms is not None and start < self.closed_before_ms:
+                    detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
+                    self._reject(out, rec, "late", detail, 1)
+                elif (stale := self._stale(changed, name, start)) is not None:
+                    detail = f"window {start} of {name!r} was counted under another spec: {stale}"
+                    self._reject(out, rec, "spec_changed", detail, 1)
+                else:
+                    key = (name, start)
+                    cb = self.closed_before_ms
+                    floor = ts_floor if cb is None or ts_floor >= cb else cb
+                    chunk = open_chunks.get(key)
+                    if chunk is not None and chunk[0] == floor and chunk[1] == t:
+                        chunk[2].append(row)
+                        chunk[3].append(rec)
+                    else:
+                        if chunk is not None:
+                            close(key)
+                        elif key not in groups:  # groups keep the order of their first record
+                            groups[key], sources[key], floors[key] = [], [], []
+                        open_chunks[key] = (floor, t, [row], [rec])
+                if self.watermark_ms is None or ts > self.watermark_ms:
+                    self._observe(ts)
+                continue
+            verdict: Accepted | Rejection | None = check(rec.value)
             if placement is not None and isinstance(verdict, Accepted):
                 wrong = placement.misplaced(verdict, partition)
                 if wrong is not None:
@@ -232,6 +349,8 @@ class PartitionState:
                 self._reject(out, rec, "spec_changed", detail, verdict.reports)
             else:
                 key = (verdict.metric.name, start)
+                if key in open_chunks:  # keep the group in record order
+                    close(key)
                 cb = self.closed_before_ms
                 floor = ts_floor if cb is None or ts_floor >= cb else cb
                 group = groups.get(key)
@@ -245,7 +364,55 @@ class PartitionState:
                     floors[key].append(floor)
             if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
                 self._observe(ts)  # broker time is trustworthy even when the content is not
+        for key in list(open_chunks):
+            close(key)
         return PreparedBatch(out, groups, sources, floors)
+
+    #: Fewest single-report records in a batch for the columnar path (below, decoding one by one is as fast).
+    FAST_PATH_MIN_RECORDS = 16
+
+    def _fast_rows(
+        self, records: Sequence[SourceRecord]
+    ) -> tuple[list[SingleReports], list[tuple[int, int] | None] | None, list[list[bool] | None]]:
+        """The single-report records of the batch decoded as columns and checked against the spec and the placement
+        rule all at once: the tables, per record ``(table, row)`` (``None``: decode it alone) and per table the
+        rows of another partition (``None``: none).
+
+        A table whose metric, fingerprint or kind does not fit the spec, and a row whose payload does not (a
+        category ``>= k``, an OLH value ``>= g``, a bit vector of another length, a cohort ``>= m``), is left to the
+        record-by-record path, which dead-letters it with its exact reason."""
+        if len(records) < self.FAST_PATH_MIN_RECORDS:
+            return [], None, []
+        decoded, _ = decode_single_reports([rec.value for rec in records])
+        if not decoded:
+            return [], None, []
+        fast_of: list[tuple[int, int] | None] = [None] * len(records)
+        tables: list[SingleReports] = []
+        misplaced: list[list[bool] | None] = []
+        for table in decoded:
+            rules = self.validator.rules.get(table.metric)
+            if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
+                continue
+            ok = _fits(rules, table)
+            if ok is not None:
+                rows = np.flatnonzero(ok)
+                if rows.size == 0:
+                    continue
+                pse, times, columns = table.take(rows)
+                table = SingleReports(
+                    table.metric, table.fingerprint, table.kind, table.records[rows], pse, times, columns
+                )
+            t = len(tables)
+            tables.append(table)
+            wrong = None
+            if self.placement is not None:
+                whole = Accepted(rules.metric, table.pseudonyms, table.columns, table.client_times)
+                mask = self.placement.misplaced(whole, self.partition)
+                wrong = None if mask is None else mask.tolist()
+            misplaced.append(wrong)
+            for row, i in enumerate(table.records.tolist()):
+                fast_of[i] = (t, row)
+        return tables, fast_of, misplaced
 
     def _misplaced(self, out: BatchResult, rec: SourceRecord, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
         """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``); the rest."""
@@ -350,6 +517,7 @@ class PartitionState:
             ok = (offset >= 0) & (offset < size_s)
         if bool(ok.all()):
             return _Split(accepted, records, [], [])
+        accepted, records, floors = _one_per_record(accepted, records, floors)  # rows keep their order
         out = _Split([], [], [], [])
         size_ms = self.window.size_ms
         at = 0
