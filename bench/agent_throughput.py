@@ -61,7 +61,16 @@ from agents.worker import Worker, WorkerSettings
 from ptel.kafka_broker import LocalKafka, default_port
 from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
-from schemas.wire import BoolColumns, BoolPayload, Report, ReportBatch, encode_batch, encode_report, partition_key
+from schemas.wire import (
+    BoolColumns,
+    BoolPayload,
+    KeyedPayload,
+    Report,
+    ReportBatch,
+    encode_batch,
+    encode_report,
+    partition_key,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "agent_throughput.json"
 PARTITIONS = 4
@@ -70,9 +79,25 @@ PARTITIONS = 4
 #: Window of the throughput phases: one day, so every preloaded report falls in the window of its send time
 #: (reports carry their send time, and stage 1 dead-letters a report whose client window is not its broker window).
 THROUGHPUT_WINDOW_S = 86_400
+#: ``WorkerSettings.max_batch`` of the throughput phases (``--max-batch``; ``None``: the worker's default).
+MAX_BATCH: int | None = None
+
+
+#: The keyed metric of the ``keyed`` shape (every spec has it; the other shapes send only bool reports).
+KEYED_METRIC: dict[str, Any] = {
+    "name": "k0",
+    "kind": "keyed",
+    "keys_per_window": 1,
+    "reports_per_window": 1,
+    "max_key_bytes": 16,
+    "max_keys_per_partition": 4096,
+    "value": {"prob": 0.75},
+    "release": {"scale": 1.0, "threshold": 10},
+}
 
 
 def make_spec(tag: str, metrics: int = 1, size_s: int = 2, grace_s: int = 1) -> CollectionSpec:
+    bools: list[dict[str, Any]] = [{"name": f"m{i}", "kind": "bool", "prob": 0.75} for i in range(metrics)]
     return parse_spec(
         {
             "name": f"bench{tag}",
@@ -83,7 +108,7 @@ def make_spec(tag: str, metrics: int = 1, size_s: int = 2, grace_s: int = 1) -> 
                 "partitions": PARTITIONS,
             },
             "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": max(3600, 2 * size_s)},
-            "metrics": [{"name": f"m{i}", "kind": "bool", "prob": 0.75} for i in range(metrics)],
+            "metrics": [*bools, KEYED_METRIC],
         }
     )
 
@@ -140,9 +165,10 @@ async def worker_consume(
         bootstrap,
         group,
         IdlePolicy(idle_timeout_ms=2000, clock_skew_ms=500),
-        max_batch=2000,
         adopt_ledger=True,
     )
+    if MAX_BATCH is not None:
+        settings = replace(settings, max_batch=MAX_BATCH)
     if threads is not None:
         settings = replace(settings, stage1_threads=threads)
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
@@ -350,6 +376,32 @@ def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
     }
 
 
+def keyed_messages(n: int, keys: int = 1000) -> list[tuple[bytes, bytes]]:
+    """One-report messages of the keyed metric: ``keys`` distinct keys, one report per client."""
+    fp = make_spec("fp").metric("k0").fingerprint
+    sent_s = int(time.time())
+    return [
+        (
+            partition_key("k0", i % 64),
+            encode_report(Report("k0", fp, i, sent_s, KeyedPayload(f"key{i % keys}", i % 4 == 0))),
+        )
+        for i in range(n)
+    ]
+
+
+def mixed_messages(n: int, batch_size: int) -> tuple[list[tuple[bytes, bytes]], int]:
+    """``n`` messages, 90 % single reports and 10 % batches of ``batch_size`` (interleaved); and the reports."""
+    singles = single_messages(n - n // 10)
+    batches = batch_messages(n // 10, batch_size, "random")
+    out: list[tuple[bytes, bytes]] = []
+    for i, single in enumerate(singles):
+        out.append(single)
+        if i % 9 == 8 and batches:
+            out.append(batches.pop())
+    out.extend(batches)
+    return out, len(singles) + (n // 10) * batch_size
+
+
 def single_messages(n: int) -> list[tuple[bytes, bytes]]:
     fp = make_spec("fp").metrics[0].fingerprint
     sent_s = int(time.time())  # the send time (see THROUGHPUT_WINDOW_S)
@@ -397,6 +449,27 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
             f"(median of {args.repeat}, range {single['ratio_min']:.2f}-{single['ratio_max']:.2f})",
             flush=True,
         )
+    if "mixed" in phases:
+        messages, reports = mixed_messages(args.singles, 100)
+        print(f"preloading {len(messages)} messages: 90 % single reports, 10 % batches of 100 ...", flush=True)
+        mixed = out["mixed"] = await throughput(bootstrap, "mixed", messages, reports, args.repeat, args.stage1_threads)
+        print(
+            f"mixed:  bare {mixed['bare_reports_per_s']:,.0f} reports/s; worker "
+            f"{mixed['worker_reports_per_s']:,.0f} reports/s; ratio {mixed['ratio_reports_per_s']:.2f} "
+            f"(median of {args.repeat}, range {mixed['ratio_min']:.2f}-{mixed['ratio_max']:.2f})",
+            flush=True,
+        )
+    if "keyed" in phases:
+        print(f"preloading {args.singles} single keyed reports, 1,000 distinct keys ...", flush=True)
+        keyed = out["keyed"] = await throughput(
+            bootstrap, "keyed", keyed_messages(args.singles), args.singles, args.repeat, args.stage1_threads
+        )
+        print(
+            f"keyed:  bare {keyed['bare_reports_per_s']:,.0f} reports/s; worker "
+            f"{keyed['worker_reports_per_s']:,.0f} reports/s; ratio {keyed['ratio_reports_per_s']:.2f} "
+            f"(median of {args.repeat}, range {keyed['ratio_min']:.2f}-{keyed['ratio_max']:.2f})",
+            flush=True,
+        )
     if "latency" in phases:
         print(f"latency: producing {args.rate} reports/s of {args.metrics} metrics for {args.live} s ...", flush=True)
         lat = out["latency"] = await latency(bootstrap, args.live, args.metrics, args.rate)
@@ -420,16 +493,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="repetitions of each throughput phase (median)")
     parser.add_argument("--pseudonyms", choices=("random", "sequential"), default="random")
     parser.add_argument(
-        "--phases", default="batch,single,latency", help="comma-separated subset of batch,single,latency,stage1"
+        "--phases",
+        default="batch,single,mixed,keyed,latency",
+        help="comma-separated subset of batch,single,mixed,keyed,latency,stage1",
     )
     parser.add_argument("--stage1-threads", type=int, default=None, help="WorkerSettings.stage1_threads (default: its)")
+    parser.add_argument("--max-batch", type=int, default=None, help="WorkerSettings.max_batch (default: its)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    global MAX_BATCH
+    MAX_BATCH = args.max_batch
     load_before = os.getloadavg()
     broker = None
-    kafka_phases = {p.strip() for p in args.phases.split(",")} & {"batch", "single", "latency"}
+    kafka_phases = {p.strip() for p in args.phases.split(",")} & {"batch", "single", "mixed", "keyed", "latency"}
     if args.bootstrap or not kafka_phases:  # the stage1 phase alone needs no broker
         bootstrap = args.bootstrap or ""
     else:
