@@ -1,7 +1,7 @@
 """Stage 1, one source partition: validate, window, bound, aggregate, watermark, close -- without Kafka.
 
 :class:`PartitionState` is everything stage 1 knows about one source partition ``p``; the Kafka driver
-(:mod:`agents.ingest`) feeds it batches of :class:`SourceRecord` and writes what it returns -- dead
+(:mod:`agents.ingest`) feeds it batches of :class:`Record` and writes what it returns -- dead
 letters, changed state records, the hand-over of closed windows -- in one transaction with the offset.
 
 State records (compacted topic ``<group>.stage1-state``, partition ``p``):
@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
+from agents.batch_layout import NO_MARK, BrokerTimes, broker_times, chunk_runs
 from agents.errors import StateError
 from agents.kinds import Aggregator, concat
 from agents.partials import Partial
@@ -44,12 +47,30 @@ from schemas.wire import (
 from schemas.wire_columns import SingleReports, decode_single_reports, take_columns
 
 
+class Record(Protocol):
+    """One record of the reports topic, as stage 1 reads it: aiokafka's ``ConsumerRecord`` is one, so the worker
+    hands its fetches over as they are (no object per record), and :class:`SourceRecord` is one."""
+
+    @property
+    def offset(self) -> int: ...
+
+    #: The broker time (ms): LogAppendTime, checked by the worker before stage 1 sees the record.
+    @property
+    def timestamp(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
-    """One record of the reports topic, as stage 1 needs it."""
+    """One record of the reports topic, built by hand (replays, tests)."""
 
     offset: int
-    timestamp_ms: int
+    timestamp: int
     key: bytes | None
     value: bytes | None
 
@@ -58,7 +79,7 @@ class SourceRecord:
 class DeadLetter:
     """A rejected record: the original record, the reason and a detail for people."""
 
-    record: SourceRecord
+    record: Record
     reason: str
     detail: str
     reports: int
@@ -114,7 +135,7 @@ class PreparedBatch:
 
     result: BatchResult
     groups: dict[tuple[str, int], list[Accepted]]
-    sources: dict[tuple[str, int], list[SourceRecord]]
+    sources: dict[tuple[str, int], list[Record]]
     floors: dict[tuple[str, int], list[int]]
 
 
@@ -124,12 +145,12 @@ class _Split:
 
     #: Reports of the broker window itself, with their records.
     kept: list[Accepted]
-    records: list[SourceRecord]
+    records: list[Record]
     #: Reports of an earlier window still open for their record: ``(window start, record, reports)``, in order.
-    moved: list[tuple[int, SourceRecord, Accepted]]
+    moved: list[tuple[int, Record, Accepted]]
     #: ``(record, reason, reports, detail)`` of the rows refused: ``late`` (an earlier window already closed for
     #: the record) or ``window_mismatch`` (a later window: a device clock ahead of the broker's).
-    refused: list[tuple[SourceRecord, str, int, str]]
+    refused: list[tuple[Record, str, int, str]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,17 +159,17 @@ class _Chunk(Accepted):
     report of ``records[i]``. It stands in a group for all its records (the group's record list holds the first);
     the rare paths that handle records one by one split it first (:func:`_one_per_record`)."""
 
-    records: tuple[SourceRecord, ...] = ()
+    records: tuple[Record, ...] = ()
 
 
 def _one_per_record(
-    accepted: list[Accepted], records: list[SourceRecord], floors: list[int] | None
-) -> tuple[list[Accepted], list[SourceRecord], list[int] | None]:
+    accepted: list[Accepted], records: list[Record], floors: list[int] | None
+) -> tuple[list[Accepted], list[Record], list[int] | None]:
     """The entries with every :class:`_Chunk` split into one entry per record (same rows, same order)."""
     if not any(isinstance(a, _Chunk) for a in accepted):
         return accepted, records, floors
     out_a: list[Accepted] = []
-    out_r: list[SourceRecord] = []
+    out_r: list[Record] = []
     out_f: list[int] = []
     for i, (verdict, rec) in enumerate(zip(accepted, records, strict=True)):
         floor = floors[i] if floors is not None else 0
@@ -173,10 +194,10 @@ def _one_per_record(
 
 
 def _by_window(
-    moved: list[tuple[int, SourceRecord, Accepted]],
-) -> list[tuple[int, list[Accepted], list[SourceRecord]]]:
+    moved: list[tuple[int, Record, Accepted]],
+) -> list[tuple[int, list[Accepted], list[Record]]]:
     """``moved`` rows grouped by window (first appearance order), each group in record order."""
-    out: dict[int, tuple[list[Accepted], list[SourceRecord]]] = {}
+    out: dict[int, tuple[list[Accepted], list[Record]]] = {}
     for window, rec, verdict in moved:
         accepted, recs = out.setdefault(window, ([], []))
         accepted.append(verdict)
@@ -190,6 +211,15 @@ def _handed_over(partial: Partial) -> Partial:
     out = partial.counts_only()
     out.max_partition_keys = len(out.keyed)
     return out
+
+
+def _records_at(records: Sequence[Record], positions: NDArray[np.intp]) -> tuple[Record, ...]:
+    """``records`` at ``positions`` (ascending, not empty), as a tuple: a slice when they are consecutive."""
+    first, last = int(positions[0]), int(positions[-1])
+    if last - first + 1 == positions.size:
+        return tuple(records[first : last + 1])
+    picked = operator.itemgetter(*positions.tolist())(records)
+    return picked if positions.size > 1 else (picked,)
 
 
 def watermark_key(partition: int) -> bytes:
@@ -256,139 +286,147 @@ class PartitionState:
     # ------------------------------------------------------------------------------------------
     # processing
 
-    def process(self, records: Sequence[SourceRecord]) -> BatchResult:
+    def process(self, records: Sequence[Record]) -> BatchResult:
         """Validate, window and aggregate one batch of records (in offset order):
         :meth:`aggregate` of :meth:`prepare`."""
         return self.aggregate(self.prepare(records))
 
-    def prepare(self, records: Sequence[SourceRecord]) -> PreparedBatch:
+    def prepare(self, records: Sequence[Record]) -> PreparedBatch:
         """The per-record half of :meth:`process`: decode and validate, window by broker time, move the watermark,
         dead-letter wire errors, late and ``spec_changed`` records, and group the others by (metric, window).
         Nothing is counted until :meth:`aggregate`; call the two in order, once per batch (a worker overlaps one
         partition's ``prepare`` with another's ``aggregate``).
 
-        Single-report records are decoded and checked together, as columns (:meth:`_fast_rows`); what remains per
-        record is its timestamp, its window and its place in a group. Every other record is decoded alone. Both
-        give the same verdicts, in the same order.
+        The batch is laid out as columns: single-report records are decoded and checked together
+        (:meth:`_fast_rows`), every record's window, mark, lateness and floor come from one pass over the broker
+        times (:func:`agents.batch_layout.broker_times`), and the rows that need no further decision are cut into
+        chunks (:func:`agents.batch_layout.chunk_runs`). Only the other records -- batches, records the columns
+        do not cover, and rows refused here -- are taken one by one, in record order. Both give the verdicts, the
+        dead letters (in record order) and the groups of deciding record by record.
         """
         out = BatchResult()
         groups: dict[tuple[str, int], list[Accepted]] = {}  # (metric, window start) -> its records' reports
-        sources: dict[tuple[str, int], list[SourceRecord]] = {}  # the record of each group entry
+        sources: dict[tuple[str, int], list[Record]] = {}  # the record of each group entry
         floors: dict[tuple[str, int], list[int]] = {}  # first window still open for each group entry
+        n = len(records)
+        if n == 0:
+            return PreparedBatch(out, groups, sources, floors)
+        times = broker_times(
+            np.fromiter([r.timestamp for r in records], np.int64, n), self.window, self.closed_before_ms
+        )
+        tables, table_of, row_of, wrong = self._fast_rows(records)
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
-        check, start_of, closed_at = self.validator.check, self.window.start_of, self.window.closed_before
-        last_ts: int | None = None
-        start = ts_floor = 0
-        placement, partition = self.placement, self.partition
-        tables, fast_of, misplaced = self._fast_rows(records)
-        # (metric, window) -> the chunk being filled: (floor, table, rows, records)
-        open_chunks: dict[tuple[str, int], tuple[int, int, list[int], list[SourceRecord]]] = {}
+        plain = table_of >= 0
+        if tables:
+            plain &= ~wrong & ~times.late
+            names = [t.metric for t in tables]
+            for start in np.unique(times.starts[plain]).tolist():
+                for t, name in enumerate(names):
+                    if self._stale(changed, name, start) is not None:
+                        plain &= ~((table_of == t) & (times.starts == start))
+        # entries of each group: (first record, reports, record, floor), ordered below
+        entries: dict[tuple[str, int], list[tuple[int, Accepted, Record, int]]] = {}
+        breaks: dict[tuple[str, int], list[int]] = {}  # per group: its records decided one by one (cut its chunks)
+        self._decide_one_by_one(records, np.flatnonzero(~plain).tolist(), times, tables, table_of, row_of, wrong,
+                                changed, out, entries, breaks)  # fmt: skip
+        fast = np.flatnonzero(plain)
+        for c in chunk_runs(fast, table_of[fast], row_of[fast], [t.metric for t in tables], times, breaks):
+            table = tables[c.table]
+            pse, client_times, columns = table.take(c.rows)
+            recs = _records_at(records, c.positions)
+            chunk = _Chunk(self.validator.rules[table.metric].metric, pse, columns, client_times, recs)
+            entries.setdefault((c.metric, c.start), []).append((int(c.positions[0]), chunk, recs[0], c.floor))
+        for key, group in sorted(entries.items(), key=lambda kv: min(e[0] for e in kv[1])):
+            group.sort(key=lambda e: e[0])
+            groups[key] = [e[1] for e in group]
+            sources[key] = [e[2] for e in group]
+            floors[key] = [e[3] for e in group]
+        if self.watermark_ms is None or times.latest_ms > self.watermark_ms:  # else w_p, and so the mark, stays
+            self._observe(times.latest_ms)  # broker time is trustworthy even when the content is not
+        return PreparedBatch(out, groups, sources, floors)
 
-        def close(key: tuple[str, int]) -> None:
-            floor, t, rows, recs = open_chunks.pop(key)
-            table = tables[t]
-            pse, times, columns = table.take(np.asarray(rows, np.intp))
-            rules = self.validator.rules[table.metric]
-            groups[key].append(_Chunk(rules.metric, pse, columns, times, tuple(recs)))
-            sources[key].append(recs[0])
-            floors[key].append(floor)
-
-        for i, rec in enumerate(records):  # one iteration per Kafka record: keep it lean
-            ts = rec.timestamp_ms
-            if ts != last_ts:  # LogAppendTime: runs of records share a millisecond
-                start, ts_floor, last_ts = start_of(ts), closed_at(ts), ts
-            fast = fast_of[i] if fast_of is not None else None
-            if fast is not None:
-                t, row = fast
+    def _decide_one_by_one(
+        self,
+        records: Sequence[Record],
+        positions: list[int],
+        times: BrokerTimes,
+        tables: list[SingleReports],
+        table_of: NDArray[np.intp],
+        row_of: NDArray[np.intp],
+        wrong: NDArray[np.bool_],
+        changed: dict[tuple[str, int], str | None],
+        out: BatchResult,
+        entries: dict[tuple[str, int], list[tuple[int, Accepted, Record, int]]],
+        breaks: dict[tuple[str, int], list[int]],
+    ) -> None:
+        """The records at ``positions`` (ascending), decided alone: decoded (unless a table row of theirs was
+        refused), checked against the placement, the mark before them and the window's spec; dead-lettered in
+        record order, or added to ``entries`` with their position (and to ``breaks``)."""
+        check, placement, partition = self.validator.check, self.placement, self.partition
+        starts, marks, floors = times.starts, times.marks, times.floors
+        for i in positions:
+            rec = records[i]
+            start, mark = int(starts[i]), int(marks[i])
+            t = int(table_of[i])
+            if t >= 0:  # a single report decoded with its table, refused here: placement, late or spec_changed
                 name = tables[t].metric
-                wrong_rows = misplaced[t]
-                if wrong_rows is not None and wrong_rows[row]:
+                if wrong[i]:
                     detail = (
                         f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
                         f"elsewhere): a copy here would count beside the original"
                     )
                     self._reject(out, rec, "wrong_partition", detail, 1)
-                elif self.closed_before_ms is not None and start < self.closed_before_ms:
-                    detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
-                    self._reject(out, rec, "late", detail, 1)
-                elif (stale := self._stale(changed, name, start)) is not None:
+                elif mark != NO_MARK and start < mark:
+                    self._reject(
+                        out, rec, "late", f"window {start} closed on partition {partition} (open from {mark})", 1
+                    )
+                else:
+                    stale = self._stale(changed, name, start)
                     detail = f"window {start} of {name!r} was counted under another spec: {stale}"
                     self._reject(out, rec, "spec_changed", detail, 1)
-                else:
-                    key = (name, start)
-                    cb = self.closed_before_ms
-                    floor = ts_floor if cb is None or ts_floor >= cb else cb
-                    chunk = open_chunks.get(key)
-                    if chunk is not None and chunk[0] == floor and chunk[1] == t:
-                        chunk[2].append(row)
-                        chunk[3].append(rec)
-                    else:
-                        if chunk is not None:
-                            close(key)
-                        elif key not in groups:  # groups keep the order of their first record
-                            groups[key], sources[key], floors[key] = [], [], []
-                        open_chunks[key] = (floor, t, [row], [rec])
-                if self.watermark_ms is None or ts > self.watermark_ms:
-                    self._observe(ts)
                 continue
             verdict: Accepted | Rejection | None = check(rec.value)
             if placement is not None and isinstance(verdict, Accepted):
-                wrong = placement.misplaced(verdict, partition)
-                if wrong is not None:
-                    verdict = self._misplaced(out, rec, verdict, wrong)
+                misplaced = placement.misplaced(verdict, partition)
+                if misplaced is not None:
+                    verdict = self._misplaced(out, rec, verdict, misplaced)
             if verdict is None:
                 pass  # every report of the record belongs to another partition (dead-lettered)
             elif isinstance(verdict, Rejection):
                 self._reject(out, rec, verdict.reason, verdict.detail, verdict.reports)
-            elif self.closed_before_ms is not None and start < self.closed_before_ms:
+            elif mark != NO_MARK and start < mark:
                 # late against the watermark *before* this record (w_p is a running max over the batch)
-                detail = f"window {start} closed on partition {self.partition} (open from {self.closed_before_ms})"
+                detail = f"window {start} closed on partition {partition} (open from {mark})"
                 self._reject(out, rec, "late", detail, verdict.reports)
             elif (stale := self._stale(changed, verdict.metric.name, start)) is not None:
                 detail = f"window {start} of {verdict.metric.name!r} was counted under another spec: {stale}"
                 self._reject(out, rec, "spec_changed", detail, verdict.reports)
             else:
                 key = (verdict.metric.name, start)
-                if key in open_chunks:  # keep the group in record order
-                    close(key)
-                cb = self.closed_before_ms
-                floor = ts_floor if cb is None or ts_floor >= cb else cb
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [verdict]
-                    sources[key] = [rec]
-                    floors[key] = [floor]
-                else:
-                    group.append(verdict)
-                    sources[key].append(rec)
-                    floors[key].append(floor)
-            if self.watermark_ms is None or ts > self.watermark_ms:  # else w_p, and so the mark, cannot move
-                self._observe(ts)  # broker time is trustworthy even when the content is not
-        for key in list(open_chunks):
-            close(key)
-        return PreparedBatch(out, groups, sources, floors)
+                entries.setdefault(key, []).append((i, verdict, rec, int(floors[i])))
+                breaks.setdefault(key, []).append(i)
 
     #: Fewest single-report records in a batch for the columnar path (below, decoding one by one is as fast).
     FAST_PATH_MIN_RECORDS = 16
 
     def _fast_rows(
-        self, records: Sequence[SourceRecord]
-    ) -> tuple[list[SingleReports], list[tuple[int, int] | None] | None, list[list[bool] | None]]:
+        self, records: Sequence[Record]
+    ) -> tuple[list[SingleReports], NDArray[np.intp], NDArray[np.intp], NDArray[np.bool_]]:
         """The single-report records of the batch decoded as columns and checked against the spec and the placement
-        rule all at once: the tables, per record ``(table, row)`` (``None``: decode it alone) and per table the
-        rows of another partition (``None``: none).
+        rule all at once: the tables, and per record its table (``-1``: decode it alone), its row there, and
+        whether it belongs to another partition.
 
         A table whose metric, fingerprint or kind does not fit the spec, and a row whose payload does not (a
         category ``>= k``, an OLH value ``>= g``, a bit vector of another length, a cohort ``>= m``), is left to the
         record-by-record path, which dead-letters it with its exact reason."""
-        if len(records) < self.FAST_PATH_MIN_RECORDS:
-            return [], None, []
-        decoded, _ = decode_single_reports([rec.value for rec in records])
-        if not decoded:
-            return [], None, []
-        fast_of: list[tuple[int, int] | None] = [None] * len(records)
+        n = len(records)
+        table_of = np.full(n, -1, np.intp)
+        row_of = np.zeros(n, np.intp)
+        wrong = np.zeros(n, np.bool_)
         tables: list[SingleReports] = []
-        misplaced: list[list[bool] | None] = []
+        if n < self.FAST_PATH_MIN_RECORDS:
+            return tables, table_of, row_of, wrong
+        decoded, _ = decode_single_reports([rec.value for rec in records])
         for table in decoded:
             rules = self.validator.rules.get(table.metric)
             if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
@@ -398,23 +436,21 @@ class PartitionState:
                 rows = np.flatnonzero(ok)
                 if rows.size == 0:
                     continue
-                pse, times, columns = table.take(rows)
+                pse, client_times, columns = table.take(rows)
                 table = SingleReports(
-                    table.metric, table.fingerprint, table.kind, table.records[rows], pse, times, columns
+                    table.metric, table.fingerprint, table.kind, table.records[rows], pse, client_times, columns
                 )
-            t = len(tables)
-            tables.append(table)
-            wrong = None
+            table_of[table.records] = len(tables)
+            row_of[table.records] = np.arange(len(table))
             if self.placement is not None:
                 whole = Accepted(rules.metric, table.pseudonyms, table.columns, table.client_times)
                 mask = self.placement.misplaced(whole, self.partition)
-                wrong = None if mask is None else mask.tolist()
-            misplaced.append(wrong)
-            for row, i in enumerate(table.records.tolist()):
-                fast_of[i] = (t, row)
-        return tables, fast_of, misplaced
+                if mask is not None:
+                    wrong[table.records] = mask
+            tables.append(table)
+        return tables, table_of, row_of, wrong
 
-    def _misplaced(self, out: BatchResult, rec: SourceRecord, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
+    def _misplaced(self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
         """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``); the rest."""
         n = int(np.count_nonzero(wrong))
         detail = (
@@ -451,9 +487,7 @@ class PartitionState:
             out.dead_letters.sort(key=lambda d: d.record.offset)
         return out
 
-    def _count(
-        self, out: BatchResult, name: str, start: int, accepted: list[Accepted], recs: list[SourceRecord]
-    ) -> bool:
+    def _count(self, out: BatchResult, name: str, start: int, accepted: list[Accepted], recs: list[Record]) -> bool:
         """Bound and count ``accepted`` into the partial of (``name``, window ``start``); whether dead letters were
         added (reports refused for the key capacity)."""
         partial = self._partial(name, start, recs[0].offset)
@@ -487,7 +521,7 @@ class PartitionState:
         return why
 
     def _in_window(
-        self, accepted: list[Accepted], records: list[SourceRecord], start_ms: int, floors: list[int] | None
+        self, accepted: list[Accepted], records: list[Record], start_ms: int, floors: list[int] | None
     ) -> _Split:
         """Split one broker window's reports (``accepted``, in order, with their ``records``) by the window of
         their pseudonym, ``client_time // size_s``.
@@ -559,7 +593,7 @@ class PartitionState:
             self.closed_before_ms = cb
             self._mark_dirty = True
 
-    def _reject(self, out: BatchResult, rec: SourceRecord, reason: str, detail: str, reports: int) -> None:
+    def _reject(self, out: BatchResult, rec: Record, reason: str, detail: str, reports: int) -> None:
         out.dead_letters.append(DeadLetter(rec, reason, detail, reports))
         self.count_rejected(reason, reports, rec.offset)
 
@@ -684,14 +718,14 @@ class PartitionState:
         offsets = [p.first_offset for p in self.partials.values() if p.first_offset >= 0]
         return min(offsets) if offsets else None
 
-    def rebuild_clients(self, records: Iterable[SourceRecord]) -> int:
+    def rebuild_clients(self, records: Iterable[Record]) -> int:
         """Re-admit the reports of already-counted records (offsets in ``[replay_from, committed)``, in order)
         to rebuild the open windows' client maps after :meth:`restore`; counts are not touched.
 
         Returns the number of reports re-admitted.
         """
         groups: dict[tuple[str, int], list[Accepted]] = defaultdict(list)
-        sources: dict[tuple[str, int], list[SourceRecord]] = defaultdict(list)
+        sources: dict[tuple[str, int], list[Record]] = defaultdict(list)
         changed: dict[tuple[str, int], str | None] = {}
         for rec in records:
             verdict = self.validator.check(rec.value)
@@ -703,11 +737,11 @@ class PartitionState:
                     if bool(wrong.all()):
                         continue
                     verdict = verdict.subset(~wrong)
-            key = (verdict.metric.name, self.window.start_of(rec.timestamp_ms))
+            key = (verdict.metric.name, self.window.start_of(rec.timestamp))
             groups[key].append(verdict)
             sources[key].append(rec)
         # the rows process() admitted, no others: the same split, into the windows still open, in the same order
-        targets: list[tuple[tuple[str, int], list[Accepted], list[SourceRecord]]] = []
+        targets: list[tuple[tuple[str, int], list[Accepted], list[Record]]] = []
         for (name, start), accepted in groups.items():
             split = self._in_window(accepted, sources[(name, start)], start, None)
             targets.append(((name, start), split.kept, split.records))

@@ -6,8 +6,8 @@ metric). :func:`decode_single_reports` groups the records by header and length a
 record. It takes exactly the records that :func:`schemas.wire.decode` would accept through its own fast path and
 would decode to the same values:
 
-- the header (``_HEADER`` and metric name) was already parsed and checked by the general decoder (it is in its
-  header cache), version 1, message type REPORT;
+- the header (``_HEADER`` and metric name) was parsed and checked by the general decoder (it is in its header
+  cache: a header not seen yet is parsed from the first record that carries it), version 1, message type REPORT;
 - the payload kind has a fixed size for the group (bool, category, local hash, regression; unary and RAPPOR for one
   bit length ``k`` per group) and the value has exactly the length the layout adds up to;
 - each row's payload passes the checks of the payload's constructor: a bool byte of 0 or 1, a category index
@@ -20,6 +20,7 @@ verdicts of decoding every record alone (property-tested in ``tests/unit/test_wi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from schemas.wire import (
     RapporColumns,
     RegressionColumns,
     UnaryColumns,
+    WireError,
+    decode,
 )
 
 __all__ = ["SingleReports", "decode_single_reports"]
@@ -157,12 +160,28 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
     heads = _HEADERS
     if not _LITTLE:
         return [], list(range(len(values)))
+    primed: set[bytes] = set()
+    # the group of the record before: a stream repeats a header run after run, and a record that starts with the
+    # previous record's header bytes has that header (its name length, byte 8, is among them)
+    last_prefix, last_size, last_group = b"", -1, None
     for i, v in enumerate(values):
+        if last_group is not None and v is not None and len(v) == last_size and v.startswith(last_prefix):
+            last_group[0].append(v)
+            last_group[1].append(i)
+            continue
         if v is None or len(v) <= 9:
             general.append(i)
             continue
         prefix = v[: 9 + v[8]]
         head = heads.get(prefix)
+        if head is None and prefix not in primed:
+            # a header not seen yet (the first records of a worker, a new metric): parse this record alone, which
+            # keeps its header once every check of it passed; the record itself is decoded again below, by the
+            # columns or (if its payload fails a check) by the general decoder, with the same verdict
+            primed.add(prefix)
+            with contextlib.suppress(WireError):
+                decode(v)
+            head = heads.get(prefix)
         if head is None or head[1] != 1 or head[0] != 1:
             general.append(i)
             continue
@@ -171,6 +190,7 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
             g = groups[(prefix, len(v))] = ([], [])
         g[0].append(v)
         g[1].append(i)
+        last_prefix, last_size, last_group = prefix, len(v), g
     out: list[SingleReports] = []
     for (prefix, size), (vals, index) in groups.items():
         head = heads.get(prefix)

@@ -17,7 +17,7 @@ import functools
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -228,44 +228,67 @@ def _tp(worker: Worker, partition: int = 0) -> TopicPartition:
     return TopicPartition(worker.topics.reports, partition)
 
 
+def _worker(max_transaction_records: int) -> Worker:
+    settings = WorkerSettings(
+        "127.0.0.1:1",
+        "unit",
+        idle=IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000),
+        max_transaction_records=max_transaction_records,
+    )
+    return Worker(SPEC, settings, protocols=resolve_protocols(SPEC), olh_range={}, builder=_no_release)
+
+
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    w = Worker(
-        SPEC,
-        WorkerSettings("127.0.0.1:1", "unit", idle=IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000)),
-        protocols=resolve_protocols(SPEC),
-        olh_range={},
-        builder=_no_release,
-    )
+    """A worker that commits every batch in a transaction of its own (no group commit): the order tests below
+    name each batch's transaction."""
+    w = _worker(max_transaction_records=BATCH)
     yield w
     w._cpu.shutdown(wait=True)
-    w._decode.shutdown(wait=True)
+
+
+@pytest.fixture
+def grouping() -> Iterator[Worker]:
+    """A worker with group commit (the default setting): batches that finish while a transaction commits share
+    the next one."""
+    w = _worker(max_transaction_records=WorkerSettings.max_transaction_records)
+    yield w
+    w._cpu.shutdown(wait=True)
 
 
 @dataclass
 class _Steps:
-    decode: _StepExecutor
     cpu: _StepExecutor
 
     async def settle(self, *, run: bool = True) -> None:
         """Let every task run as far as it can; with ``run``, also run every queued CPU job (in FIFO order)."""
         idle_rounds = 0
         while idle_rounds < 20:
-            if run and (self.decode.queue or self.cpu.queue):
-                (self.decode if self.decode.queue else self.cpu).run_next()
+            if run and self.cpu.queue:
+                self.cpu.run_next()
                 idle_rounds = 0
             else:
                 idle_rounds += 1
             await asyncio.sleep(0)
 
 
-@pytest.fixture
-def steps(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
-    """Replace the worker's decode thread and numpy pool by executors the test steps by hand."""
-    s = _Steps(_StepExecutor(), _StepExecutor())
-    monkeypatch.setattr(worker, "_decode", s.decode)
+def _stepped(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
+    s = _Steps(_StepExecutor())
     monkeypatch.setattr(worker, "_cpu", s.cpu)
     return s
+
+
+@pytest.fixture
+def steps(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
+    """Replace the worker's numpy pool by an executor the test steps by hand (the per-record half of a batch runs
+    on the event loop, as soon as the batch before it is done)."""
+    return _stepped(worker, monkeypatch)
+
+
+@pytest.fixture
+def grouping_steps(grouping: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
+    """:func:`steps` for the :func:`grouping` worker."""
+    return _stepped(grouping, monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,16 +361,22 @@ async def _drain(worker: Worker) -> None:
 # nothing commits after a failure; what did commit restores to one uninterrupted run
 
 
-@pytest.mark.parametrize("fail_at", [1, 2, 3, 5])
-async def test_a_failed_transaction_stops_every_later_one(worker: Worker, fail_at: int) -> None:
-    producer = _FakeProducer(fail_at=fail_at, delay=lambda _: 0.001)
+async def _fail_transaction(worker: Worker, fail_at: int) -> tuple[_FakeProducer, list[ConsumerRecord[Any, Any]]]:
+    """60 records through a producer whose transaction ``fail_at`` fails: the worker stops, and the failed
+    transaction is the last one begun (its successors hold only the changes made after it)."""
+    producer = _FakeProducer(fail_at=fail_at, delay=lambda _: 0.002)
     _slot(worker, producer)
     records = _records(0, 60)
     await _dispatch_all(worker, records)
     await _drain(worker)
     assert isinstance(worker._failure, _CommitError) and worker._stopping.is_set()
-    # the failed one aborted and none after it started: its successors hold only the changes made after it
-    assert producer.started == fail_at
+    assert producer.started == fail_at and len(producer.committed) == fail_at - 1
+    return producer, records
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 5])
+async def test_a_failed_transaction_stops_every_later_one(worker: Worker, fail_at: int) -> None:
+    producer, records = await _fail_transaction(worker, fail_at)
     assert producer.offsets() == [BATCH * k for k in range(1, fail_at)]
     assert producer.max_open == 1
     _assert_restart_equals_one_run(worker, producer, records)
@@ -384,16 +413,16 @@ async def test_a_failed_batch_stops_its_successors(
 
 async def test_cpu_work_of_a_partition_runs_in_offset_order(worker: Worker, steps: _Steps) -> None:
     producer = _FakeProducer()
-    _slot(worker, producer)
+    slot = _slot(worker, producer)
+    last_of_first = _record(BATCH - 1).timestamp
     await _dispatch_all(worker, _records(0, 2 * BATCH))
     await steps.settle(run=False)
-    assert len(steps.decode.queue) == 1  # only the first batch's decode half: the second waits for it
-    steps.decode.run_next()
-    await steps.settle(run=False)
-    assert not steps.decode.queue and len(steps.cpu.queue) == 1  # ... and for its numpy half too
+    # the first batch's per-record half ran (its broker times moved the watermark), its numpy half is queued, and
+    # the second batch waits for both: its per-record half has not touched the state
+    assert len(steps.cpu.queue) == 1 and slot.state.watermark_ms == last_of_first
     steps.cpu.run_next()
     await steps.settle(run=False)
-    assert len(steps.decode.queue) == 1
+    assert len(steps.cpu.queue) == 1 and slot.state.watermark_ms == _record(2 * BATCH - 1).timestamp
     await steps.settle()
     assert producer.offsets() == [BATCH, 2 * BATCH] and worker._failure is None
 
@@ -412,22 +441,22 @@ async def test_transactions_of_a_partition_commit_one_at_a_time_in_order(worker:
 
 
 async def test_at_most_pipeline_depth_batches_are_in_flight(worker: Worker, steps: _Steps) -> None:
-    assert PIPELINE_DEPTH == 2  # the counts below
+    assert PIPELINE_DEPTH == 3  # the counts below
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
     _slot(worker, producer)
-    records = _records(0, 3 * BATCH)
-    await _dispatch_all(worker, records[: 2 * BATCH])
+    records = _records(0, 4 * BATCH)
+    await _dispatch_all(worker, records[: 3 * BATCH])
     await steps.settle()
-    third = asyncio.create_task(_dispatch_all(worker, records[2 * BATCH :]))
+    fourth = asyncio.create_task(_dispatch_all(worker, records[3 * BATCH :]))
     await steps.settle()
-    assert not third.done()  # back-pressure: the fetch loop waits while two batches are in flight
+    assert not fourth.done()  # back-pressure: the fetch loop waits while three batches are in flight
     gate.set()
     await steps.settle()
-    assert third.done()
-    await third
+    assert fourth.done()
+    await fourth
     await steps.settle()
-    assert producer.offsets() == [BATCH, 2 * BATCH, 3 * BATCH]
+    assert producer.offsets() == [BATCH, 2 * BATCH, 3 * BATCH, 4 * BATCH]
 
 
 async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(worker: Worker, steps: _Steps) -> None:
@@ -435,11 +464,12 @@ async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(worker: Wo
     slot = _slot(worker, producer)
     records = _records(0, BATCH)
     await _dispatch_all(worker, records)
-    await steps.settle(run=False)  # the batch's CPU work is under way (queued on the decode thread)
+    await steps.settle(run=False)  # the batch's CPU work is under way (its numpy half queued on the pool)
     # caught up, idle, and the last fetch far ahead: an idle advance now would close the batch's window
     consumer = _FakeConsumer({0: BATCH}, fetch_ms=T0 + 60_000)
     await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
-    assert slot.state.watermark_ms is None and slot.last_commit is None
+    # no idle advance: the watermark is the batch's own latest broker time, and nothing was committed
+    assert slot.state.watermark_ms == records[-1].timestamp and slot.last_commit is None
     await steps.settle()
     assert producer.offsets() == [BATCH]
     assert slot.state.rejected_total() == {}  # every report counted, none late
@@ -455,17 +485,18 @@ async def test_idle_tick_skips_a_partition_whose_transactions_fill_the_pipeline(
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
     slot = _slot(worker, producer)
-    await _dispatch_all(worker, _records(0, 2 * BATCH))
-    await steps.settle()  # both batches' CPU work is done; their transactions wait at the gate
+    await _dispatch_all(worker, _records(0, PIPELINE_DEPTH * BATCH))
+    await steps.settle()  # every batch's CPU work is done; their transactions wait at the gate
     assert slot.last_work is not None and slot.last_work.done() and slot.inflight.locked()
     before = (slot.state.watermark_ms, sorted(slot.state.partials))
-    consumer = _FakeConsumer({0: 2 * BATCH}, fetch_ms=T0 + 60_000)  # caught up and idle
+    consumer = _FakeConsumer({0: PIPELINE_DEPTH * BATCH}, fetch_ms=T0 + 60_000)  # caught up and idle
     async with asyncio.timeout(HANG_S):  # the tick returns: it does not wait for a place, holding up the loop
         await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
     assert (slot.state.watermark_ms, sorted(slot.state.partials)) == before
     gate.set()
     await steps.settle()
-    assert producer.offsets() == [BATCH, 2 * BATCH] and len(producer.committed) == 2
+    assert producer.offsets() == [BATCH * k for k in range(1, PIPELINE_DEPTH + 1)]
+    assert len(producer.committed) == PIPELINE_DEPTH
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,11 +551,9 @@ async def test_revocation_commits_every_dispatched_batch_before_the_producer_sto
     _slot(worker, producer)
     await _dispatch_all(worker, _records(0, 2 * BATCH))
     await steps.settle(run=False)
-    steps.decode.run_next()  # the first batch's CPU work ...
-    await steps.settle(run=False)
-    steps.cpu.run_next()
+    steps.cpu.run_next()  # the first batch's CPU work ...
     await steps.settle(run=False)  # ... done: its transaction is held open, the second batch's work is queued
-    assert producer.started == 1 and len(steps.decode.queue) == 1
+    assert producer.started == 1 and len(steps.cpu.queue) == 1
     revoke = asyncio.create_task(worker._revoke({_tp(worker)}))
     await steps.settle(run=False)
     assert not revoke.done() and not producer.stopped
@@ -671,3 +700,65 @@ async def test_timestamp_refusals_are_committed_with_their_counters(worker: Work
     # a replay of the open window (from offset 0) must skip exactly the records refused for the wall clock
     assert restored.replay_from() == 0
     assert [restored.refused_at(o) for o in range(5)] == [False, *[reason == "future_timestamp"] * 3, False]
+
+
+# ------------------------------------------------------------------------------------------------
+# group commit: batches that finish while a transaction commits share the next one
+
+
+async def test_batches_finished_during_a_commit_share_the_next_transaction(
+    grouping: Worker, grouping_steps: _Steps
+) -> None:
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    slot = _slot(grouping, producer)
+    records = _records(0, 6 * BATCH)
+    dispatch = asyncio.create_task(_dispatch_all(grouping, records))
+    await grouping_steps.settle()
+    assert dispatch.done()  # the fetch loop never waited for the commit: batches after the second joined the queue
+    await dispatch
+    assert producer.started == 1 and not producer.committed and not slot.inflight.locked()
+    gate.set()
+    await grouping_steps.settle()
+    # the first batch alone, then the five that finished while it committed, in one transaction
+    assert producer.offsets() == [BATCH, 6 * BATCH] and producer.max_open == 1
+    assert grouping.stats.transactions == 2 and grouping.stats.records == 6 * BATCH
+    assert grouping._failure is None
+    _assert_restart_equals_one_run(grouping, producer, records)
+    restored = _state(grouping)
+    restored.restore(producer.state_records(grouping.topics.stage1_state))
+    assert _snapshot(restored) == _snapshot(slot.state)
+
+
+async def test_a_transaction_takes_no_more_than_max_transaction_records(
+    grouping: Worker, grouping_steps: _Steps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grouping, "settings", replace(grouping.settings, max_transaction_records=2 * BATCH))
+    gate = asyncio.Event()
+    producer = _FakeProducer(gate=gate)
+    _slot(grouping, producer)
+    records = _records(0, 5 * BATCH)
+    dispatch = asyncio.create_task(_dispatch_all(grouping, records))
+    await grouping_steps.settle()
+    gate.set()
+    await grouping_steps.settle()
+    await dispatch
+    await grouping_steps.settle()
+    offsets = producer.offsets()
+    assert offsets[-1] == 5 * BATCH
+    assert all(b - a <= 2 * BATCH for a, b in zip([0, *offsets], offsets, strict=False))
+    _assert_restart_equals_one_run(grouping, producer, records)
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3])
+async def test_a_failed_group_transaction_stops_every_later_one(grouping: Worker, fail_at: int) -> None:
+    producer, records = await _fail_transaction(grouping, fail_at)
+    assert producer.max_open == 1
+    _assert_restart_equals_one_run(grouping, producer, records)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_interleavings_with_group_commit_restore_to_the_state_in_memory(
+    grouping: Worker, seed: int
+) -> None:
+    await test_random_interleavings_restore_to_the_state_in_memory(grouping, seed)
