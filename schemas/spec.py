@@ -24,18 +24,18 @@ Shape (YAML)::
 Metric kinds (``kind`` is the discriminator):
 
 - ``bool``: boolean randomized response, ``prob`` of answering truthfully in [0.5, 1] or ``epsilon``
-  (``prob = e^ε / (1 + e^ε)``; seed 000).
+  (``prob = e^ε / (1 + e^ε)``; [RR]).
 - ``categorical``: k categories (or ``bins`` of a number, binned on the device), with ``protocol``
   ``krr`` (k-ary RR, ``prob`` in [1/k, 1] or ``epsilon``), ``oue``, ``olh`` (``epsilon``), or ``auto``
   (the mechanisms' ``choose_protocol(k, ε)``).
-- ``rappor``: strings through RAPPOR (seed 001) with Bloom bits ``k``, hashes ``h``, cohorts ``m``,
+- ``rappor``: strings through RAPPOR [RAPPOR] with Bloom bits ``k``, hashes ``h``, cohorts ``m``,
   permanent RR ``f``, instantaneous RR ``p``/``q``, ``variant`` and the ``candidates`` for decoding.
 - ``keyed``: an open set of keys (feature or error names) sent in clear, each with a boolean value
   privatized on the device by RR (``value``); keys and counts are released centrally through the
-  thresholded noise mechanism (``release``, seed 002), whose sensitivity comes from the bounds
+  thresholded noise mechanism (``release``, [THRESHOLD]), whose sensitivity comes from the bounds
   (Δ0 = ``keys_per_window``, Δ∞ = 1 report per key per window).
 - ``regression``: (x, y) pairs from *trusted* sources (sent in clear), released centrally by DP
-  Theil-Sen (seed 003) with ``x_bounds``, ``y_bounds``, ``scale``, ``runs``.
+  Theil-Sen [THEIL-SEN] with ``x_bounds``, ``y_bounds``, ``scale``, ``runs``.
 
 Contribution bounds are per client pseudonym and window (see ``schemas.wire``): ``reports_per_window``
 for every kind, ``keys_per_window`` for keyed metrics (and, per window and source partition rather than
@@ -58,6 +58,8 @@ What producers and agents read besides the fields (stable names):
 
 The mechanisms' own constructors validate the privacy parameters (RR prob in [1/k, 1], RAPPOR's f, p,
 q, k, h, m); their ``ParameterError`` becomes the field's problem.
+
+Sources cited in brackets ([RAPPOR], [RR], [THEIL-SEN], [THRESHOLD]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ from mechanisms.rappor import RapporParams, RapporVariant
 from mechanisms.rng import RandomSource
 from mechanisms.theil_sen import make_private_theil_sen
 from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
+from schemas.errors import SchemaError
 
 __all__ = [
     "KEYED_PARTIAL_KEY_BYTES",
@@ -159,7 +162,7 @@ def default_max_keys_per_partition(max_key_bytes: int) -> int:
     return KEYED_PARTIAL_KEY_BYTES // keyed_entry_bytes(max_key_bytes)
 
 
-class SpecFieldError(ValueError):
+class SpecFieldError(SchemaError):
     """One problem with a spec: ``path`` (``metrics[2].prob``) and ``reason`` (``must be in [0.25, 1]``).
 
     Raised inside validators to point at a field of the model being validated; collected into a
@@ -181,7 +184,7 @@ class _Problem:
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
 
-class SpecError(ValueError):
+class SpecError(SchemaError):
     """A spec that cannot be used; ``problems`` lists ``(path, reason)`` pairs, one line each in the message."""
 
     def __init__(self, source: str, problems: Sequence[tuple[str, str]]) -> None:
@@ -292,7 +295,7 @@ class RandomizedResponseSpec(_Frozen):
         return self
 
     def resolved_prob(self) -> float:
-        """``prob``, or the largest p with ``ln(p / (1 - p)) <= ε`` (seed 000), from ``epsilon``."""
+        """``prob``, or the largest p with ``ln(p / (1 - p)) <= ε`` [RR], from ``epsilon``."""
         return _bool_prob(self.prob, self.epsilon)
 
 
@@ -350,7 +353,7 @@ class _MetricBase(_Frozen):
 
 
 class BoolMetric(_MetricBase):
-    """A yes/no question answered through boolean randomized response (seed 000)."""
+    """A yes/no question answered through boolean randomized response ([RR] in docs/references.md)."""
 
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("prob", "epsilon")
 
@@ -481,7 +484,7 @@ def _fmt(x: float) -> str:
 
 
 class RapporMetric(_MetricBase):
-    """Strings through RAPPOR (Erlingsson, Pihur, Korolova, CCS 2014; seed 001).
+    """Strings through RAPPOR (Erlingsson, Pihur, Korolova, CCS 2014, doi:10.1145/2660267.2660348).
 
     Symbols as in the paper: ``k`` Bloom filter bits, ``h`` hash functions, ``m`` cohorts, ``f`` the
     permanent RR (PRR) parameter, ``p``/``q`` the instantaneous RR (IRR) probabilities of reporting 1
@@ -582,7 +585,7 @@ _RAPPOR_FIELDS = {
 
 
 class ThresholdReleaseSpec(_Frozen):
-    """The thresholded noise mechanism of a keyed metric (seed 002): noise ``scale`` and ``threshold``."""
+    """Thresholded noise of a keyed metric ([THRESHOLD] in docs/references.md): ``scale``, ``threshold``."""
 
     mechanism: Literal["laplace", "gaussian"] = "laplace"
     scale: Real
@@ -710,7 +713,7 @@ class KeyedMetric(_MetricBase):
 
 
 class RegressionMetric(_MetricBase):
-    """(x, y) pairs from trusted sources, released centrally by DP Theil-Sen (seed 003)."""
+    """(x, y) pairs from trusted sources, released centrally by DP Theil-Sen ([THEIL-SEN] in docs/references.md)."""
 
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ()
 

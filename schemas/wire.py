@@ -52,6 +52,8 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from schemas.errors import SchemaError
+
 __all__ = [
     "DEFAULT_FORMAT",
     "DEFAULT_SHARDS",
@@ -122,7 +124,7 @@ WIRE_ERROR_REASONS = frozenset(
 )
 
 
-class WireError(ValueError):
+class WireError(SchemaError):
     """Any message that cannot be decoded (or a value that cannot be encoded).
 
     ``reason`` is machine-readable (one of :data:`WIRE_ERROR_REASONS`); ``detail`` is for people.
