@@ -27,7 +27,7 @@ from agents.errors import BudgetError, StateError
 from mechanisms.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
 from mechanisms.directed import up
 from mechanisms.errors import CompositionError
-from schemas.releases import LedgerEntry as LedgerSummary
+from schemas.releases import LedgerSummary
 from schemas.spec import BudgetSpec
 
 

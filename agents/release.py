@@ -45,7 +45,7 @@ from mechanisms.errors import MechanismError
 from mechanisms.estimates import Estimate
 from mechanisms.frequency_estimation import estimate_counts
 from mechanisms.rng import RandomSource
-from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release, release_key
+from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release, release_key
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 
 log = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ def _regression_release(
 ) -> Release:
     m = metric.build(rng)
     loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
-    entry: LedgerEntry = ledger.charge(rid, merged.window_start_ms, loss, str(m.output_measure))
+    entry: LedgerSummary = ledger.charge(rid, merged.window_start_ms, loss, str(m.output_measure))
     x, y = merged.points(shape_of(metric))
     slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
     privacy = (
