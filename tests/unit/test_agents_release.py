@@ -95,7 +95,7 @@ def _covers(rel: Release, truth: dict[str, float]) -> int:
 
 
 def test_bool_release_covers_truth() -> None:
-    # Seed 000 setting: Bernoulli(0.23) answers through RR with p = 0.75, n = 20 000; fixed seed.
+    # [RR] setting: Bernoulli(0.23) answers through RR with p = 0.75, n = 20 000; fixed seed.
     rng = SeededRandom(2024)
     n = 20_000
     truth = np.asarray(rng.uniform(n) < 0.23)
