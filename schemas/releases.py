@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
+from schemas.kinds import MetricKind
+
 __all__ = [
     "RELEASE_SCHEMA_VERSION",
     "EstimateRecord",
@@ -131,7 +133,7 @@ class Release(_Frozen):
     #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
     group: StrictStr | None = None
     metric: StrictStr
-    kind: Literal["bool", "categorical", "rappor", "keyed", "regression"]
+    kind: MetricKind
     #: Window bounds ``[start, end)`` in ms since the epoch (broker LogAppendTime).
     window_start_ms: StrictInt
     window_end_ms: StrictInt

@@ -102,6 +102,8 @@ from mechanisms.rng import RandomSource
 from mechanisms.theil_sen import make_private_theil_sen
 from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
 from schemas.errors import SchemaError
+from schemas.kinds import METRIC_KINDS
+from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 
 __all__ = [
     "KEYED_PARTIAL_KEY_BYTES",
@@ -130,8 +132,6 @@ __all__ = [
 
 #: Version of the spec format this module reads.
 SPEC_VERSION = 1
-
-MetricKind = Literal["bool", "categorical", "rappor", "keyed", "regression"]
 
 # Metric names travel on the wire and name Kafka table topics: lowercase, topic-safe, short.
 _METRIC_NAME = r"^[a-z][a-z0-9_.\-]{0,62}$"
@@ -885,7 +885,7 @@ class CollectionSpec(_Frozen):
 def _path_of(loc: Sequence[int | str]) -> str:
     """pydantic's ``('metrics', 2, 'categorical', 'prob')`` -> ``metrics[2].prob``."""
     out = ""
-    kinds = {"bool", "categorical", "rappor", "keyed", "regression"}
+    kinds = set(METRIC_KINDS)
     prev_was_metric_index = False
     for part in loc:
         if isinstance(part, int):
