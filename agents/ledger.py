@@ -27,7 +27,7 @@ from agents.errors import BudgetError, StateError
 from mechanisms.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
 from mechanisms.directed import up
 from mechanisms.errors import CompositionError
-from schemas.releases import LedgerEntry as LedgerSummary
+from schemas.releases import LedgerSummary
 from schemas.spec import BudgetSpec
 
 
@@ -38,6 +38,39 @@ def budget_of(spec: BudgetSpec) -> PrivacyBudget:
     return PrivacyBudget.approx_zcdp(float(spec.rho), float(spec.delta))  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class LedgerCharge:
+    """One charged release in a metric's ledger: its id, its window start, the measure and the loss charged."""
+
+    release_id: str
+    window_start_ms: int
+    measure: str
+    #: ε (or ρ) for pure losses, ``(ε, δ)`` (or ``(ρ, δ)``) for approximate ones.
+    loss: Loss
+
+    @property
+    def first(self) -> float:
+        """ε or ρ of the loss."""
+        return float(self.loss[0]) if isinstance(self.loss, tuple) else float(self.loss)
+
+    @property
+    def delta(self) -> float:
+        """δ of the loss (0 for a pure one)."""
+        return float(self.loss[1]) if isinstance(self.loss, tuple) else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The state record's form: ``{"id", "start", "measure", "loss"}`` (loss a number or ``[first, δ]``)."""
+        loss = [float(self.loss[0]), float(self.loss[1])] if isinstance(self.loss, tuple) else float(self.loss)
+        return {"id": self.release_id, "start": self.window_start_ms, "measure": self.measure, "loss": loss}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> LedgerCharge:
+        """A charge from :meth:`to_json`'s form (``KeyError`` / ``TypeError`` / ``ValueError`` when malformed)."""
+        raw = doc["loss"]
+        loss: Loss = (float(raw[0]), float(raw[1])) if isinstance(raw, list | tuple) else float(raw)
+        return cls(str(doc["id"]), int(doc["start"]), str(doc["measure"]), loss)
+
+
 @dataclass
 class MetricLedger:
     """Charged releases of one metric (within the horizon) against its budget."""
@@ -45,23 +78,23 @@ class MetricLedger:
     metric: str
     budget: BudgetSpec | None
     retention_ms: int
-    #: ``{"id", "start", "measure", "loss"}`` per charged release, oldest first.
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    #: Charged releases within the horizon, oldest first.
+    entries: list[LedgerCharge] = field(default_factory=list)
     #: The stage's secret release-noise key (:attr:`agents.stage2.ReleaserState.noise_key`), set by stage 2
     #: before each release is built; not part of the ledger record (it has its own state record).
     noise_key: bytes | None = field(default=None, repr=False, compare=False)
 
-    def _accountant(self, entries: list[dict[str, Any]]) -> PrivacyAccountant | None:
+    def _accountant(self, entries: list[LedgerCharge]) -> PrivacyAccountant | None:
         if self.budget is None:
             return None
         acc = PrivacyAccountant(budget_of(self.budget))
         for e in entries:
-            acc.charge(e["id"], _loss(e["loss"]), e["measure"], timestamp=e["start"] / 1000.0)
+            acc.charge(e.release_id, e.loss, e.measure, timestamp=e.window_start_ms / 1000.0)
         return acc
 
     def charge(self, release_id: str, window_start_ms: int, loss: Loss, measure: str) -> LedgerSummary:
         """Charge a release; :class:`BudgetError` (spending nothing) if the horizon's budget would be exceeded."""
-        live = [e for e in self.entries if e["start"] > window_start_ms - self.retention_ms]
+        live = [e for e in self.entries if e.window_start_ms > window_start_ms - self.retention_ms]
         acc = self._accountant(live)
         if acc is not None:
             try:
@@ -70,8 +103,8 @@ class MetricLedger:
                 raise BudgetError(f"{self.metric}: {err}") from err
             except CompositionError as err:
                 raise BudgetError(f"{self.metric}: {err}") from err
-        if not any(e["id"] == release_id for e in live):
-            live.append({"id": release_id, "start": int(window_start_ms), "measure": measure, "loss": _plain(loss)})
+        if not any(e.release_id == release_id for e in live):
+            live.append(LedgerCharge(release_id, int(window_start_ms), measure, _plain(loss)))
         self.entries = live
         return self.summary(acc)
 
@@ -88,18 +121,22 @@ class MetricLedger:
         running total over the horizon equals ``horizon_loss(w)`` (or exceeds it, on the safe side, when
         releases left the horizon).
         """
-        live = [e for e in self.entries if e["start"] > window_start_ms - self.retention_ms and e["id"] != release_id]
+        live = [
+            e
+            for e in self.entries
+            if e.window_start_ms > window_start_ms - self.retention_ms and e.release_id != release_id
+        ]
         target = Fraction(horizon_loss(len(live) + 1))
-        spent = sum((Fraction(_first(e["loss"])) for e in live), Fraction(0))
+        spent = sum((Fraction(e.first) for e in live), Fraction(0))
         loss = up(max(target - spent, Fraction(0)))  # round up: the total never falls below the rule's
         return self.charge(release_id, window_start_ms, loss, measure)
 
     def summary(self, acc: PrivacyAccountant | None = None) -> LedgerSummary:
         """What the release record shows: spent within the horizon and the cap."""
         if self.budget is None:
-            eps = sum(_first(e["loss"]) for e in self.entries if "zero_concentrated" not in e["measure"].lower())
-            rho = sum(_first(e["loss"]) for e in self.entries if "zero_concentrated" in e["measure"].lower())
-            delta = sum(_delta(e["loss"]) for e in self.entries)
+            eps = sum(e.first for e in self.entries if "zero_concentrated" not in e.measure.lower())
+            rho = sum(e.first for e in self.entries if "zero_concentrated" in e.measure.lower())
+            delta = sum(e.delta for e in self.entries)
             return LedgerSummary(
                 measure="none",
                 spent_epsilon=eps,
@@ -131,33 +168,20 @@ class MetricLedger:
         )
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"metric": self.metric, "entries": self.entries}, separators=(",", ":")).encode()
+        entries = [e.to_json() for e in self.entries]
+        return json.dumps({"metric": self.metric, "entries": entries}, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, template: MetricLedger) -> MetricLedger:
         """Entries from ``data``; budget and horizon from ``template`` (the current spec)."""
         try:
             doc = json.loads(data)
-            entries = [
-                {"id": str(e["id"]), "start": int(e["start"]), "measure": str(e["measure"]), "loss": e["loss"]}
-                for e in doc["entries"]
-            ]
-        except (ValueError, KeyError, TypeError) as err:
+            entries = [LedgerCharge.from_json(e) for e in doc["entries"]]
+        except (ValueError, KeyError, TypeError, IndexError) as err:
             raise StateError(f"ledger of {template.metric}: {err}") from err
         return cls(template.metric, template.budget, template.retention_ms, entries)
 
 
-def _plain(loss: Loss) -> Any:
-    return [float(loss[0]), float(loss[1])] if isinstance(loss, tuple) else float(loss)
-
-
-def _loss(v: Any) -> Loss:
-    return (float(v[0]), float(v[1])) if isinstance(v, list | tuple) else float(v)
-
-
-def _first(v: Any) -> float:
-    return float(v[0]) if isinstance(v, list | tuple) else float(v)
-
-
-def _delta(v: Any) -> float:
-    return float(v[1]) if isinstance(v, list | tuple) else 0.0
+def _plain(loss: Loss) -> Loss:
+    """``loss`` with Python floats (what the state record stores and reads back)."""
+    return (float(loss[0]), float(loss[1])) if isinstance(loss, tuple) else float(loss)

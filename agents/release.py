@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +46,8 @@ from mechanisms.errors import MechanismError
 from mechanisms.estimates import Estimate
 from mechanisms.frequency_estimation import estimate_counts
 from mechanisms.rng import RandomSource
-from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release, release_key
+from schemas.kinds import MetricKind
+from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release, release_key
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 
 log = logging.getLogger(__name__)
@@ -78,10 +80,11 @@ def build_release(
     if mismatch is not None:
         return _spec_changed(spec, merged, ledger, partitions, mismatch)
     central = isinstance(metric, KeyedMetric | RegressionMetric)
-    base = _window_fields(spec, merged, partitions, metric.kind, central) | {
+    base = replace(
+        WindowFields.of(spec, merged, partitions, metric.kind, central),
         # predictable central noise (a seeded source: tests only) is marked in the record itself
-        "insecure_noise": central and rng is not None and not rng.cryptographic,
-    }
+        insecure_noise=central and rng is not None and not rng.cryptographic,
+    )
     rid = release_key(metric.name, merged.window_start_ms)
     try:
         if isinstance(metric, BoolMetric | CategoricalMetric):
@@ -105,8 +108,7 @@ def build_release(
         log.exception("release of %s failed; publishing a refused record", rid)
         reason = f"release failed: {type(err).__name__}: {err}"
     return _marked(
-        Release(
-            **base,
+        base.release(
             mechanism=_mechanism_name(metric, protocols.get(metric.name)),
             privacy=PrivacySpent(),
             ledger=ledger.summary(),
@@ -118,8 +120,7 @@ def build_release(
 def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, partitions: int, why: str) -> Release:
     """The refused record of a window counted under another version of the spec: nothing charged or released."""
     log.warning("release of %s refused: spec changed (%s)", release_key(merged.metric, merged.window_start_ms), why)
-    return Release(
-        **_window_fields(spec, merged, partitions, merged.kind, merged.kind in ("keyed", "regression")),
+    return WindowFields.of(spec, merged, partitions, merged.kind, merged.kind in ("keyed", "regression")).release(
         mechanism="none (spec changed)",
         privacy=PrivacySpent(),
         ledger=ledger.summary(),
@@ -127,25 +128,75 @@ def _spec_changed(spec: CollectionSpec, merged: Partial, ledger: MetricLedger, p
     )
 
 
-def _window_fields(spec: CollectionSpec, merged: Partial, partitions: int, kind: str, central: bool) -> dict[str, Any]:
-    """What every release record of ``merged``'s window carries, released or refused."""
-    return {
-        "spec": spec.name,
-        "metric": merged.metric,
-        "kind": kind,
-        "window_start_ms": merged.window_start_ms,
-        "window_end_ms": merged.window_start_ms + spec.window.size_s * 1000,
-        # exact counts are public for the local kinds only (every report is private on its own); a central
-        # kind's (ε, δ) covers its noisy output, not the number of clients: no exact n / over_bound there
-        "n": None if central else merged.n,
-        "over_bound": None if central else merged.over_bound,
-        "confidence": float(spec.confidence),
-        "partitions": partitions,
-        "privacy_unit": _privacy_unit(spec, merged.metric),
-    }
+@dataclass(frozen=True)
+class WindowFields:
+    """What every release record of one (metric, window) carries, released or refused; :meth:`release` adds the
+    outcome (estimates, keys, mechanism, privacy spent, ledger, refusal)."""
+
+    spec: str
+    metric: str
+    kind: MetricKind
+    window_start_ms: int
+    window_end_ms: int
+    n: int | None
+    over_bound: int | None
+    confidence: float
+    partitions: int
+    privacy_unit: Literal["client", "client_value"]
+    insecure_noise: bool = False
+
+    @classmethod
+    def of(
+        cls, spec: CollectionSpec, merged: Partial, partitions: int, kind: MetricKind, central: bool
+    ) -> WindowFields:
+        return cls(
+            spec=spec.name,
+            metric=merged.metric,
+            kind=kind,
+            window_start_ms=merged.window_start_ms,
+            window_end_ms=merged.window_start_ms + spec.window.size_s * 1000,
+            # exact counts are public for the local kinds only (every report is private on its own); a central
+            # kind's (ε, δ) covers its noisy output, not the number of clients: no exact n / over_bound there
+            n=None if central else merged.n,
+            over_bound=None if central else merged.over_bound,
+            confidence=float(spec.confidence),
+            partitions=partitions,
+            privacy_unit=_privacy_unit(spec, merged.metric),
+        )
+
+    def release(
+        self,
+        *,
+        mechanism: str,
+        privacy: PrivacySpent,
+        ledger: LedgerSummary,
+        estimates: Sequence[EstimateRecord] = (),
+        released_keys: Sequence[KeyRelease] = (),
+        refused: str | None = None,
+    ) -> Release:
+        """The record of this window with its outcome."""
+        return Release(
+            spec=self.spec,
+            metric=self.metric,
+            kind=self.kind,
+            window_start_ms=self.window_start_ms,
+            window_end_ms=self.window_end_ms,
+            n=self.n,
+            over_bound=self.over_bound,
+            confidence=self.confidence,
+            partitions=self.partitions,
+            privacy_unit=self.privacy_unit,
+            insecure_noise=self.insecure_noise,
+            estimates=tuple(estimates),
+            released_keys=tuple(released_keys),
+            mechanism=mechanism,
+            privacy=privacy,
+            ledger=ledger,
+            refused=refused,
+        )
 
 
-def _privacy_unit(spec: CollectionSpec, metric: str) -> str:
+def _privacy_unit(spec: CollectionSpec, metric: str) -> Literal["client", "client_value"]:
     """``client_value`` for a RAPPOR metric whose spec asks for the per-value guarantee by name; else ``client``."""
     m = next((x for x in spec.metrics if x.name == metric), None)
     return "client_value" if isinstance(m, RapporMetric) and m.guarantee == "client_value" else "client"
@@ -218,7 +269,7 @@ def _local_release(
     merged: Partial,
     ledger: MetricLedger,
     rid: str,
-    base: dict[str, Any],
+    base: WindowFields,
     protocol: Protocol | None,
 ) -> Release:
     m = local_measurement(metric, protocol)
@@ -241,8 +292,7 @@ def _local_release(
         records = _records(labels, est, level)
     sig = est.significant(level)
     released = [KeyRelease(key=str(labels[i]), count=_finite(est.value[i])) for i in range(len(labels)) if bool(sig[i])]
-    return Release(
-        **base,
+    return base.release(
         estimates=tuple(records),
         released_keys=tuple(released),
         mechanism=_mechanism_name(metric, protocol),
@@ -252,7 +302,7 @@ def _local_release(
 
 
 def _rappor_release(
-    spec: CollectionSpec, metric: RapporMetric, merged: Partial, ledger: MetricLedger, rid: str, base: dict[str, Any]
+    spec: CollectionSpec, metric: RapporMetric, merged: Partial, ledger: MetricLedger, rid: str, base: WindowFields
 ) -> Release:
     from mechanisms.rappor_estimation import decode, estimate_basic_histogram
 
@@ -287,8 +337,7 @@ def _rappor_release(
             for i, c in enumerate(candidates)
         ]
     released = [KeyRelease(key=r.label, count=r.value) for r, d in zip(records, detected, strict=True) if bool(d)]
-    return Release(
-        **base,
+    return base.release(
         estimates=tuple(records),
         released_keys=tuple(released),
         mechanism=_mechanism_name(metric, None),
@@ -315,7 +364,7 @@ def _keyed_release(
     merged: Partial,
     ledger: MetricLedger,
     rid: str,
-    base: dict[str, Any],
+    base: WindowFields,
     rng: RandomSource | None,
 ) -> Release:
     rel = metric.release
@@ -337,8 +386,7 @@ def _keyed_release(
     # whether a key is counted would depend on other clients (mechanisms.capacity_test); drawn first, from the
     # release's own stream, so a retry draws the same
     if not test.passes(min(merged.max_partition_keys, test.capacity), rng):
-        return Release(
-            **base,
+        return base.release(
             mechanism=_mechanism_name(metric, None),
             privacy=spent,
             ledger=entry,
@@ -375,8 +423,7 @@ def _keyed_release(
             var = (max(count, 0.0) * p * (1 - p) + (p * p + (1 - p) ** 2) * var_noise) / (2 * p - 1) ** 2
             value_true = _records(["true"], Estimate.of([t_hat], [var]), level)[0]
         released.append(KeyRelease(key=keys[key_index], count=float(count), value_true=value_true))
-    return Release(
-        **base,
+    return base.release(
         estimates=tuple(records),
         released_keys=tuple(released),
         mechanism=_mechanism_name(metric, None),
@@ -390,12 +437,12 @@ def _regression_release(
     merged: Partial,
     ledger: MetricLedger,
     rid: str,
-    base: dict[str, Any],
+    base: WindowFields,
     rng: RandomSource | None,
 ) -> Release:
     m = metric.build(rng)
     loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
-    entry: LedgerEntry = ledger.charge(rid, merged.window_start_ms, loss, str(m.output_measure))
+    entry: LedgerSummary = ledger.charge(rid, merged.window_start_ms, loss, str(m.output_measure))
     x, y = merged.points(shape_of(metric))
     slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
     privacy = (
@@ -403,8 +450,7 @@ def _regression_release(
         if metric.measure == "max_divergence"
         else PrivacySpent(central_rho=loss, central_delta=0.0)
     )
-    return Release(
-        **base,
+    return base.release(
         estimates=(
             EstimateRecord(label="slope", value=_finite(slope)),
             EstimateRecord(label="intercept", value=_finite(intercept)),

@@ -3,173 +3,318 @@
 Local randomizers (run on the device) with their server-side estimators, and central
 mechanisms (thresholded noise, quantiles, Theil-Sen) in an OpenDP-style framework of
 transformations and measurements with exact, conservative privacy maps.
+
+The names below load lazily (PEP 562, :func:`__getattr__`): ``import mechanisms`` imports no submodule, and
+``from mechanisms import X`` imports only the submodule that defines ``X``. A device that privatizes with
+randomized response therefore never loads scipy, which only the server-side estimators need.
 """
 
-from mechanisms.accountant import (
-    LedgerEntry,
-    PrivacyAccountant,
-    PrivacyBudget,
-    ReleaseConflictError,
-    ReleaseRefusedError,
-)
-from mechanisms.category_set import (
-    CategorySet,
-)
-from mechanisms.consistency import (
-    norm_sub,
-    project_to_simplex,
-)
-from mechanisms.core import (
-    APPROX_MAX_DIVERGENCE,
-    APPROX_ZERO_CONCENTRATED_DIVERGENCE,
-    DISCRETE_DISTANCE,
-    INSERT_DELETE_DISTANCE,
-    MAX_DIVERGENCE,
-    SMOOTHED_MAX_DIVERGENCE,
-    SYMMETRIC_DISTANCE,
-    ZERO_CONCENTRATED_DIVERGENCE,
-    Domain,
-    Measure,
-    Measurement,
-    Metric,
-    PrivacyProfile,
-    Transformation,
-    approximate,
-    array2_domain,
-    atom_domain,
-    linf_distance,
-    make_composition,
-    make_drop_null,
-    make_fix_delta,
-    make_user_measurement,
-    make_user_transformation,
-    vector_domain,
-)
-from mechanisms.errors import (
-    BudgetExceededError,
-    CompositionError,
-    DomainError,
-    MechanismError,
-    ParameterError,
-    PrivacyMapError,
-)
-from mechanisms.estimates import Estimate, normal_quantile
-from mechanisms.frequency_estimation import (
-    count_categories,
-    estimate_counts,
-    estimate_frequencies,
-    estimate_local_hashing_counts,
-    estimate_local_hashing_frequencies,
-    estimate_rr_bool_count,
-    estimate_rr_bool_mean,
-    estimate_rr_counts,
-    estimate_rr_frequencies,
-    estimate_unary_counts,
-    estimate_unary_frequencies,
-)
-from mechanisms.local_hashing import (
-    LocalHashing,
-    hash_buckets,
-    make_local_hashing,
-    make_optimized_local_hashing,
-    olh_support_counts,
-)
-from mechanisms.local_randomizer import LocalRandomizer
-from mechanisms.protocol_choice import (
-    ProtocolChoice,
-    choose_protocol,
-    grr_variance,
-    make_frequency_oracle,
-    olh_variance,
-    oue_variance,
-)
-from mechanisms.quantile import (
-    make_noisy_max,
-    make_private_quantile,
-    make_quantile_score_candidates,
-)
-from mechanisms.randomized_response import (
-    RandomizedResponse,
-    RandomizedResponseBool,
-    make_randomized_response,
-    make_randomized_response_bool,
-    make_randomized_response_bool_from_epsilon,
-    make_randomized_response_from_epsilon,
-    randomized_response_epsilon,
-    randomized_response_prob,
-)
-from mechanisms.rappor import (
-    RapporClient,
-    RapporParams,
-    RapporVariant,
-    bloom_bits,
-    cohort_of,
-    make_rappor,
-    new_client_secret,
-    pack_report,
-    prr_context,
-    unpack_report,
-)
-from mechanisms.rappor import (
-    encode_batch as encode_rappor_batch,
-)
-from mechanisms.rappor import (
-    encode_batch_packed as encode_rappor_batch_packed,
-)
-from mechanisms.rappor_advisor import (
-    RapporAdvice,
-)
-from mechanisms.rappor_advisor import (
-    advise as advise_rappor,
-)
-from mechanisms.rappor_estimation import (
-    DetectedString,
-    RapporDecodeResult,
-    bit_count_variance,
-    design_matrix,
-    estimate_basic_histogram,
-    estimate_bit_counts,
-    significance_decisions,
-)
-from mechanisms.rappor_estimation import (
-    decode as decode_rappor,
-)
-from mechanisms.rappor_estimation import (
-    sum_bits as sum_rappor_bits,
-)
-from mechanisms.rng import DERIVED_KEY_BYTES, CryptoRandom, DerivedRandom, RandomSource, SeededRandom, crypto_random
-from mechanisms.samplers import (
-    bernoulli_exp_neg,
-    bernoulli_rational,
-    sample_discrete_gaussian,
-    sample_discrete_laplace,
-)
-from mechanisms.theil_sen import (
-    make_pairwise_predict,
-    make_private_percentile_medians,
-    make_private_theil_sen,
-    make_select_column,
-)
-from mechanisms.threshold import (
-    ThresholdMeasurement,
-    make_gaussian_threshold,
-    make_laplace_threshold,
-)
-from mechanisms.unary_encoding import (
-    UnaryEncoding,
-    make_optimized_unary_encoding,
-    make_symmetric_unary_encoding,
-    make_unary_encoding,
-    oue_probabilities,
-    sue_probabilities,
-    unary_support_counts,
-)
-from mechanisms.zcdp import (
-    ZCDPProfile,
-    cdp_delta,
-    cdp_epsilon,
-    make_zcdp_to_approxdp,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the type checker sees every name eagerly; at run time they load on first use
+    from mechanisms.accountant import (
+        LedgerEntry,
+        PrivacyAccountant,
+        PrivacyBudget,
+        ReleaseConflictError,
+        ReleaseRefusedError,
+    )
+    from mechanisms.category_set import (
+        CategorySet,
+    )
+    from mechanisms.consistency import (
+        norm_sub,
+        project_to_simplex,
+    )
+    from mechanisms.core import (
+        APPROX_MAX_DIVERGENCE,
+        APPROX_ZERO_CONCENTRATED_DIVERGENCE,
+        DISCRETE_DISTANCE,
+        INSERT_DELETE_DISTANCE,
+        MAX_DIVERGENCE,
+        SMOOTHED_MAX_DIVERGENCE,
+        SYMMETRIC_DISTANCE,
+        ZERO_CONCENTRATED_DIVERGENCE,
+        Domain,
+        Measure,
+        Measurement,
+        Metric,
+        PrivacyProfile,
+        Transformation,
+        approximate,
+        array2_domain,
+        atom_domain,
+        linf_distance,
+        make_composition,
+        make_drop_null,
+        make_fix_delta,
+        make_user_measurement,
+        make_user_transformation,
+        vector_domain,
+    )
+    from mechanisms.errors import (
+        BudgetExceededError,
+        CompositionError,
+        DomainError,
+        MechanismError,
+        ParameterError,
+        PrivacyMapError,
+    )
+    from mechanisms.estimates import Estimate, normal_quantile
+    from mechanisms.frequency_estimation import (
+        count_categories,
+        estimate_counts,
+        estimate_frequencies,
+        estimate_local_hashing_counts,
+        estimate_local_hashing_frequencies,
+        estimate_rr_bool_count,
+        estimate_rr_bool_mean,
+        estimate_rr_counts,
+        estimate_rr_frequencies,
+        estimate_unary_counts,
+        estimate_unary_frequencies,
+    )
+    from mechanisms.local_hashing import (
+        LocalHashing,
+        hash_buckets,
+        make_local_hashing,
+        make_optimized_local_hashing,
+        olh_support_counts,
+    )
+    from mechanisms.local_randomizer import LocalRandomizer
+    from mechanisms.protocol_choice import (
+        ProtocolChoice,
+        choose_protocol,
+        grr_variance,
+        make_frequency_oracle,
+        olh_variance,
+        oue_variance,
+    )
+    from mechanisms.quantile import (
+        make_noisy_max,
+        make_private_quantile,
+        make_quantile_score_candidates,
+    )
+    from mechanisms.randomized_response import (
+        RandomizedResponse,
+        RandomizedResponseBool,
+        make_randomized_response,
+        make_randomized_response_bool,
+        make_randomized_response_bool_from_epsilon,
+        make_randomized_response_from_epsilon,
+        randomized_response_epsilon,
+        randomized_response_prob,
+    )
+    from mechanisms.rappor import (
+        RapporClient,
+        RapporParams,
+        RapporVariant,
+        bloom_bits,
+        cohort_of,
+        make_rappor,
+        new_client_secret,
+        pack_report,
+        prr_context,
+        unpack_report,
+    )
+    from mechanisms.rappor import (
+        encode_batch as encode_rappor_batch,
+    )
+    from mechanisms.rappor import (
+        encode_batch_packed as encode_rappor_batch_packed,
+    )
+    from mechanisms.rappor_advisor import (
+        RapporAdvice,
+    )
+    from mechanisms.rappor_advisor import (
+        advise as advise_rappor,
+    )
+    from mechanisms.rappor_estimation import (
+        DetectedString,
+        RapporDecodeResult,
+        bit_count_variance,
+        design_matrix,
+        estimate_basic_histogram,
+        estimate_bit_counts,
+        significance_decisions,
+    )
+    from mechanisms.rappor_estimation import (
+        decode as decode_rappor,
+    )
+    from mechanisms.rappor_estimation import (
+        sum_bits as sum_rappor_bits,
+    )
+    from mechanisms.rng import DERIVED_KEY_BYTES, CryptoRandom, DerivedRandom, RandomSource, SeededRandom, crypto_random
+    from mechanisms.samplers import (
+        bernoulli_exp_neg,
+        bernoulli_rational,
+        sample_discrete_gaussian,
+        sample_discrete_laplace,
+    )
+    from mechanisms.theil_sen import (
+        make_pairwise_predict,
+        make_private_percentile_medians,
+        make_private_theil_sen,
+        make_select_column,
+    )
+    from mechanisms.threshold import (
+        ThresholdMeasurement,
+        make_gaussian_threshold,
+        make_laplace_threshold,
+    )
+    from mechanisms.unary_encoding import (
+        UnaryEncoding,
+        make_optimized_unary_encoding,
+        make_symmetric_unary_encoding,
+        make_unary_encoding,
+        oue_probabilities,
+        sue_probabilities,
+        unary_support_counts,
+    )
+    from mechanisms.zcdp import (
+        ZCDPProfile,
+        cdp_delta,
+        cdp_epsilon,
+        make_zcdp_to_approxdp,
+    )
+
+#: Public name -> (defining module, name in that module).
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "APPROX_MAX_DIVERGENCE": ("mechanisms.core", "APPROX_MAX_DIVERGENCE"),
+    "APPROX_ZERO_CONCENTRATED_DIVERGENCE": ("mechanisms.core", "APPROX_ZERO_CONCENTRATED_DIVERGENCE"),
+    "BudgetExceededError": ("mechanisms.errors", "BudgetExceededError"),
+    "CategorySet": ("mechanisms.category_set", "CategorySet"),
+    "CompositionError": ("mechanisms.errors", "CompositionError"),
+    "CryptoRandom": ("mechanisms.rng", "CryptoRandom"),
+    "DERIVED_KEY_BYTES": ("mechanisms.rng", "DERIVED_KEY_BYTES"),
+    "DISCRETE_DISTANCE": ("mechanisms.core", "DISCRETE_DISTANCE"),
+    "DerivedRandom": ("mechanisms.rng", "DerivedRandom"),
+    "DetectedString": ("mechanisms.rappor_estimation", "DetectedString"),
+    "Domain": ("mechanisms.core", "Domain"),
+    "DomainError": ("mechanisms.errors", "DomainError"),
+    "Estimate": ("mechanisms.estimates", "Estimate"),
+    "INSERT_DELETE_DISTANCE": ("mechanisms.core", "INSERT_DELETE_DISTANCE"),
+    "LedgerEntry": ("mechanisms.accountant", "LedgerEntry"),
+    "LocalHashing": ("mechanisms.local_hashing", "LocalHashing"),
+    "LocalRandomizer": ("mechanisms.local_randomizer", "LocalRandomizer"),
+    "MAX_DIVERGENCE": ("mechanisms.core", "MAX_DIVERGENCE"),
+    "Measure": ("mechanisms.core", "Measure"),
+    "Measurement": ("mechanisms.core", "Measurement"),
+    "MechanismError": ("mechanisms.errors", "MechanismError"),
+    "Metric": ("mechanisms.core", "Metric"),
+    "ParameterError": ("mechanisms.errors", "ParameterError"),
+    "PrivacyAccountant": ("mechanisms.accountant", "PrivacyAccountant"),
+    "PrivacyBudget": ("mechanisms.accountant", "PrivacyBudget"),
+    "PrivacyMapError": ("mechanisms.errors", "PrivacyMapError"),
+    "PrivacyProfile": ("mechanisms.core", "PrivacyProfile"),
+    "ProtocolChoice": ("mechanisms.protocol_choice", "ProtocolChoice"),
+    "RandomSource": ("mechanisms.rng", "RandomSource"),
+    "RandomizedResponse": ("mechanisms.randomized_response", "RandomizedResponse"),
+    "RandomizedResponseBool": ("mechanisms.randomized_response", "RandomizedResponseBool"),
+    "RapporAdvice": ("mechanisms.rappor_advisor", "RapporAdvice"),
+    "RapporClient": ("mechanisms.rappor", "RapporClient"),
+    "RapporDecodeResult": ("mechanisms.rappor_estimation", "RapporDecodeResult"),
+    "RapporParams": ("mechanisms.rappor", "RapporParams"),
+    "RapporVariant": ("mechanisms.rappor", "RapporVariant"),
+    "ReleaseConflictError": ("mechanisms.accountant", "ReleaseConflictError"),
+    "ReleaseRefusedError": ("mechanisms.accountant", "ReleaseRefusedError"),
+    "SMOOTHED_MAX_DIVERGENCE": ("mechanisms.core", "SMOOTHED_MAX_DIVERGENCE"),
+    "SYMMETRIC_DISTANCE": ("mechanisms.core", "SYMMETRIC_DISTANCE"),
+    "SeededRandom": ("mechanisms.rng", "SeededRandom"),
+    "ThresholdMeasurement": ("mechanisms.threshold", "ThresholdMeasurement"),
+    "Transformation": ("mechanisms.core", "Transformation"),
+    "UnaryEncoding": ("mechanisms.unary_encoding", "UnaryEncoding"),
+    "ZCDPProfile": ("mechanisms.zcdp", "ZCDPProfile"),
+    "ZERO_CONCENTRATED_DIVERGENCE": ("mechanisms.core", "ZERO_CONCENTRATED_DIVERGENCE"),
+    "advise_rappor": ("mechanisms.rappor_advisor", "advise"),
+    "approximate": ("mechanisms.core", "approximate"),
+    "array2_domain": ("mechanisms.core", "array2_domain"),
+    "atom_domain": ("mechanisms.core", "atom_domain"),
+    "bernoulli_exp_neg": ("mechanisms.samplers", "bernoulli_exp_neg"),
+    "bernoulli_rational": ("mechanisms.samplers", "bernoulli_rational"),
+    "bit_count_variance": ("mechanisms.rappor_estimation", "bit_count_variance"),
+    "bloom_bits": ("mechanisms.rappor", "bloom_bits"),
+    "cdp_delta": ("mechanisms.zcdp", "cdp_delta"),
+    "cdp_epsilon": ("mechanisms.zcdp", "cdp_epsilon"),
+    "choose_protocol": ("mechanisms.protocol_choice", "choose_protocol"),
+    "cohort_of": ("mechanisms.rappor", "cohort_of"),
+    "count_categories": ("mechanisms.frequency_estimation", "count_categories"),
+    "crypto_random": ("mechanisms.rng", "crypto_random"),
+    "decode_rappor": ("mechanisms.rappor_estimation", "decode"),
+    "design_matrix": ("mechanisms.rappor_estimation", "design_matrix"),
+    "encode_rappor_batch": ("mechanisms.rappor", "encode_batch"),
+    "encode_rappor_batch_packed": ("mechanisms.rappor", "encode_batch_packed"),
+    "estimate_basic_histogram": ("mechanisms.rappor_estimation", "estimate_basic_histogram"),
+    "estimate_bit_counts": ("mechanisms.rappor_estimation", "estimate_bit_counts"),
+    "estimate_counts": ("mechanisms.frequency_estimation", "estimate_counts"),
+    "estimate_frequencies": ("mechanisms.frequency_estimation", "estimate_frequencies"),
+    "estimate_local_hashing_counts": ("mechanisms.frequency_estimation", "estimate_local_hashing_counts"),
+    "estimate_local_hashing_frequencies": ("mechanisms.frequency_estimation", "estimate_local_hashing_frequencies"),
+    "estimate_rr_bool_count": ("mechanisms.frequency_estimation", "estimate_rr_bool_count"),
+    "estimate_rr_bool_mean": ("mechanisms.frequency_estimation", "estimate_rr_bool_mean"),
+    "estimate_rr_counts": ("mechanisms.frequency_estimation", "estimate_rr_counts"),
+    "estimate_rr_frequencies": ("mechanisms.frequency_estimation", "estimate_rr_frequencies"),
+    "estimate_unary_counts": ("mechanisms.frequency_estimation", "estimate_unary_counts"),
+    "estimate_unary_frequencies": ("mechanisms.frequency_estimation", "estimate_unary_frequencies"),
+    "grr_variance": ("mechanisms.protocol_choice", "grr_variance"),
+    "hash_buckets": ("mechanisms.local_hashing", "hash_buckets"),
+    "linf_distance": ("mechanisms.core", "linf_distance"),
+    "make_composition": ("mechanisms.core", "make_composition"),
+    "make_drop_null": ("mechanisms.core", "make_drop_null"),
+    "make_fix_delta": ("mechanisms.core", "make_fix_delta"),
+    "make_frequency_oracle": ("mechanisms.protocol_choice", "make_frequency_oracle"),
+    "make_gaussian_threshold": ("mechanisms.threshold", "make_gaussian_threshold"),
+    "make_laplace_threshold": ("mechanisms.threshold", "make_laplace_threshold"),
+    "make_local_hashing": ("mechanisms.local_hashing", "make_local_hashing"),
+    "make_noisy_max": ("mechanisms.quantile", "make_noisy_max"),
+    "make_optimized_local_hashing": ("mechanisms.local_hashing", "make_optimized_local_hashing"),
+    "make_optimized_unary_encoding": ("mechanisms.unary_encoding", "make_optimized_unary_encoding"),
+    "make_pairwise_predict": ("mechanisms.theil_sen", "make_pairwise_predict"),
+    "make_private_percentile_medians": ("mechanisms.theil_sen", "make_private_percentile_medians"),
+    "make_private_quantile": ("mechanisms.quantile", "make_private_quantile"),
+    "make_private_theil_sen": ("mechanisms.theil_sen", "make_private_theil_sen"),
+    "make_quantile_score_candidates": ("mechanisms.quantile", "make_quantile_score_candidates"),
+    "make_randomized_response": ("mechanisms.randomized_response", "make_randomized_response"),
+    "make_randomized_response_bool": ("mechanisms.randomized_response", "make_randomized_response_bool"),
+    "make_randomized_response_bool_from_epsilon": (
+        "mechanisms.randomized_response",
+        "make_randomized_response_bool_from_epsilon",
+    ),
+    "make_randomized_response_from_epsilon": (
+        "mechanisms.randomized_response",
+        "make_randomized_response_from_epsilon",
+    ),
+    "make_rappor": ("mechanisms.rappor", "make_rappor"),
+    "make_select_column": ("mechanisms.theil_sen", "make_select_column"),
+    "make_symmetric_unary_encoding": ("mechanisms.unary_encoding", "make_symmetric_unary_encoding"),
+    "make_unary_encoding": ("mechanisms.unary_encoding", "make_unary_encoding"),
+    "make_user_measurement": ("mechanisms.core", "make_user_measurement"),
+    "make_user_transformation": ("mechanisms.core", "make_user_transformation"),
+    "make_zcdp_to_approxdp": ("mechanisms.zcdp", "make_zcdp_to_approxdp"),
+    "new_client_secret": ("mechanisms.rappor", "new_client_secret"),
+    "norm_sub": ("mechanisms.consistency", "norm_sub"),
+    "normal_quantile": ("mechanisms.estimates", "normal_quantile"),
+    "olh_support_counts": ("mechanisms.local_hashing", "olh_support_counts"),
+    "olh_variance": ("mechanisms.protocol_choice", "olh_variance"),
+    "oue_probabilities": ("mechanisms.unary_encoding", "oue_probabilities"),
+    "oue_variance": ("mechanisms.protocol_choice", "oue_variance"),
+    "pack_report": ("mechanisms.rappor", "pack_report"),
+    "project_to_simplex": ("mechanisms.consistency", "project_to_simplex"),
+    "prr_context": ("mechanisms.rappor", "prr_context"),
+    "randomized_response_epsilon": ("mechanisms.randomized_response", "randomized_response_epsilon"),
+    "randomized_response_prob": ("mechanisms.randomized_response", "randomized_response_prob"),
+    "sample_discrete_gaussian": ("mechanisms.samplers", "sample_discrete_gaussian"),
+    "sample_discrete_laplace": ("mechanisms.samplers", "sample_discrete_laplace"),
+    "significance_decisions": ("mechanisms.rappor_estimation", "significance_decisions"),
+    "sue_probabilities": ("mechanisms.unary_encoding", "sue_probabilities"),
+    "sum_rappor_bits": ("mechanisms.rappor_estimation", "sum_bits"),
+    "unary_support_counts": ("mechanisms.unary_encoding", "unary_support_counts"),
+    "unpack_report": ("mechanisms.rappor", "unpack_report"),
+    "vector_domain": ("mechanisms.core", "vector_domain"),
+}
 
 __all__ = [
     "APPROX_MAX_DIVERGENCE",
@@ -298,3 +443,18 @@ __all__ = [
     "unpack_report",
     "vector_domain",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first use and cache the value in this module."""
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

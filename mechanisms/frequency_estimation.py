@@ -19,7 +19,7 @@ so
     f̂_v = (S_v / n - q*) / (p* - q*)          (unbiased for the fraction f_v = n_v / n)
 
 which is the seed's ``(mean + p - 1)/(2p - 1)`` for booleans and ``(mean·(k - 1) + p - 1)/(p·k - 1)``
-for k-RR (seed 000, multiply numerator and denominator by ``k - 1``). Counts are ``n·f̂_v``.
+for k-RR ([RR], multiply numerator and denominator by ``k - 1``). Counts are ``n·f̂_v``.
 
 Variance, two estimands (``estimand=``):
 
@@ -38,6 +38,8 @@ Variance, two estimands (``estimand=``):
 
 The confidence intervals (``Estimate.ci``) are Wald intervals on these variances (normal approximation,
 accurate when ``n·min(q*, 1 - p*)`` is not small).
+
+Sources cited in brackets ([RR]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def _rr_prob(prob: object, k: int) -> float:
 def estimate_rr_bool_mean(true_count: ArrayLike, n: int, prob: float, *, estimand: Estimand = "sample") -> Estimate:
     """Fraction of True among ``n`` boolean-RR reports of which ``true_count`` are True.
 
-    ``(mean + p - 1)/(2p - 1)`` (seed 000) with variance ``p(1 - p)/(n (2p - 1)^2)`` (sample estimand).
+    ``(mean + p - 1)/(2p - 1)`` [RR] with variance ``p(1 - p)/(n (2p - 1)^2)`` (sample estimand).
     """
     p = _rr_prob(prob, 2)
     return estimate_frequencies(true_count, n, p, 1.0 - p, estimand=estimand)
@@ -183,7 +185,7 @@ def estimate_rr_frequencies(
 ) -> Estimate:
     """Category frequencies from k-RR report counts (``k = len(counts)``, ``n = sum(counts)`` by default).
 
-    ``(mean·(k - 1) + p - 1)/(p·k - 1)`` (seed 000) with variance
+    ``(mean·(k - 1) + p - 1)/(p·k - 1)`` [RR] with variance
     ``(f p(1-p) + (1-f) q*(1-q*)) / (n (p - q*)^2)``, ``q* = (1-p)/(k-1)``.
     """
     c = np.asarray(counts)

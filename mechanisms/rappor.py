@@ -14,7 +14,7 @@ Per report bit: ``q* = P(S_i = 1 | B_i = 1) = ½f(p + q) + (1 − f)q`` and
 ``h`` bits each way, so one report is ε₁-LDP with ``ε₁ = h·ln(q*(1 − p*) / (p*(1 − q*)))`` and the
 PRR (all reports of one value together) is ε∞-LDP with ``ε∞ = 2h·ln((1 − f/2) / (f/2))``.
 
-Variants (seed 001, section 二):
+Variants (the ones [RAPPOR] names):
 
 - ``standard``: Bloom + PRR + IRR.
 - ``one_time``: no IRR. The single randomization is memoized like a PRR, with
@@ -62,6 +62,8 @@ Values are ``bytes`` or ``str`` (UTF-8).
 
 **Wire form.** A report is ``k`` bits ``S_0 … S_{k−1}``; packed with ``np.packbits`` (big bit order):
 bit ``i`` is bit ``7 − i mod 8`` (``0x80 >> (i mod 8)``) of byte ``⌊i/8⌋``, padding bits zero.
+
+Sources cited in brackets ([RAPPOR]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ _TWO64 = 1 << 64
 
 
 class RapporVariant(enum.Enum):
-    """Which of RAPPOR's steps run (seed 001, section 二)."""
+    """Which of RAPPOR's steps run (the variants of [RAPPOR])."""
 
     STANDARD = "standard"  # Bloom + PRR + IRR
     ONE_TIME = "one_time"  # Bloom + one memoized round

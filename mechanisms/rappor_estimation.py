@@ -5,7 +5,7 @@ them with bit ``i`` set, ``t_ji`` clients whose signal ``B`` has bit ``i`` set, 
 ``p* = P(S_i = 1 | B_i = 0)``, ``q* = P(S_i = 1 | B_i = 1)`` (one-time variants: those of the single
 memoized round, e.g. ``p* = f/2``, ``q* = 1 − f/2`` when ``p = 0, q = 1``).
 
-**Bit counts** (Erlingsson et al. 2014, section 4; seed 001's ``c_i_est = (c_i − 0.5N)/0.25``):
+**Bit counts** (Erlingsson et al. 2014, section 4 [RAPPOR]; the summary's ``c_i_est = (c_i − 0.5N)/0.25``):
 ``t̂_ji = (c_ji − p*·N_j) / (q* − p*)``, unbiased because ``E[c_ji] = t_ji·q* + (N_j − t_ji)·p*``.
 Different clients' bits are independent (each has its own secret and IRR draws), so ``c_ji`` is a
 sum of independent Bernoullis and ``Var(t̂_ji) = (t·q*(1 − q*) + (N_j − t)·p*(1 − p*)) / (q* − p*)²``
@@ -36,6 +36,8 @@ spread over cohorts independently of their values, ``E[t̂_ji] ≈ (N_j/N)·Σ_s
    ``selection="none"`` fits all candidates instead (unbiased when the design has full rank).
 4. Residual diagnostics: ``χ² = Σ((t̂ − fit)/σ)²`` on ``m·k − rank`` degrees of freedom and its
    p-value; a small p-value means the candidate list does not explain the reports.
+
+Sources cited in brackets ([RAPPOR]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def estimate_bit_counts(counts_per_cohort: ArrayLike, n_per_cohort: ArrayLike, p
 
 
 def estimate_basic_histogram(counts: ArrayLike, n: ArrayLike, params: RapporParams) -> Estimate:
-    """Basic variants: the count of each candidate, ``(c_i − p*·N)/(q* − p*)`` (seed 001's estimator).
+    """Basic variants: the count of each candidate, ``(c_i − p*·N)/(q* − p*)`` ([RAPPOR]'s estimator).
 
     With ``f = 0, p = 0.5, q = 0.75`` (basic one-time) this is ``(c_i − 0.5N)/0.25``.
     """

@@ -1,6 +1,6 @@
 """Differentially private Theil-Sen regression, built from user-defined plugins as in the OpenDP notebook.
 
-Spec: OpenDP notebook "Theil-Sen Regression" (seed 003) and Alabi et al. 2022, "Differentially Private
+Spec: OpenDP notebook "Theil-Sen Regression" [THEIL-SEN] and Alabi et al. 2022, "Differentially Private
 Simple Linear Regression" (PoPETs). Instead of the median slope, predict ``y`` at two cut points
 ``x_cuts = x_lo + (x_hi - x_lo) · fraction_bounds`` (default the 25th and 75th percent of ``x_bounds``):
 
@@ -19,6 +19,8 @@ one left out, probability ``1/(N+1)`` under any coupling of the shuffles. Replac
 partner pair is distance 2, and one added or removed row never costs more (the partner of a removed row
 is re-paired with the row left out, or left out itself), so ``d_out = 2 · d_in`` per run. Hence
 ``make_private_theil_sen(..., scale=1.0).map(1) == 4.0`` where the notebook prints 2.0.
+
+Sources cited in brackets ([THEIL-SEN]): docs/references.md.
 """
 
 from __future__ import annotations

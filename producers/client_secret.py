@@ -30,6 +30,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from producers.errors import ProducerError
 from producers.private_file import private_temp_file
 
 __all__ = ["SECRET_BYTES", "ClientSecret", "ClientSecretError"]
@@ -43,7 +44,7 @@ _PERSON_DERIVE = b"ptel-derive1"
 _PERSON_CLIENT = b"ptel-client1"
 
 
-class ClientSecretError(RuntimeError):
+class ClientSecretError(ProducerError, RuntimeError):
     """The secret file cannot be created, read, or has unsafe permissions (the message never holds the key)."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from producers.errors import ProducerError, ProducerParameterError
 from producers.private_file import private_temp_file
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
@@ -36,7 +37,7 @@ from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
 __all__ = ["ContributionLimiter", "ContributionStateError"]
 
 
-class ContributionStateError(RuntimeError):
+class ContributionStateError(ProducerError, RuntimeError):
     """The device's contribution state file is unreadable or malformed: refuse to send (fail closed)."""
 
 _KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late reports of a recent window)
@@ -65,7 +66,7 @@ class ContributionLimiter:
         try:
             doc = json.loads(path.read_bytes())
             if doc.get("v") != 1:
-                raise ValueError(f"unknown version {doc.get('v')!r}")
+                raise ProducerParameterError(f"unknown version {doc.get('v')!r}")
             self._newest = int(doc["newest"])
             for w, metrics in doc["counts"].items():
                 for metric, sent in metrics.items():

@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from mechanisms.rng import RandomSource
 from producers.client_secret import ClientSecret
 from producers.contribution import ContributionLimiter
+from producers.errors import ProducerParameterError
 from producers.privatize import MetricPrivatizer, make_privatizers
 from schemas.spec import CollectionSpec
 from schemas.wire import (
@@ -92,9 +93,11 @@ class EdgeClient:
         quota_file: Path | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(f"batch_size ({batch_size!r}) must be a non-negative integer (0: one report per message)")
+            raise ProducerParameterError(
+                f"batch_size ({batch_size!r}) must be a non-negative integer (0: one report per message)"
+            )
         if shards < 1:
-            raise ValueError(f"shards ({shards!r}) must be positive")
+            raise ProducerParameterError(f"shards ({shards!r}) must be positive")
         self.spec = spec
         self.sink = sink
         self.batch_size = batch_size
@@ -113,7 +116,7 @@ class EdgeClient:
     def _now(self) -> int:
         now = self.clock()
         if not math.isfinite(now) or not 0 <= now < 2**32:
-            raise ValueError(f"device clock ({now!r}) must be seconds since the epoch in [0, 2^32)")
+            raise ProducerParameterError(f"device clock ({now!r}) must be seconds since the epoch in [0, 2^32)")
         return math.floor(now)
 
     def client_time(self) -> int:
@@ -164,7 +167,9 @@ class EdgeClient:
         bound dropped it.
         """
         if len(values) != len(secrets):
-            raise ValueError(f"values ({len(values)}) and secrets ({len(secrets)}) must have the same length")
+            raise ProducerParameterError(
+                f"values ({len(values)}) and secrets ({len(secrets)}) must have the same length"
+            )
         privatizer = self.privatizer(metric)
         size = self.spec.window.size_s
         windows = np.full(len(values), -1, dtype=np.int64)

@@ -22,10 +22,12 @@ from typing import Any
 
 import aiohttp
 
+from producers.errors import ProducerError, ProducerParameterError
+
 __all__ = ["GatewayRefusedError", "GatewaySink", "GatewaySinkStats"]
 
 
-class GatewayRefusedError(RuntimeError):
+class GatewayRefusedError(ProducerError, RuntimeError):
     """The gateway refused a message (``status``, machine-readable ``reason``), or every attempt failed (status 0)."""
 
     def __init__(self, status: int, reason: str, detail: str) -> None:
@@ -60,11 +62,11 @@ class GatewaySink:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url ({url!r}) must start with https:// (or http:// on loopback)")
+            raise ProducerParameterError(f"url ({url!r}) must start with https:// (or http:// on loopback)")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts ({max_attempts!r}) must be an integer in [1, ∞)")
+            raise ProducerParameterError(f"max_attempts ({max_attempts!r}) must be an integer in [1, ∞)")
         if not 0 < timeout_s <= 3600:
-            raise ValueError(f"timeout_s ({timeout_s!r}) must be in (0, 3600]")
+            raise ProducerParameterError(f"timeout_s ({timeout_s!r}) must be in (0, 3600]")
         self.endpoint = url.rstrip("/") + "/v1/reports"
         self._auth = f"Bearer {token}"
         self._session = session

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from producers.errors import ProducerParameterError
 from producers.private_file import private_temp_file
 from schemas.spec import CategoricalMetric, CollectionSpec
 
@@ -64,7 +65,7 @@ class GroundTruth:
         :meth:`producers.edge_client.EdgeClient.send_rows` returns: ``-1`` for an event not sent)."""
         w = np.asarray(windows, dtype=np.int64)
         if len(w) != len(values) or (indices is not None and len(indices) != len(values)):
-            raise ValueError("windows, values (and indices) must have the same length")
+            raise ProducerParameterError("windows, values (and indices) must have the same length")
         for window in np.unique(w[w >= 0]).tolist():
             sel = w == window
             picked = [v for v, ok in zip(values, sel.tolist(), strict=True) if ok]
@@ -79,7 +80,7 @@ class GroundTruth:
             cell["true"] += int(np.count_nonzero(np.asarray(values, dtype=np.bool_)))
         elif kind == "categorical":
             if indices is None:
-                raise ValueError("categorical ground truth needs the category indices")
+                raise ProducerParameterError("categorical ground truth needs the category indices")
             counts = np.bincount(np.asarray(indices, dtype=np.int64), minlength=len(cell["counts"]))
             cell["counts"] = [a + int(b) for a, b in zip(cell["counts"], counts.tolist(), strict=True)]
         elif kind == "rappor":

@@ -23,12 +23,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
+from producers.errors import ProducerError, ProducerParameterError
+
 __all__ = ["KafkaSettings", "PublishError", "PublisherStats", "ReportPublisher"]
 
 Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 
-class PublishError(RuntimeError):
+class PublishError(ProducerError, RuntimeError):
     """Reports could not be delivered (after aiokafka's retries) or the producer could not start."""
 
 
@@ -74,11 +76,13 @@ class KafkaSettings:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "linger_ms" else 1):
-                raise ValueError(
+                raise ProducerParameterError(
                     f"{name} ({value!r}) must be a {'non-negative' if name == 'linger_ms' else 'positive'} integer"
                 )
         if self.security_protocol.startswith("SASL") and not self.sasl_username:
-            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username (and sasl_password)")
+            raise ProducerParameterError(
+                f"security_protocol {self.security_protocol} needs sasl_username (and sasl_password)"
+            )
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A TLS context for SSL/SASL_SSL (system CAs unless ``ssl_cafile``), else None."""

@@ -9,7 +9,7 @@ what the value was).
 Per kind (the spec's parameters, the mechanisms' constructors):
 
 - ``bool``: ``make_randomized_response_bool(prob)`` (or from ε): the bit is kept w.p. p, flipped
-  otherwise (seed 000).
+  otherwise [RR].
 - ``categorical`` (labels, or ``bins`` of a number mapped on the device to
   ``clip(floor((v - lo) / width), 0, count - 1)``): k-RR (``make_randomized_response``) -> category
   index; OUE (``make_optimized_unary_encoding``) -> k packed bits; OLH -> (seed, y); ``auto``:
@@ -24,6 +24,8 @@ Per kind (the spec's parameters, the mechanisms' constructors):
 Every report carries the per-window pseudonym ``secret.pseudonym(metric, client_time // size_s)``; the edge
 client passes the send time as ``client_time`` (:mod:`producers.edge_client`).
 Randomness: the CSPRNG (``mechanisms.rng``) unless a test or a simulation passes a ``SeededRandom``.
+
+Sources cited in brackets ([RR]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from mechanisms.rappor import RapporParams, cohort_of, encode_batch_packed
 from mechanisms.rng import RandomSource
 from mechanisms.unary_encoding import UnaryEncoding, make_optimized_unary_encoding
 from producers.client_secret import ClientSecret
+from producers.errors import ProducerError, ProducerParameterError
 from schemas.spec import (
     BoolMetric,
     CategoricalMetric,
@@ -94,7 +97,7 @@ AnyMetric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | Regres
 _U32 = (1 << 32) - 1
 
 
-class EventError(ValueError):
+class EventError(ProducerError, ValueError):
     """A raw event that does not fit its metric. The message names the metric and the rule, never the value."""
 
     def __init__(self, metric: str, reason: str) -> None:
@@ -113,7 +116,7 @@ class MetricPrivatizer(ABC):
 
     def __init__(self, metric: AnyMetric, window_size_s: int, rng: RandomSource | None = None) -> None:
         if window_size_s < 1:
-            raise ValueError("window_size_s must be at least 1")
+            raise ProducerParameterError("window_size_s must be at least 1")
         self.metric = metric
         self.name = metric.name
         self.fingerprint = metric.fingerprint
@@ -140,7 +143,7 @@ class MetricPrivatizer(ABC):
         """Privatize ``values[i]`` of client ``secrets[i]`` at ``client_times[i]`` for every i, vectorized."""
         n = len(values)
         if n == 0 or len(secrets) != n:
-            raise ValueError("batch needs as many secrets as values, and at least one value")
+            raise ProducerParameterError("batch needs as many secrets as values, and at least one value")
         times = np.asarray(client_times)
         if times.shape == ():
             times = np.full(n, int(times), dtype=np.int64)
@@ -189,7 +192,7 @@ def _bool_values(name: str, values: Sequence[Any] | NDArray[Any], what: str = "v
 
 
 class BoolPrivatizer(MetricPrivatizer):
-    """Boolean randomized response (seed 000): keep the bit w.p. ``prob``, flip it otherwise."""
+    """Boolean randomized response [RR]: keep the bit w.p. ``prob``, flip it otherwise."""
 
     def __init__(self, metric: BoolMetric, window_size_s: int, rng: RandomSource | None = None) -> None:
         super().__init__(metric, window_size_s, rng)
@@ -236,7 +239,7 @@ class CategoricalPrivatizer(MetricPrivatizer):
         elif self.protocol == "olh":
             self.olh = make_optimized_local_hashing(indices, metric.resolved_epsilon(), rng=rng)
         else:  # unreachable: resolved_protocol is one of the three
-            raise ValueError(f"unknown protocol {self.protocol!r}")
+            raise ProducerParameterError(f"unknown protocol {self.protocol!r}")
 
     def indices(self, values: Sequence[Any] | NDArray[Any]) -> NDArray[np.int64]:
         """Category index of each raw value (labels, or numbers binned over ``bins``); EventError otherwise."""

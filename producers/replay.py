@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from producers.errors import ProducerError, ProducerParameterError
 from producers.privatize import EventError, MetricPrivatizer
 from schemas.spec import CategoricalMetric, CollectionSpec
 
@@ -65,7 +66,7 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-class _BadLineError(Exception):
+class _BadLineError(ProducerError):
     pass
 
 
@@ -191,7 +192,7 @@ def read_events(
     p = Path(path)
     kind = fmt or ("csv" if p.suffix.lower() == ".csv" else "jsonl")
     if kind not in ("csv", "jsonl"):
-        raise ValueError(f"unknown replay format {kind!r} (csv or jsonl)")
+        raise ProducerParameterError(f"unknown replay format {kind!r} (csv or jsonl)")
     with p.open("r", encoding="utf-8", newline="" if kind == "csv" else None, errors="strict") as fh:
         rows = _csv_rows(fh) if kind == "csv" else _jsonl_rows(fh)
         try:

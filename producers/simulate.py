@@ -4,17 +4,19 @@ The simulation RNG (:class:`~mechanisms.rng.SeededRandom`, seeded by ``--seed``)
 values, so a run's ground truth is reproducible; privatization still uses the CSPRNG unless a test
 passes a seeded source to the privatizers. Distributions (per metric kind):
 
-- ``bool``: Bernoulli(0.23) (seed 000);
-- ``categorical`` with 4 labels: [0.1, 0.4, 0.3, 0.2] (seed 000); with another number of labels:
-  Zipf(s = 1.1) over them; with ``bins``: Normal(50, 10) (seed 001's histogram), binned on the device;
+- ``bool``: Bernoulli(0.23) [RR];
+- ``categorical`` with 4 labels: [0.1, 0.4, 0.3, 0.2] [RR]; with another number of labels:
+  Zipf(s = 1.1) over them; with ``bins``: Normal(50, 10) ([RAPPOR]'s histogram), binned on the device;
 - ``rappor``: Zipf(s = 1.0) over the candidate list (rank 1 most common);
 - ``keyed``: a long tail: ``keys_per_window`` draws per client (distinct) from Zipf(s = 1.1) over
   ``key_space`` keys ``"<metric>.key-00042"``, so a few keys are common and most are rare; each key's
   value is true with a key-specific probability ``0.05 + 0.9·frac(0.618·rank)``;
 - ``regression``: x ~ Normal(0, 1) clipped to ``x_bounds``, ``y = 2x + 1 + Normal(0, 0.5)`` clipped
-  to ``y_bounds`` (seed 003).
+  to ``y_bounds`` [THEIL-SEN].
 
 Each client has its own secret, derived from a master secret (``ClientSecret.for_client``).
+
+Sources cited in brackets ([RAPPOR], [RR], [THEIL-SEN]): docs/references.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from numpy.typing import NDArray
 
 from mechanisms.rng import RandomSource, SeededRandom
 from producers.client_secret import ClientSecret
+from producers.errors import ProducerParameterError
 from schemas.spec import (
     BoolMetric,
     CategoricalMetric,
@@ -40,7 +43,7 @@ from schemas.spec import (
 
 __all__ = ["SEED_CATEGORY_FREQUENCIES", "Population", "zipf_weights"]
 
-#: Seed 000's categorical frequencies.
+#: [RR]'s categorical frequencies.
 SEED_CATEGORY_FREQUENCIES = (0.1, 0.4, 0.3, 0.2)
 BOOL_TRUE_RATE = 0.23
 NORMAL_MEAN, NORMAL_SD = 50.0, 10.0
@@ -84,7 +87,7 @@ class Population:
         self, spec: CollectionSpec, clients: int, *, seed: int, master: ClientSecret, key_space: int = 5000
     ) -> None:
         if clients < 1:
-            raise ValueError("clients must be at least 1")
+            raise ProducerParameterError("clients must be at least 1")
         self.spec = spec
         self.clients = int(clients)
         self.seed = seed

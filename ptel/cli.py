@@ -1,49 +1,38 @@
-"""The ``ptel`` console command: one sub-command per module in ``ptel/commands``.
+"""The ``ptel`` console command: one sub-command per module in ``ptel/commands``, listed in :data:`COMMANDS`.
 
-Command modules are looked up in the fixed list :data:`COMMAND_MODULES`; a module that does not exist yet is
-skipped, while any other import error propagates (a broken command must not silently disappear).
+What runs where: the data path -- ``produce``, ``demo``, ``worker`` and the ``gateway`` -- speaks Kafka through
+aiokafka (producers publish privatized reports; the agents' worker counts windows and publishes releases);
+``monitor`` is a faust-streaming app that serves the releases and dead letters it consumes.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Sequence
 from types import ModuleType
 
 from aiokafka.errors import KafkaError
 
 from ptel import __version__
+from ptel.commands import broker, demo, gateway, gateway_keys, monitor, produce, releases, schema, worker
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
-COMMAND_MODULES = ("broker", "demo", "produce", "worker", "releases", "monitor", "gateway", "gateway_keys", "schema")
-
-
-def load_command_modules(names: Sequence[str] = COMMAND_MODULES, package: str = "ptel.commands") -> list[ModuleType]:
-    """Import ``package.<name>`` for each name, skipping only modules that do not exist."""
-    modules = []
-    for name in names:
-        qualified = f"{package}.{name}"
-        try:
-            modules.append(importlib.import_module(qualified))
-        except ModuleNotFoundError as exc:
-            if exc.name != qualified:
-                raise
-    return modules
+#: Every command module, in the order ``ptel --help`` lists them; each has ``register(subparsers)`` and ``run(args)``.
+COMMANDS: tuple[ModuleType, ...] = (broker, demo, produce, worker, releases, monitor, gateway, gateway_keys, schema)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ptel",
         description=(
-            "private-telemetry: local differential privacy on edge producers, Apache Kafka transport, "
-            "and faust-streaming workers that release thresholded, debiased key histograms."
+            "private-telemetry: local differential privacy on devices, reports over Apache Kafka (aiokafka), "
+            "agents that count windows and release debiased or thresholded DP estimates, "
+            "and a faust-streaming monitor of the releases."
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    for module in load_command_modules():
+    for module in COMMANDS:
         module.register(subparsers)
     for command in subparsers.choices.values():  # one logging set-up for every command
         add_logging_arguments(command)

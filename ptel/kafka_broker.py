@@ -34,7 +34,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
@@ -42,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mechanisms.errors import ParameterError
+from ptel.errors import BrokerError as BrokerError  # re-exported: callers catch it from here
+from ptel.errors import BrokerParameterError as BrokerParameterError
 
 KAFKA_VERSION = "3.9.1"
 SCALA_VERSION = "2.13"
@@ -68,10 +68,6 @@ log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 T = TypeVar("T")
-
-
-class BrokerError(RuntimeError):
-    """The local broker could not be fetched, started, probed or stopped; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -108,13 +104,13 @@ def default_port() -> int:
     try:
         port = int(env)
     except ValueError:
-        raise ParameterError(PORT_ENV, env, "must be an integer TCP port in [1, 65535]") from None
+        raise BrokerParameterError(PORT_ENV, env, "must be an integer TCP port in [1, 65535]") from None
     return _check_port("port", port)
 
 
 def _check_port(name: str, port: int) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ParameterError(name, port, "must be an integer TCP port in [1, 65535]")
+        raise BrokerParameterError(name, port, "must be an integer TCP port in [1, 65535]")
     return port
 
 
@@ -135,7 +131,7 @@ def broker_properties(
     _check_port("port", port)
     _check_port("controller_port", controller_port)
     if port == controller_port:
-        raise ParameterError("controller_port", controller_port, f"must differ from port ({port})")
+        raise BrokerParameterError("controller_port", controller_port, f"must differ from port ({port})")
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node_id),
@@ -323,7 +319,7 @@ def wait_for_kafka(bootstrap: str, timeout: float = 60.0, node_id: int | None = 
     Raises :class:`BrokerError` with the last failure after ``timeout`` seconds.
     """
     if not timeout > 0:
-        raise ParameterError("timeout", timeout, "must be > 0 seconds")
+        raise BrokerParameterError("timeout", timeout, "must be > 0 seconds")
     deadline = time.monotonic() + timeout
     while True:
         probe_timeout = min(5.0, max(0.5, deadline - time.monotonic()))
@@ -356,10 +352,10 @@ class LocalKafka:
         if controller_port is not None:
             _check_port("controller_port", controller_port)
             if controller_port == port:
-                raise ParameterError("controller_port", controller_port, f"must differ from port ({port})")
+                raise BrokerParameterError("controller_port", controller_port, f"must differ from port ({port})")
         self._requested_controller_port = controller_port
         if not isinstance(heap, str) or not _HEAP_PATTERN.match(heap):
-            raise ParameterError("heap", heap, "must be a JVM size such as '512m' or '1g'")
+            raise BrokerParameterError("heap", heap, "must be a JVM size such as '512m' or '1g'")
         self.heap = heap
         self.overrides = dict(overrides or {})
         #: Extra arguments of the storage format (e.g. ``--add-scram SCRAM-SHA-512=[name=u,password=p]``: users of
@@ -640,7 +636,7 @@ class LocalKafka:
         broker exits or is not ready within ``timeout`` seconds.
         """
         if not timeout > 0:
-            raise ParameterError("timeout", timeout, "must be > 0 seconds")
+            raise BrokerParameterError("timeout", timeout, "must be > 0 seconds")
         deadline = time.monotonic() + timeout
         self.fetch()
         with self._instance_lock():
@@ -739,7 +735,7 @@ class LocalKafka:
     def stop(self, timeout: float = 30) -> bool:
         """Stop this instance's broker by its own pid; True if one was running. Idempotent."""
         if not timeout > 0:
-            raise ParameterError("timeout", timeout, "must be > 0 seconds")
+            raise BrokerParameterError("timeout", timeout, "must be > 0 seconds")
         with self._instance_lock():
             pid = self.running_pid()
             if pid is None:
@@ -827,7 +823,7 @@ class LocalKafka:
         return [cls(home=root.parent, port=p) for p in ports if 1 <= p <= 65535]
 
 
-if __name__ == "__main__":
-    from ptel.commands.broker import main
+if __name__ == "__main__":  # ``python -m ptel.kafka_broker``: an alias of ``python -m ptel.commands.broker``
+    import runpy
 
-    sys.exit(main())
+    runpy.run_module("ptel.commands.broker", run_name="__main__", alter_sys=True)

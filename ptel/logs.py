@@ -30,6 +30,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from ptel.errors import PtelError
+
 LEVEL_ENV = "PTEL_LOG_LEVEL"
 FORMAT_ENV = "PTEL_LOG_FORMAT"
 FORMATS = ("text", "json")
@@ -53,7 +55,7 @@ def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class LogSetupError(ValueError):
+class LogSetupError(PtelError, ValueError):
     """A logging option out of range (named, with the valid values)."""
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from mechanisms.local_hashing import olh_bucket_count
 from mechanisms.protocol_choice import choose_protocol
+from schemas.errors import SchemaError
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 from schemas.wire import (
     WIRE_ERROR_REASONS,
@@ -75,11 +76,12 @@ CONFORMANCE_REASONS = frozenset(
         "key_too_long",  # keyed metric key longer than max_key_bytes
     }
 )
+
 #: Every reason a :class:`Validator` gives.
 VALIDATOR_REASONS = CONFORMANCE_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS} | {"wire.empty"}
 
 
-class ConformanceError(ValueError):
+class ConformanceError(SchemaError):
     """A validator cannot be built: a setting is missing or out of range (the message names it and the range)."""
 
 

@@ -29,12 +29,14 @@ import yaml
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from schemas.errors import SchemaError
+
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 ENV_PREFIX = "PTEL_KAFKA_"
 
 
-class KafkaConnectionError(ValueError):
+class KafkaConnectionError(SchemaError):
     """A connection setting that is missing or out of range (the message names it and what to do)."""
 
 

@@ -14,11 +14,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
+from schemas.kinds import MetricKind
+
 __all__ = [
     "RELEASE_SCHEMA_VERSION",
     "EstimateRecord",
     "KeyRelease",
-    "LedgerEntry",
+    "LedgerSummary",
     "PrivacySpent",
     "Release",
     "release_key",
@@ -104,7 +106,7 @@ class PrivacySpent(_Frozen):
     capacity_test_delta: Real | None = None
 
 
-class LedgerEntry(_Frozen):
+class LedgerSummary(_Frozen):
     """The metric's budget ledger after this release: spent so far (over the retention horizon) and the cap."""
 
     measure: Literal["approx_dp", "approx_zcdp", "none"]
@@ -131,7 +133,7 @@ class Release(_Frozen):
     #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
     group: StrictStr | None = None
     metric: StrictStr
-    kind: Literal["bool", "categorical", "rappor", "keyed", "regression"]
+    kind: MetricKind
     #: Window bounds ``[start, end)`` in ms since the epoch (broker LogAppendTime).
     window_start_ms: StrictInt
     window_end_ms: StrictInt
@@ -152,7 +154,7 @@ class Release(_Frozen):
     #: Human-readable mechanism, e.g. ``"k-RR (k=4, ε=1.0)"``, ``"thresholded Laplace (scale=2, τ=40)"``.
     mechanism: StrictStr
     privacy: PrivacySpent
-    ledger: LedgerEntry
+    ledger: LedgerSummary
     #: Set when nothing could be released for this window (e.g. ``"budget exhausted: ..."``); then
     #: ``estimates`` and ``released_keys`` are empty and no privacy was spent.
     refused: StrictStr | None = None

@@ -1,4 +1,4 @@
-"""Seed 001's example: basic one-time RAPPOR of a Normal(50, 10) histogram (50 bins on [0, 100)).
+"""[RAPPOR]'s example: basic one-time RAPPOR of a Normal(50, 10) histogram (50 bins on [0, 100)).
 
 q = 0.75, p = 0.5, f = 0; each client reports its bin once; the server estimates every bin with
 ``(c_i − 0.5·N) / 0.25`` (:func:`mechanisms.rappor_estimation.estimate_basic_histogram`). Like the
@@ -6,6 +6,8 @@ seed, three sample sizes; the first is the N = 10,000 of the issue. Simulation o
 randomness and the client secrets come from a seeded generator so the figure is reproducible.
 
 Run: ``.venv/bin/python docs/figures/rappor_normal50.py`` (writes docs/rappor_normal50.png).
+
+Sources cited in brackets ([RAPPOR]): docs/references.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Reproduce the OpenDP Theil-Sen notebook (seed 003) with our framework and draw docs/theil_sen_fit.png.
+"""Reproduce the OpenDP Theil-Sen notebook [THEIL-SEN] with our framework and draw docs/theil_sen_fit.png.
 
 Data as in the notebook: 100 points, x ~ N(0, 1), y = 2x + 1 + N(0, 0.5²) (numpy, seed 2024: synthetic data,
 not privacy noise). Release: ``make_private_theil_sen((-3, 3), (-10, 10), scale=1.0)``, ε = map(1) = 2, with
 a SeededRandom so that the figure is reproducible (a deployment uses the default CSPRNG).
 
 Run from the repository root:  .venv/bin/python docs/figures/theil_sen_fit.py
+
+Sources cited in brackets ([THEIL-SEN]): docs/references.md.
 """
 
 from __future__ import annotations

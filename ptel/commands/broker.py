@@ -13,7 +13,7 @@ ACTIONS = ("fetch", "start", "stop", "status", "logs", "reset")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The broker options, shared by ``ptel broker`` and ``python -m ptel.kafka_broker``."""
+    """The broker options, shared by ``ptel broker`` and ``python -m ptel.commands.broker``."""
     parser.add_argument("action", choices=ACTIONS, help="what to do with the broker")
     parser.add_argument(
         "--port", type=int, default=None, help="client port on 127.0.0.1 (default: $PTEL_KAFKA_PORT or 9092)"
@@ -102,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m ptel.kafka_broker``."""
-    parser = argparse.ArgumentParser(prog="python -m ptel.kafka_broker", description=__doc__)
+    """Entry point of ``python -m ptel.commands.broker`` (alias: ``python -m ptel.kafka_broker``)."""
+    parser = argparse.ArgumentParser(prog="python -m ptel.commands.broker", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -35,7 +35,7 @@ from schemas.releases import Release
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "worker",
-        help="run an agents worker for a spec (windowed counts, releases)",
+        help="run an agents worker for a spec: aiokafka consumer, windowed counts, DP releases",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     add_spec_argument(p)

@@ -28,7 +28,7 @@ from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from ptel.kafka_broker import free_port
-from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.conftest import TopicFactory
 from tests.integration.agents_support import (
@@ -71,7 +71,7 @@ def _release(spec: str, metric: str, kind: str, start: int, n: int, value: float
         released_keys=keys,
         mechanism="test",
         privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=1.0),
-        ledger=LedgerEntry(measure="none"),
+        ledger=LedgerSummary(measure="none"),
         partitions=PARTITIONS,
     )
 

@@ -95,7 +95,7 @@ def _covers(rel: Release, truth: dict[str, float]) -> int:
 
 
 def test_bool_release_covers_truth() -> None:
-    # Seed 000 setting: Bernoulli(0.23) answers through RR with p = 0.75, n = 20 000; fixed seed.
+    # [RR] setting: Bernoulli(0.23) answers through RR with p = 0.75, n = 20 000; fixed seed.
     rng = SeededRandom(2024)
     n = 20_000
     truth = np.asarray(rng.uniform(n) < 0.23)
@@ -261,13 +261,14 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
 
 
 def test_mechanism_failure_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    import schemas.spec
+    import schemas.spec.keyed_metric
     from mechanisms.errors import ParameterError
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ParameterError("scale", -1, "must be positive")
 
-    monkeypatch.setattr(schemas.spec, "make_laplace_threshold", broken)  # ThresholdReleaseSpec.build's lookup
+    # ThresholdReleaseSpec.build looks the constructor up in its own module
+    monkeypatch.setattr(schemas.spec.keyed_metric, "make_laplace_threshold", broken)
     p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
     p.add_keyed(["a"], [1])
     rel = _release(p)

@@ -253,7 +253,7 @@ def test_report_bound_matches_a_reference_count(clients: list[int], bound: int) 
 def test_release_record_schema() -> None:
     from pydantic import ValidationError
 
-    from schemas.releases import LedgerEntry, PrivacySpent, Release
+    from schemas.releases import LedgerSummary, PrivacySpent, Release
 
     rel = Release(
         spec="s",
@@ -265,7 +265,7 @@ def test_release_record_schema() -> None:
         confidence=0.95,
         mechanism="x",
         privacy=PrivacySpent(),
-        ledger=LedgerEntry(measure="none"),
+        ledger=LedgerSummary(measure="none"),
         partitions=2,
     )
     assert rel.key == "m|0" and Release.from_bytes(rel.to_bytes()) == rel

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,150 @@ def test_mechanisms_all_names_are_importable() -> None:
     missing = [name for name in mechanisms.__all__ if not hasattr(mechanisms, name)]
     assert not missing
     assert len(set(mechanisms.__all__)) == len(mechanisms.__all__)
+
+
+PROJECT_PACKAGES = ("mechanisms", "schemas", "producers", "agents", "gateway", "ptel")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Imports a module runs when it is imported or run as a script: module level, including ``if``/``try``
+    blocks (``if __name__ == "__main__"`` too), but not ``if TYPE_CHECKING`` blocks or function bodies."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                pending += node.body
+            pending += node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                pending += handler.body
+    return found
+
+
+def _project_import_graph() -> dict[str, set[str]]:
+    paths = [p for package in PROJECT_PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+    modules = {_module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        name = _module_name(path)
+        edges: set[str] = set()
+        for node in _import_time_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif node.module and node.level == 0:
+                for alias in node.names:  # ``from package import module`` imports the module
+                    sub = f"{node.module}.{alias.name}"
+                    edges.add(sub if sub in modules else node.module)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    """No module of the project imports itself back through others (Tarjan's strongly connected components)."""
+    graph = _project_import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_importing_a_producer_does_not_import_scipy() -> None:
+    """``mechanisms`` loads lazily (PEP 562): a device that privatizes needs no server-side estimator."""
+    code = (
+        "import sys\n"
+        "import producers.edge_client, producers.privatize, producers.simulate, schemas.wire\n"
+        "loaded = sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_mechanisms_exports_are_the_public_names() -> None:
+    import mechanisms
+
+    assert set(mechanisms._EXPORTS) == set(mechanisms.__all__)
+
+
+#: package -> the base class every error it defines descends from
+ERROR_BASES = {
+    "mechanisms": "mechanisms.errors.MechanismError",
+    "schemas": "schemas.errors.SchemaError",
+    "producers": "producers.errors.ProducerError",
+    "agents": "agents.errors.AgentError",
+    "gateway": "gateway.errors.GatewayError",
+    "ptel": "ptel.errors.PtelError",
+}
+
+
+@pytest.mark.parametrize("package", sorted(ERROR_BASES))
+def test_every_error_of_a_package_descends_from_its_base(package: str) -> None:
+    import importlib
+
+    base_module, base_name = ERROR_BASES[package].rsplit(".", 1)
+    base = getattr(importlib.import_module(base_module), base_name)
+    strays = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                cls = getattr(importlib.import_module(_module_name(path)), node.name)
+                if isinstance(cls, type) and issubclass(cls, BaseException) and not issubclass(cls, base):
+                    strays.append(f"{_module_name(path)}.{node.name}")
+    assert not strays, f"errors outside {ERROR_BASES[package]}: {strays}"
+
+
+def test_the_broker_raises_no_mechanisms_error() -> None:
+    assert "mechanisms" not in _imported_top_levels(ROOT / "ptel" / "kafka_broker.py")
+
+
+def test_no_module_of_schemas_is_over_600_lines() -> None:
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in (ROOT / "schemas").rglob("*.py")
+    }
+    assert max(sizes.values()) <= 600, {k: v for k, v in sizes.items() if v > 600}

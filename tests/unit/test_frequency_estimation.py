@@ -83,7 +83,7 @@ def test_boolean_rr_mean_and_count() -> None:
     reps, n, p = 4000, 1000, 0.75
     rng = SeededRandom("stat-bool")
     x = np.zeros(n, dtype=bool)
-    x[:230] = True  # true rate 0.23 (seed 000)
+    x[:230] = True  # true rate 0.23 [RR]
     m = make_randomized_response_bool(p, rng=rng)
     reports = m.randomize(np.broadcast_to(x, (reps, n)).copy())
     est = estimate_rr_bool_mean(reports.sum(axis=1), n, p)
@@ -176,7 +176,7 @@ def test_local_hashing_frequencies() -> None:
 
 
 def test_seed_arithmetic_is_reproduced() -> None:
-    """Seed 000's numbers: naive 0.364 -> 0.228; [0.165, 0.349, 0.284, 0.202] -> [0.123, 0.398, 0.301, 0.178]."""
+    """[RR]'s numbers: naive 0.364 -> 0.228; [0.165, 0.349, 0.284, 0.202] -> [0.123, 0.398, 0.301, 0.178]."""
     b = estimate_rr_bool_mean(364, 1000, 0.75)
     assert b.value == pytest.approx(0.22799999999999976, abs=1e-15)
     assert int(estimate_rr_bool_count(364, 1000, 0.75).value) in (227, 228)  # the seed truncates 227.99... to 227

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
 from ptel import kafka_broker
 from ptel.kafka_broker import (
     KAFKA_JAR,
     BrokerError,
+    BrokerParameterError,
     LocalKafka,
     broker_properties,
     default_home,
@@ -93,7 +93,7 @@ def test_properties_overrides_win(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("port", "controller_port"), [(0, 9093), (9092, 70000), (9092, 9092), (-1, 1)])
 def test_properties_reject_bad_ports(tmp_path: Path, port: int, controller_port: int) -> None:
-    with pytest.raises(ParameterError):
+    with pytest.raises(BrokerParameterError):
         broker_properties(port=port, controller_port=controller_port, data_dir=tmp_path)
 
 
@@ -118,18 +118,18 @@ def test_parse_ignores_comments_and_blank_lines() -> None:
 
 @pytest.mark.parametrize("heap", ["512", "0m", "1.5g", "-1g", "", "512mb"])
 def test_heap_must_be_a_jvm_size(tmp_path: Path, heap: str) -> None:
-    with pytest.raises(ParameterError, match="heap"):
+    with pytest.raises(BrokerParameterError, match="heap"):
         LocalKafka(home=tmp_path, heap=heap)
 
 
 @pytest.mark.parametrize("port", [0, 65536, True])
 def test_port_validated(tmp_path: Path, port: int) -> None:
-    with pytest.raises(ParameterError, match="port"):
+    with pytest.raises(BrokerParameterError, match="port"):
         LocalKafka(home=tmp_path, port=port)
 
 
 def test_controller_port_must_differ(tmp_path: Path) -> None:
-    with pytest.raises(ParameterError, match="controller_port"):
+    with pytest.raises(BrokerParameterError, match="controller_port"):
         LocalKafka(home=tmp_path, port=9100, controller_port=9100)
 
 
@@ -139,7 +139,7 @@ def test_default_home_and_port_from_environment(tmp_path: Path, monkeypatch: pyt
     assert default_home() == (tmp_path / "kh").resolve()
     assert default_port() == 19999
     monkeypatch.setenv("PTEL_KAFKA_PORT", "nine")
-    with pytest.raises(ParameterError, match="PTEL_KAFKA_PORT"):
+    with pytest.raises(BrokerParameterError, match="PTEL_KAFKA_PORT"):
         default_port()
     monkeypatch.delenv("PTEL_KAFKA_PORT")
     assert default_port() == 9092

@@ -42,7 +42,7 @@ def test_elements_and_map(m: LocalRandomizer) -> None:
 
 
 def test_closed_forms() -> None:
-    assert make_randomized_response_bool(0.75).map(1) == 1.0986122886681098  # seed 000: ln(3)
+    assert make_randomized_response_bool(0.75).map(1) == 1.0986122886681098  # [RR]: ln(3)
     assert make_randomized_response_bool(0.5).map(1) == 0.0  # p = 1/2: the report ignores the value
     assert make_randomized_response_bool(1.0).map(1) == math.inf  # p = 1: the report is the value
 

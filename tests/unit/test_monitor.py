@@ -28,7 +28,7 @@ from agents.monitor.tables import MonitorTables
 from agents.monitor.topics import source_partitions
 from agents.monitor.transport import ReadCommittedConsumer, ReadCommittedConsumerThread, ReadCommittedTransport
 from agents.monitor.views import metrics_index
-from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 from schemas.spec import CollectionSpec, parse_spec
 
 S = 10_000  # window size, ms
@@ -64,7 +64,7 @@ def _release(metric: str = "crashed", start: int = 0, n: int = 10, value: float 
         released_keys=(KeyRelease(key="k", count=3),),
         mechanism="RR",
         privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=2.0),
-        ledger=LedgerEntry(measure="none"),
+        ledger=LedgerSummary(measure="none"),
         partitions=3,
     )
 

@@ -9,7 +9,7 @@ import pytest
 from ptel.cli import main
 from ptel.commands.releases import Truth, format_release, plot_releases
 from ptel.commands.worker import release_line
-from schemas.releases import EstimateRecord, KeyRelease, LedgerEntry, PrivacySpent, Release
+from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 
@@ -30,7 +30,7 @@ def _release(kind: str = "categorical", refused: str | None = None) -> Release:
         released_keys=(KeyRelease(key="A", count=30.5),),
         mechanism="k-RR (k=2, ε=1)",
         privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=1.0),
-        ledger=LedgerEntry(measure="none"),
+        ledger=LedgerSummary(measure="none"),
         partitions=4,
         refused=refused,
     )
@@ -71,7 +71,7 @@ def test_central_release_without_n_formats_and_plots(tmp_path: Path) -> None:
         released_keys=(KeyRelease(key="E1", count=41.0),),
         mechanism="thresholded laplace",
         privacy=PrivacySpent(epsilon_1=1.0, central_epsilon=1.0, central_delta=1e-6),
-        ledger=LedgerEntry(measure="none"),
+        ledger=LedgerSummary(measure="none"),
         partitions=4,
     )
     assert Release.from_bytes(keyed.to_bytes()) == keyed

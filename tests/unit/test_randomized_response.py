@@ -34,14 +34,14 @@ def test_bool_elements_and_seed_value() -> None:
     assert isinstance(m, Measurement)
     assert str(m.input_domain) == "AtomDomain<bool>" and str(m.output_domain) == "AtomDomain<bool>"
     assert m.input_metric == DISCRETE_DISTANCE and m.output_measure == MAX_DIVERGENCE
-    assert m.map(1) == 1.0986122886681098 == m.epsilon  # seed 000: ln(3)
+    assert m.map(1) == 1.0986122886681098 == m.epsilon  # [RR]: ln(3)
     assert m.map(0) == 0.0 and m.map(5) == m.map(1)
     assert isinstance(m(True), bool)
 
 
 def test_categorical_elements_and_seed_value() -> None:
     m = make_randomized_response(["A", "B", "C", "D"], 0.75)
-    assert m.map(1) == 2.1972245773362196  # seed 000: ln(9)
+    assert m.map(1) == 2.1972245773362196  # [RR]: ln(9)
     assert m.categories == ("A", "B", "C", "D") and m.num_categories == 4
     assert m("C") in m.categories
     assert m.output_domain is not None and m.output_domain.contains("A") and not m.output_domain.contains("Z")

@@ -90,7 +90,7 @@ def test_one_time_variants_have_prr_probabilities_and_eps_inf_equal_eps_one() ->
     assert p.prob_f_realized is None
     # the one-time round with p = 0, q = 1 is exactly the standard variant's PRR
     assert p.prr_thresholds == RapporParams(32, 2, 8, 0.5, 0.5, 0.75).prr_thresholds
-    seed = RapporParams(50, 1, 1, 0.0, 0.5, 0.75, BASIC_ONE)  # seed 001's simulation
+    seed = RapporParams(50, 1, 1, 0.0, 0.5, 0.75, BASIC_ONE)  # [RAPPOR]'s simulation
     assert (seed.p_star, seed.q_star) == (0.5, 0.75)
     assert seed.epsilon_one == pytest.approx(math.log(0.75 * 0.5 / (0.5 * 0.25)), rel=1e-14)  # h = 1
 

@@ -26,7 +26,7 @@ BASIC_ONE = RapporVariant.BASIC_ONE_TIME
 
 
 def test_estimator_formula_and_seed_example() -> None:
-    params = RapporParams(3, 1, 1, 0.0, 0.5, 0.75, BASIC_ONE)  # seed 001: c_i_est = (c_i - 0.5N)/0.25
+    params = RapporParams(3, 1, 1, 0.0, 0.5, 0.75, BASIC_ONE)  # [RAPPOR]: c_i_est = (c_i - 0.5N)/0.25
     est = estimate_basic_histogram([5000, 5600, 7500], 10_000, params)
     assert np.allclose(est.value, [(5000 - 5000) / 0.25, (5600 - 5000) / 0.25, (7500 - 5000) / 0.25])
     t = np.clip(est.value, 0, 10_000)
@@ -166,7 +166,7 @@ def test_bit_estimates_unbiased_mse_and_coverage(params: RapporParams) -> None:
 
 @pytest.mark.statistical
 def test_reproduces_seed_normal_50_10_basic_one_time() -> None:
-    """Seed 001: basic one-time RAPPOR of Normal(50, 10) in 50 bins on [0, 100), N = 10,000, q = .75, p = .5, f = 0.
+    """[RAPPOR]: basic one-time RAPPOR of Normal(50, 10) in 50 bins on [0, 100), N = 10,000, q = .75, p = .5, f = 0.
 
     Standardized errors over the 50 bins are χ²₅₀ at the exact variance; the bounds are its
     1e-6 and 1 − 1e-6 quantiles (false-failure rate 2e-6).

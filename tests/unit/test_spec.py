@@ -234,7 +234,7 @@ def test_fingerprint_changes_with_device_parameters_only() -> None:
 
 
 def test_resolved_probabilities_follow_the_privacy_maps() -> None:
-    # seed 000: prob = 0.75 <-> ε = ln 3 for boolean RR; ln(prob (k-1) / (1 - prob)) = ln 9 for k = 4
+    # [RR]: prob = 0.75 <-> ε = ln 3 for boolean RR; ln(prob (k-1) / (1 - prob)) = ln 9 for k = 4
     m = BoolMetric(name="b", kind="bool", epsilon=math.log(3))
     assert m.resolved_prob() == pytest.approx(0.75, abs=1e-15)
     c = CategoricalMetric(name="c", kind="categorical", categories=("A", "B", "C", "D"), protocol="krr", prob=0.75)

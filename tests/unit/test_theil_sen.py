@@ -1,4 +1,4 @@
-"""DP Theil-Sen: the notebook's pipeline (seed 003), its maps, and recovery of y = 2x + 1."""
+"""DP Theil-Sen: the notebook's pipeline [THEIL-SEN], its maps, and recovery of y = 2x + 1."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def _z(successes: int, n: int, p: float) -> float:
     return (successes - n * p) / math.sqrt(n * p * (1 - p))
 
 
-# --------------------------------------------------------------------------- seed 002 numbers
+# --------------------------------------------------------------------------- [THRESHOLD] numbers
 
 
 def test_seed_laplace_float_numbers() -> None:

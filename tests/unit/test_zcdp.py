@@ -101,7 +101,7 @@ def test_cdp_epsilon_inverts_cdp_delta(rho: float, delta: float) -> None:
 
 
 def test_seed_number_fix_delta() -> None:
-    # seed 002: gaussian threshold ρ = 0.5, δ₁ = 2^-53 (1.11e-16), fixed at δ = 2.8014e-9 -> ε = 6.30357...
+    # [THRESHOLD]: gaussian threshold ρ = 0.5, δ₁ = 2^-53 (1.11e-16), fixed at δ = 2.8014e-9 -> ε = 6.30357...
     profile = ZCDPProfile(0.5, 1.1102230246251565e-16)
     assert profile.epsilon(2.801398224505647e-09) == 6.3035767282855915
 

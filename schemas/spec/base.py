@@ -1,0 +1,260 @@
+"""The spec's building blocks: errors, topics, windows, budgets, randomized-response settings and the fields
+every metric has (:class:`_MetricBase`, whose device fields make up the metric's fingerprint).
+
+Sources cited in brackets ([RR]): docs/references.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+from mechanisms.errors import ParameterError
+from mechanisms.randomized_response import (
+    make_randomized_response_bool,
+    randomized_response_prob,
+)
+from schemas.errors import SchemaError
+from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+
+#: Version of the spec format this module reads.
+SPEC_VERSION = 1
+
+# Metric names travel on the wire and name Kafka table topics: lowercase, topic-safe, short.
+_METRIC_NAME = r"^[a-z][a-z0-9_.\-]{0,62}$"
+# Kafka's own topic-name rule (legal characters, at most 249 of them).
+_TOPIC_NAME = r"^[a-zA-Z0-9._\-]{1,249}$"
+
+Real = StrictFloat | StrictInt
+
+#: Bytes the keys of one keyed partial may take in its serialized form (a stage-1 state record, a hand-over
+#: entry): half of the agents' 16 MiB record limit (``agents.topics.MAX_RECORD_BYTES``), the rest left for
+#: the header, the key and the framing.
+KEYED_PARTIAL_KEY_BYTES = 8 << 20
+
+
+def keyed_entry_bytes(max_key_bytes: int) -> int:
+    """Largest serialized entry ``"key":[reports,true],`` of one key in a partial's JSON header.
+
+    ``json.dumps`` escapes a control byte as ``\\u00XX`` (6 characters per UTF-8 byte, the worst case: a
+    2-byte character becomes 6, a 3-byte one 6, a 4-byte one 12), plus 2 quotes, ``:[``, ``,``, ``],`` and
+    two int64 counts of at most 19 digits: ``6·max_key_bytes + 45``.
+    """
+    return 6 * max_key_bytes + 45
+
+
+def default_max_keys_per_partition(max_key_bytes: int) -> int:
+    """Distinct keys per (window, partition) partial whose worst-case entries fit
+    :data:`KEYED_PARTIAL_KEY_BYTES`: ``⌊8 MiB / (6·max_key_bytes + 45)⌋`` (19,553 for 64-byte keys)."""
+    return KEYED_PARTIAL_KEY_BYTES // keyed_entry_bytes(max_key_bytes)
+
+
+class SpecFieldError(SchemaError):
+    """One problem with a spec: ``path`` (``metrics[2].prob``) and ``reason`` (``must be in [0.25, 1]``).
+
+    Raised inside validators to point at a field of the model being validated; collected into a
+    :class:`SpecError` by :func:`parse_spec`.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass(frozen=True)
+class _Problem:
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+
+class SpecError(SchemaError):
+    """A spec that cannot be used; ``problems`` lists ``(path, reason)`` pairs, one line each in the message."""
+
+    def __init__(self, source: str, problems: Sequence[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        lines = [str(_Problem(p, r)) for p, r in self.problems]
+        super().__init__(f"invalid collection spec {source}:\n  " + "\n  ".join(lines))
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def _check_with(field: str, call: Any, *args: Any, suffix: str = "", **kwargs: Any) -> Any:
+    """Run a mechanism's own parameter check and re-raise its :class:`ParameterError` as a field problem."""
+    try:
+        return call(*args, **kwargs)
+    except ParameterError as err:
+        raise SpecFieldError(field, err.requirement + suffix) from err
+
+
+# --------------------------------------------------------------------------------------------------
+# shared pieces
+
+
+class TopicsSpec(_Frozen):
+    """Kafka topics of a deployment. Report topics must be created with ``message.timestamp.type=LogAppendTime``."""
+
+    #: Privatized reports, produced by edge clients and gateways.
+    reports: Annotated[StrictStr, Field(pattern=_TOPIC_NAME)] = "ptel.reports"
+    #: Release records written by the agents.
+    releases: Annotated[StrictStr, Field(pattern=_TOPIC_NAME)] = "ptel.releases"
+    #: Messages the agents could not decode or that broke the spec (kept for inspection, never counted).
+    dead_letter: Annotated[StrictStr, Field(pattern=_TOPIC_NAME)] = "ptel.dead-letter"
+    #: Partitions of the reports topic (the agents' parallelism).
+    partitions: Annotated[StrictInt, Field(ge=1, le=10_000)] = 6
+    replication_factor: Annotated[StrictInt, Field(ge=1, le=32)] = 1
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TopicsSpec:
+        names = [self.reports, self.releases, self.dead_letter]
+        if len(set(names)) != len(names):
+            raise SpecFieldError("reports", "reports, releases and dead_letter must be three different topics")
+        for field, name in zip(("reports", "releases", "dead_letter"), names, strict=True):
+            if name in {".", ".."}:
+                raise SpecFieldError(field, "'.' and '..' are not legal Kafka topic names")
+        return self
+
+
+class WindowSpec(_Frozen):
+    """Tumbling windows in whole seconds, assigned by the broker's LogAppendTime (see ``schemas.wire``)."""
+
+    #: Window length in whole seconds.
+    size_s: Annotated[StrictInt, Field(ge=1, le=31 * 86_400)]
+    #: How long after a window's end late reports are still counted, in whole seconds.
+    grace_s: Annotated[StrictInt, Field(ge=0)] = 0
+    #: Retention horizon over which each metric's ``budget`` must hold, in whole seconds.
+    retention_s: Annotated[StrictInt, Field(ge=1)] = 86_400
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WindowSpec:
+        if self.grace_s > self.size_s * 10:
+            raise SpecFieldError("grace_s", f"must be at most 10 windows ({self.size_s * 10} s)")
+        if self.retention_s < self.size_s:
+            raise SpecFieldError("retention_s", f"must be at least one window ({self.size_s} s)")
+        return self
+
+    @property
+    def windows_per_horizon(self) -> int:
+        """Number of windows that start within the retention horizon: ``ceil(retention_s / size_s)``."""
+        return -(-self.retention_s // self.size_s)
+
+
+class BudgetSpec(_Frozen):
+    """A privacy budget over the retention horizon: ``(epsilon, delta)`` or ``(rho, delta)`` (zCDP)."""
+
+    epsilon: Real | None = None
+    rho: Real | None = None
+    delta: Real = 0.0
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> BudgetSpec:
+        if (self.epsilon is None) == (self.rho is None):
+            raise SpecFieldError("epsilon", "give exactly one of epsilon or rho")
+        for field in ("epsilon", "rho"):
+            value = getattr(self, field)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SpecFieldError(field, "must be positive and finite")
+        if not (0.0 <= self.delta < 1.0):
+            raise SpecFieldError("delta", "must be in [0, 1)")
+        return self
+
+    @property
+    def measure(self) -> Literal["approx_dp", "approx_zcdp"]:
+        """``approx_dp`` for ``(ε, δ)``, ``approx_zcdp`` for ``(ρ, δ)``."""
+        return "approx_dp" if self.epsilon is not None else "approx_zcdp"
+
+
+class RandomizedResponseSpec(_Frozen):
+    """Boolean randomized response parameters: ``prob`` of a truthful answer, or ``epsilon``."""
+
+    prob: Real | None = None
+    epsilon: Real | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> RandomizedResponseSpec:
+        _check_bool_rr(self.prob, self.epsilon)
+        return self
+
+    def resolved_prob(self) -> float:
+        """``prob``, or the largest p with ``ln(p / (1 - p)) <= ε`` [RR], from ``epsilon``."""
+        return _bool_prob(self.prob, self.epsilon)
+
+
+def _one_of_prob_epsilon(prob: float | None, epsilon: float | None) -> None:
+    if (prob is None) == (epsilon is None):
+        raise SpecFieldError("prob", "give exactly one of prob or epsilon")
+    if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
+        raise SpecFieldError("epsilon", "must be positive and finite")
+
+
+def _check_bool_rr(prob: float | None, epsilon: float | None) -> None:
+    _one_of_prob_epsilon(prob, epsilon)
+    if prob is not None:
+        # the mechanism's own range: make_randomized_response_bool accepts prob in [0.5, 1]
+        _check_with("prob", make_randomized_response_bool, prob)
+        if prob == 1.0:
+            raise SpecFieldError("prob", "must be below 1 (prob = 1 gives ε = ∞: no privacy)")
+    else:
+        _check_with("epsilon", randomized_response_prob, epsilon, 2)
+
+
+def _bool_prob(prob: float | None, epsilon: float | None) -> float:
+    if prob is not None:
+        return float(prob)
+    # the largest p whose (rounded-up) loss ln(p / (1 - p)) is at most ε
+    return randomized_response_prob(float(epsilon), 2)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# metrics
+
+
+def _fmt(x: float) -> str:
+    """A number as a spec's messages print it (integers without a fraction)."""
+    if x.is_integer():
+        return str(int(x))
+    return f"{x:.6g}"
+
+
+class _MetricBase(_Frozen):
+    #: Which fields change what a device sends; they make up :attr:`fingerprint`.
+    DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    name: Annotated[StrictStr, Field(pattern=_METRIC_NAME)]
+    description: StrictStr = ""
+    #: Contribution bound: reports per client pseudonym per window that the agents count (extras dropped).
+    reports_per_window: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1
+    #: Budget over the retention horizon (central releases; for local kinds, the longitudinal local loss).
+    budget: BudgetSpec | None = None
+
+    @property
+    def fingerprint(self) -> int:
+        """uint32 over the fields that decide what a device sends (carried by every report).
+
+        First 4 bytes (big-endian) of ``SHA-256("ptel-metric/v1" || canonical JSON of kind, name and
+        DEVICE_FIELDS)``: agents drop reports made under other privatization parameters.
+        """
+        data = self.model_dump(mode="json", include={"kind", "name", *self.DEVICE_FIELDS})
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        digest = hashlib.sha256(b"ptel-metric/v1\x00" + canonical.encode()).digest()
+        return int.from_bytes(digest[:4], "big")

@@ -1,0 +1,126 @@
+"""RAPPOR metrics: strings through RAPPOR, decoded against a candidate list.
+
+Sources cited in brackets ([RAPPOR]): docs/references.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import (
+    Field,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+from mechanisms.directed import mul_up
+from mechanisms.errors import ParameterError
+from mechanisms.rappor import RapporParams, RapporVariant
+from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.spec.base import (
+    Real,
+    SpecFieldError,
+    _MetricBase,
+)
+
+
+class RapporMetric(_MetricBase):
+    """Strings through RAPPOR (Erlingsson, Pihur, Korolova, CCS 2014, doi:10.1145/2660267.2660348).
+
+    Symbols as in the paper: ``k`` Bloom filter bits, ``h`` hash functions, ``m`` cohorts, ``f`` the
+    permanent RR (PRR) parameter, ``p``/``q`` the instantaneous RR (IRR) probabilities of reporting 1
+    for a PRR bit 0/1. Variants: ``standard`` (Bloom + memoized PRR + IRR), ``one_time`` (no IRR),
+    ``basic`` (one bit per candidate, ``h = 1``, ``k = len(candidates)``), ``basic_one_time``.
+    """
+
+    DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("variant", "k", "h", "m", "f", "p", "q", "candidates")
+
+    kind: Literal["rappor"]
+    variant: Literal["standard", "one_time", "basic", "basic_one_time"] = "standard"
+    k: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None  # num_bloombits
+    h: Annotated[StrictInt, Field(ge=1, le=64)] = 2  # num_hashes
+    m: Annotated[StrictInt, Field(ge=1, le=65_535)] = 1  # num_cohorts
+    f: Real = 0.5  # prob_f: permanent randomized response
+    p: Real = 0.5  # prob_p: P(report 1 | PRR bit 0)
+    q: Real = 0.75  # prob_q: P(report 1 | PRR bit 1)
+    #: Strings the analysis decodes against; for basic variants, one Bloom bit each, in order.
+    candidates: tuple[StrictStr, ...]
+    #: The unit the budget protects over the horizon (see :meth:`horizon_epsilon`): ``client`` (default: a
+    #: client whatever values it holds, additive over its reports) or ``client_value`` (one unchanged value of
+    #: a client: the paper's longitudinal bound ε∞, which says nothing about a client whose value changes).
+    guarantee: Literal["client", "client_value"] = "client"
+
+    @model_validator(mode="after")
+    def _valid(self) -> RapporMetric:
+        if not self.candidates:
+            raise SpecFieldError("candidates", "must list at least one candidate string")
+        if len(set(self.candidates)) != len(self.candidates):
+            raise SpecFieldError("candidates", "must be distinct")
+        basic = self.variant in ("basic", "basic_one_time")
+        if basic:
+            if self.k is not None and self.k != len(self.candidates):
+                raise SpecFieldError(
+                    "k", f"must equal the number of candidates ({len(self.candidates)}) for {self.variant}"
+                )
+            if self.h != 1:
+                raise SpecFieldError("h", f"must be 1 for {self.variant} (one bit per candidate)")
+        elif self.k is None:
+            raise SpecFieldError("k", f"is required for variant {self.variant}")
+        if self.h > self.bits:
+            raise SpecFieldError("h", f"must be at most k ({self.bits})")
+        self.params()  # the mechanism's own checks of f, p, q, k, h, m
+        return self
+
+    @property
+    def bits(self) -> int:
+        """Bloom filter size k (for basic variants, the number of candidates)."""
+        return self.k if self.k is not None else len(self.candidates)
+
+    def horizon_epsilon(self, reports: int) -> float:
+        """Local loss of ``reports`` reports of one client over the horizon, under :attr:`guarantee`.
+
+        Each report is ε₁-LDP, and the reports of one value share its memoized PRR, whose joint loss is at
+        most ε∞ (Erlingsson, Pihur, Korolova, "RAPPOR: Randomized Aggregatable Privacy-Preserving Ordinal
+        Response", CCS 2014, sections 3 and 4, https://arxiv.org/abs/1407.6981). Reports of distinct values
+        use independent PRRs and compose additively, so a client holding ``D`` distinct values over
+        ``n`` reports loses at most ``Σ_v min(n_v·ε₁, ε∞) <= min(n·ε₁, D·ε∞)``. (``n_v`` reports sharing one
+        PRR lose at most ``n_v·ε₁``: per Bloom bit the log-likelihood ratio of ``s`` ones is concave in ``s``
+        for the symmetric PRR flip ``f/2``, hence subadditive.)
+
+        - ``client`` (default): ``D`` is unbounded for the open-string variants, so ``n·ε₁``; for the basic
+          variants a client can hold at most ``K = len(candidates)`` values: ``min(n·ε₁, K·ε∞)``.
+        - ``client_value``: the paper's per-value bound ``min(n·ε₁, ε∞)``, for one unchanged value only.
+        """
+        params = self.params()
+        additive = mul_up(reports, params.epsilon_one)  # rounded toward the larger loss
+        if self.guarantee == "client_value":
+            return min(additive, params.epsilon_inf)
+        if self.variant in ("basic", "basic_one_time"):
+            return min(additive, mul_up(len(self.candidates), params.epsilon_inf))
+        return additive
+
+    def params(self) -> RapporParams:
+        """The mechanism's :class:`~mechanisms.rappor.RapporParams` (its own checks; a bad value is a field error)."""
+        try:
+            return RapporParams(
+                num_bloombits=self.bits,
+                num_hashes=self.h,
+                num_cohorts=self.m,
+                prob_f=float(self.f),
+                prob_p=float(self.p),
+                prob_q=float(self.q),
+                variant=RapporVariant(self.variant),
+            )
+        except ParameterError as err:
+            raise SpecFieldError(_RAPPOR_FIELDS.get(err.name, err.name), err.requirement) from err
+
+
+_RAPPOR_FIELDS = {
+    "num_bloombits": "k",
+    "num_hashes": "h",
+    "num_cohorts": "m",
+    "prob_f": "f",
+    "prob_p": "p",
+    "prob_q": "q",
+}

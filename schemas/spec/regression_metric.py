@@ -1,0 +1,94 @@
+"""Regression metrics: trusted (x, y) pairs, released centrally by DP Theil-Sen.
+
+Sources cited in brackets ([THEIL-SEN]): docs/references.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    Field,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+
+from mechanisms.core import Measurement
+from mechanisms.errors import MechanismError, ParameterError
+from mechanisms.rng import RandomSource
+from mechanisms.theil_sen import make_private_theil_sen
+from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.spec.base import (
+    Real,
+    SpecFieldError,
+    _MetricBase,
+)
+
+
+class RegressionMetric(_MetricBase):
+    """(x, y) pairs from trusted sources, released centrally by DP Theil-Sen ([THEIL-SEN] in docs/references.md)."""
+
+    DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    kind: Literal["regression"]
+    x_bounds: tuple[Real, Real]
+    y_bounds: tuple[Real, Real]
+    #: Noise scale of each private median (the quantile mechanism's ``scale``).
+    scale: Real
+    #: Pairwise-prediction runs (stability: one record changes at most ``runs`` pairs).
+    runs: Annotated[StrictInt, Field(ge=1, le=100)] = 1
+    #: Candidates for the private medians: evenly spaced over ``y_bounds``.
+    candidates: Annotated[StrictInt, Field(ge=2, le=100_000)] = 100
+    #: Output measure of the medians, as :mod:`mechanisms.quantile` names it: pure ε (``max_divergence``)
+    #: or ρ (``zero_concentrated_divergence``; ``zcdp`` is accepted as an alias).
+    measure: Literal["max_divergence", "zero_concentrated_divergence"] = "max_divergence"
+
+    def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
+        """``(unit, ε or ρ, 0)`` of one window's DP Theil-Sen release: its map at d_in = ``reports_per_window``."""
+        unit: Literal["epsilon", "rho"] = "epsilon" if self.measure == "max_divergence" else "rho"
+        return unit, float(self.build().map(self.reports_per_window)), 0.0
+
+    def build(self, rng: RandomSource | None = None) -> Measurement[Any, Any]:
+        """The DP Theil-Sen measurement these parameters describe (one place builds it)."""
+        return make_private_theil_sen(
+            (float(self.x_bounds[0]), float(self.x_bounds[1])),
+            (float(self.y_bounds[0]), float(self.y_bounds[1])),
+            float(self.scale),
+            runs=self.runs,
+            output_measure=self.measure,
+            candidates_count=self.candidates,
+            rng=rng,
+        )
+
+    @field_validator("measure", mode="before")
+    @classmethod
+    def _measure_alias(cls, v: object) -> object:
+        return "zero_concentrated_divergence" if v == "zcdp" else v
+
+    @model_validator(mode="after")
+    def _valid(self) -> RegressionMetric:
+        for field in ("x_bounds", "y_bounds"):
+            lo, hi = getattr(self, field)
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise SpecFieldError(field, "must be finite")
+            if not lo < hi:
+                raise SpecFieldError(field, f"lower bound ({lo}) must be below the upper bound ({hi})")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise SpecFieldError("scale", "must be positive and finite")
+        try:  # the mechanism's own checks, with the exact arguments the agents will use
+            make_private_theil_sen(
+                (float(self.x_bounds[0]), float(self.x_bounds[1])),
+                (float(self.y_bounds[0]), float(self.y_bounds[1])),
+                float(self.scale),
+                runs=self.runs,
+                output_measure=self.measure,
+                candidates_count=self.candidates,
+            )
+        except ParameterError as err:
+            field = {"candidates_count": "candidates", "output_measure": "measure"}.get(err.name, err.name)
+            raise SpecFieldError(field, err.requirement) from err
+        except (MechanismError, ArithmeticError) as err:
+            raise SpecFieldError("scale", f"rejected by DP Theil-Sen: {err}") from err
+        return self

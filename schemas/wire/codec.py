@@ -1,0 +1,118 @@
+"""What a payload kind's codec provides: the interface every module of :mod:`schemas.wire.codecs` implements.
+
+A codec owns one :class:`~schemas.kinds.PayloadKind`: its single-report payload type ``P`` and its batch column
+type ``C`` (frozen dataclasses defined beside it), and every encoding of them -- binary single and batch, JSON
+single and batch -- with the checks of each field. The envelope (:mod:`schemas.wire.envelope`) frames the
+payloads and columns (header, pseudonyms, client times) and finds the codec of a message in
+:data:`schemas.wire.registry.CODECS`; it never looks inside a payload.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from schemas.kinds import PayloadKind
+from schemas.wire.errors import WireError
+from schemas.wire.primitives import Reader
+
+__all__ = ["PayloadCodec"]
+
+P = TypeVar("P")
+C = TypeVar("C")
+
+
+class PayloadCodec(ABC, Generic[P, C]):
+    """The codec of one payload kind: payloads ``P`` (one report) and columns ``C`` (a batch of ``n`` reports)."""
+
+    kind: ClassVar[PayloadKind]
+    payload_type: ClassVar[type[Any]]
+    columns_type: ClassVar[type[Any]]
+
+    # ---- binary
+
+    @abstractmethod
+    def encode_payload(self, p: P) -> bytes:
+        """The payload's bytes in a single-report message."""
+
+    @abstractmethod
+    def decode_payload(self, r: Reader) -> P:
+        """The payload of a single-report message at ``r``'s position (checked)."""
+
+    def fixed_payload(self, data: bytes, at: int) -> P | None:
+        """The payload starting at ``at`` if it fills the rest of ``data`` exactly and passes every check of
+        :meth:`decode_payload`; ``None`` otherwise (the general path then decodes it, or raises its error).
+        Fixed-size kinds implement it for the decoder's fast path."""
+        return None
+
+    @abstractmethod
+    def encode_rows(self, c: C) -> list[bytes]:
+        """Each row's payload bytes, as :meth:`encode_payload` of that row's payload would give them."""
+
+    @abstractmethod
+    def encode_columns(self, c: C) -> list[bytes]:
+        """The column bytes of a batch message (after the header, count, pseudonyms and client times)."""
+
+    @abstractmethod
+    def decode_columns(self, r: Reader, n: int) -> C:
+        """The ``n`` rows of a batch message at ``r``'s position: read-only views, every value checked."""
+
+    def columns_filling(self, data: bytes, at: int, n: int) -> C | None:
+        """:meth:`decode_columns` at ``at`` if the columns end exactly at the end of ``data`` and pass every
+        check; ``None`` otherwise (the general path then decodes the message, or raises its error)."""
+        r = Reader(data, at)
+        try:
+            columns = self.decode_columns(r, n)
+        except WireError:
+            return None
+        return columns if r.pos == len(data) else None
+
+    # ---- JSON
+
+    @abstractmethod
+    def payload_json(self, p: P) -> dict[str, Any]:
+        """The ``payload`` object of a JSON single report."""
+
+    @abstractmethod
+    def payload_from_json(self, obj: Any) -> P:
+        """The payload of a JSON ``payload`` object (checked)."""
+
+    @abstractmethod
+    def columns_json(self, c: C) -> dict[str, Any]:
+        """The ``columns`` object of a JSON batch."""
+
+    @abstractmethod
+    def columns_from_json(self, obj: Any, n: int) -> C:
+        """The columns of a JSON ``columns`` object of ``n`` rows (checked by the batch's constructor)."""
+
+    # ---- columns
+
+    @abstractmethod
+    def validate_columns(self, c: C, n: int) -> C:
+        """A copy of ``c`` in read-only arrays of the schema's dtypes, shapes and ranges, for ``n`` rows."""
+
+    @abstractmethod
+    def payload_at(self, c: C, i: int) -> P:
+        """The payload of row ``i``."""
+
+    @abstractmethod
+    def take(self, c: C, rows: NDArray[np.int64]) -> C:
+        """The columns of the selected ``rows``, in that order."""
+
+    @abstractmethod
+    def from_payloads(self, payloads: Sequence[P]) -> C:
+        """The columns of ``payloads`` (non-empty, all of this kind)."""
+
+    # ---- partitioning
+
+    def shard(self, p: P, pseudonym: int, shards: int) -> int:
+        """The shard of a report: ``pseudonym mod shards`` unless the kind has its own placement."""
+        return pseudonym % shards
+
+    def shards(self, c: C, pseudonyms: NDArray[np.uint64], shards: int) -> NDArray[np.int64]:
+        """:meth:`shard` of every row."""
+        return (pseudonyms % np.uint64(shards)).astype(np.int64)

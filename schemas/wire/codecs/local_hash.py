@@ -1,0 +1,105 @@
+"""Optimized local hashing (``PayloadKind.LOCAL_HASH``): the hash seed the device chose and the privatized value.
+
+Binary: ``seed`` (uint64) and ``value`` (uint32), little-endian; a batch holds one column of each.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from schemas.kinds import PayloadKind
+from schemas.wire.codec import PayloadCodec
+from schemas.wire.primitives import U32, U64, Reader, check_uint, checked, frozen_array, int_array, json_get
+
+__all__ = ["CODEC", "LocalHashColumns", "LocalHashPayload"]
+
+_OLH = struct.Struct("<QI")  # seed, value
+
+
+@dataclass(frozen=True, slots=True)
+class LocalHashPayload:
+    """Optimized local hashing: the hash ``seed`` (uint64) chosen by the device and the privatized ``value`` y."""
+
+    seed: int
+    value: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", check_uint("seed", self.seed, U64))
+        object.__setattr__(self, "value", check_uint("value", self.value, U32))
+
+
+@dataclass(frozen=True, eq=False)
+class LocalHashColumns:
+    """``seeds[i]`` (uint64), ``values[i]`` (uint32): the OLH report of i."""
+
+    seeds: NDArray[np.uint64]
+    values: NDArray[np.uint32]
+
+
+class LocalHashCodec(PayloadCodec[LocalHashPayload, LocalHashColumns]):
+    kind = PayloadKind.LOCAL_HASH
+    payload_type = LocalHashPayload
+    columns_type = LocalHashColumns
+
+    def encode_payload(self, p: LocalHashPayload) -> bytes:
+        return _OLH.pack(p.seed, p.value)
+
+    def decode_payload(self, r: Reader) -> LocalHashPayload:
+        seed, value = r.unpack(_OLH, "seed, value")
+        return LocalHashPayload(seed, value)
+
+    def fixed_payload(self, data: bytes, at: int) -> LocalHashPayload | None:
+        if len(data) - at == _OLH.size:
+            seed, value = _OLH.unpack_from(data, at)
+            return checked(LocalHashPayload, seed=seed, value=value)
+        return None
+
+    def encode_rows(self, c: LocalHashColumns) -> list[bytes]:
+        return [_OLH.pack(a, b) for a, b in zip(c.seeds.tolist(), c.values.tolist(), strict=True)]
+
+    def encode_columns(self, c: LocalHashColumns) -> list[bytes]:
+        return [c.seeds.astype("<u8").tobytes(), c.values.astype("<u4").tobytes()]
+
+    def decode_columns(self, r: Reader, n: int) -> LocalHashColumns:
+        return LocalHashColumns(r.array("<u8", n, "seeds"), r.array("<u4", n, "values"))
+
+    def payload_json(self, p: LocalHashPayload) -> dict[str, Any]:
+        return {"seed": p.seed, "value": p.value}
+
+    def payload_from_json(self, obj: Any) -> LocalHashPayload:
+        return LocalHashPayload(json_get(obj, "seed", int), json_get(obj, "value", int))
+
+    def columns_json(self, c: LocalHashColumns) -> dict[str, Any]:
+        return {"seeds": c.seeds.tolist(), "values": c.values.tolist()}
+
+    def columns_from_json(self, obj: Any, n: int) -> LocalHashColumns:
+        return LocalHashColumns(
+            int_array(json_get(obj, "seeds", list), np.uint64, U64, "seeds", n),
+            int_array(json_get(obj, "values", list), np.uint32, U32, "values", n),
+        )
+
+    def validate_columns(self, c: LocalHashColumns, n: int) -> LocalHashColumns:
+        return LocalHashColumns(
+            frozen_array(c.seeds, np.uint64, "seeds", n), frozen_array(c.values, np.uint32, "values", n)
+        )
+
+    def payload_at(self, c: LocalHashColumns, i: int) -> LocalHashPayload:
+        return LocalHashPayload(int(c.seeds[i]), int(c.values[i]))
+
+    def take(self, c: LocalHashColumns, rows: NDArray[np.int64]) -> LocalHashColumns:
+        return LocalHashColumns(c.seeds[rows], c.values[rows])
+
+    def from_payloads(self, payloads: Sequence[LocalHashPayload]) -> LocalHashColumns:
+        return LocalHashColumns(
+            np.fromiter((p.seed for p in payloads), np.uint64, len(payloads)),
+            np.fromiter((p.value for p in payloads), np.uint32, len(payloads)),
+        )
+
+
+CODEC = LocalHashCodec()
