@@ -61,6 +61,7 @@ bench: setup
 	$(BIN)/python -m bench.agent_throughput
 	$(BIN)/python -m bench.transaction_latency
 	$(BIN)/python -m bench.gateway_throughput
+	$(BIN)/python -m bench.dashboard_latency
 
 broker-start: setup
 	$(BIN)/ptel broker start
