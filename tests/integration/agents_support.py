@@ -342,12 +342,16 @@ def stop_monitor(proc: subprocess.Popen[bytes]) -> int:
     return proc.returncode
 
 
-async def delete_app_topics(bootstrap: str, app_id: str) -> None:
-    """Delete the internal topics (changelogs, leader topic) of the Faust app ``app_id``."""
+async def app_topics(bootstrap: str, app_id: str) -> list[str]:
+    """The internal topics (changelogs, leader topic) of the Faust app ``app_id``."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        names = [t for t in await admin.list_topics() if t.startswith(app_id)]
+        return [t for t in await admin.list_topics() if t.startswith(app_id)]
     finally:
         await admin.close()
-    await delete_topics(bootstrap, names)
+
+
+async def delete_app_topics(bootstrap: str, app_id: str) -> None:
+    """Delete the internal topics of the Faust app ``app_id``."""
+    await delete_topics(bootstrap, await app_topics(bootstrap, app_id))

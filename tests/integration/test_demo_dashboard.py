@@ -14,10 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from ptel.kafka_broker import free_port
-from tests.integration.agents_support import ROOT, get_json
+from tests.integration.agents_support import ROOT, app_topics, get_json
 
 DEMO_TIMEOUT_S = 180.0
 
@@ -64,10 +62,4 @@ async def test_demo_prints_and_serves_its_dashboard(kafka_bootstrap: str, tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        left = [t for t in await admin.list_topics() if t.startswith(app_id)]
-    finally:
-        await admin.close()
-    assert left == [], left
+    assert await app_topics(kafka_bootstrap, app_id) == []
