@@ -1,5 +1,6 @@
 # private-telemetry developer commands. `make demo` and `make test` are the two commands of README.md.
-#   make setup  -- .venv (python3 -m venv), pip install -e ".[test]" -c constraints.txt, Maven fetch of Kafka 3.9.1
+#   make setup  -- .venv (python3 -m venv), pip install -e ".[test]" -c constraints.txt, Maven fetch of Kafka 3.9.1,
+#                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
 #   make lint   -- ruff check + mypy
@@ -13,10 +14,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup demo test lint bench broker-start broker-stop clean
+.PHONY: setup browser demo test lint bench broker-start broker-stop clean
 
-setup: $(INSTALLED)
+setup: $(INSTALLED) browser
 	@$(BIN)/ptel broker fetch
+
+# The dashboard's browser tests drive Debian's Chromium (Playwright with executable_path; never `playwright install`).
+# As root on Debian/Ubuntu it is installed with apt-get; otherwise this says what to install (the tests then fail
+# with the same message). Quiet when /usr/bin/chromium is already there.
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the dashboard's browser tests (apt-get)"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; } || \
+		{ echo "make setup: could not apt-get install chromium; the browser tests need /usr/bin/chromium"; exit 1; }; \
+	else \
+		echo "make setup: the dashboard's browser tests need Chromium at /usr/bin/chromium: run"; \
+		echo "    sudo apt-get update && sudo apt-get install -y chromium     (Debian/Ubuntu)"; \
+	fi
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -45,6 +61,7 @@ bench: setup
 	$(BIN)/python -m bench.agent_throughput
 	$(BIN)/python -m bench.transaction_latency
 	$(BIN)/python -m bench.gateway_throughput
+	$(BIN)/python -m bench.dashboard_latency
 
 broker-start: setup
 	$(BIN)/ptel broker start

@@ -13,8 +13,9 @@ from typing import Any
 
 import pydantic
 
+from agents.monitor.dashboard import ReleaseFeed
 from agents.monitor.dead_letters import apply_note, parse_dead_letter
-from agents.monitor.summaries import history_key, in_horizon, newer_history, newer_latest, release_summary
+from agents.monitor.summaries import Summary, history_key, in_horizon, newer_history, newer_latest, release_summary
 from agents.monitor.tables import MonitorTables
 from agents.monitor.topics import MonitorTopics
 from schemas.releases import Release
@@ -25,24 +26,31 @@ __all__ = ["apply_release", "register_agents"]
 log = logging.getLogger(__name__)
 
 
-def apply_release(tables: MonitorTables, release: Release, offset: int, retention_ms: int) -> None:
-    """Apply one release read at ``offset`` of the releases topic to both release tables (idempotent).
+def apply_release(
+    tables: MonitorTables, release: Release, offset: int, retention_ms: int, published_ms: int | None = None
+) -> Summary | None:
+    """Apply one release read at ``offset`` of the releases topic (appended at ``published_ms``) to both release
+    tables (idempotent); return its summary if a table changed, ``None`` if not (a re-delivered record).
 
     Must run inside the releases agent's stream iteration (Faust routes each change to the changelog
     partition of the current event)."""
-    summary = release_summary(release, offset)
+    summary = release_summary(release, offset, published_ms)
+    changed = False
     latest = tables.latest_release.get(release.metric)
     if newer_latest(summary, latest):
         tables.latest_release[release.metric] = summary
         latest = summary
+        changed = True
     newest_start = int(latest["window_start_ms"])
     if not in_horizon(release.window_start_ms, newest_start, retention_ms):
-        return  # older than the metric's retained history: a late re-read of a pruned window
+        return None  # older than the metric's retained history: a late re-read of a pruned window
     key = history_key(release.metric, release.window_start_ms)
     if newer_history(summary, tables.release_history.get(key)):
         tables.release_history[key] = summary
+        changed = True
     if latest is summary:
         _prune(tables, release.metric, newest_start, retention_ms)
+    return summary if changed else None
 
 
 def _prune(tables: MonitorTables, metric: str, newest_start: int, retention_ms: int) -> None:
@@ -59,8 +67,11 @@ def _prune(tables: MonitorTables, metric: str, newest_start: int, retention_ms: 
         del tables.release_history[k]
 
 
-def register_agents(app: Any, spec: CollectionSpec, topics: MonitorTopics, tables: MonitorTables) -> None:
-    """Attach the two agents to ``app``."""
+def register_agents(
+    app: Any, spec: CollectionSpec, topics: MonitorTopics, tables: MonitorTables, feed: ReleaseFeed | None = None
+) -> None:
+    """Attach the two agents to ``app``; each release-table change is handed to ``feed`` (the dashboard's
+    streams)."""
     retention_ms = spec.window.retention_s * 1000
 
     async def track_releases(stream: Any) -> None:
@@ -85,7 +96,10 @@ def register_agents(app: Any, spec: CollectionSpec, topics: MonitorTopics, table
                     spec.name,
                 )
                 continue
-            apply_release(tables, release, message.offset, retention_ms)
+            published_ms = None if message.timestamp is None else round(message.timestamp * 1000)
+            summary = apply_release(tables, release, message.offset, retention_ms, published_ms)
+            if summary is not None and feed is not None:
+                feed.publish(summary)
 
     async def count_dead_letters(stream: Any) -> None:
         async for event in stream.events():

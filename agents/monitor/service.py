@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from agents.monitor.agents import register_agents
 from agents.monitor.app import MonitorSettings, create_app, default_app_id
+from agents.monitor.dashboard import ReleaseFeed
 from agents.monitor.tables import define_tables
 from agents.monitor.topics import define_topics
 from agents.monitor.views import register_views
@@ -29,7 +30,8 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
     app = create_app(spec, settings)
     topics = define_topics(app, spec)
     tables = define_tables(app, spec)
-    register_agents(app, spec, topics, tables)
+    feed = ReleaseFeed()
+    register_agents(app, spec, topics, tables, feed)
     token = settings.operator_token.get_secret_value() if settings.operator_token else None
     # faust-streaming's own Prometheus sensors, in a registry of this app's (two monitors in one process never clash)
     registry = CollectorRegistry()
@@ -43,6 +45,7 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
         behind_proxy=settings.behind_proxy,
         ready=Readiness(app, settings).check,
         prometheus=registry,
+        feed=feed,
     )
     return app
 

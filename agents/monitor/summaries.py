@@ -2,7 +2,8 @@
 
 A summary is the JSON form of a :class:`schemas.releases.Release` (window bounds, ``n``, estimates with
 their CIs, released keys, privacy spent, ledger, refusal) plus ``source_offset``, the record's offset in the
-releases topic (one partition, so offsets order every release ever published).
+releases topic (one partition, so offsets order every release ever published), and ``published_ms``, the
+record's Kafka timestamp.
 
 Both tables are updated by a *maximum*, so applying a record twice, or re-applying an older record after a
 newer one, changes nothing (at-least-once redelivery is harmless):
@@ -35,11 +36,14 @@ __all__ = [
 Summary = dict[str, Any]
 
 
-def release_summary(release: Release, source_offset: int) -> Summary:
-    """The JSON summary of ``release`` read at ``source_offset`` of the releases topic."""
+def release_summary(release: Release, source_offset: int, published_ms: int | None = None) -> Summary:
+    """The JSON summary of ``release`` read at ``source_offset`` of the releases topic; ``published_ms`` is the
+    record's own Kafka timestamp (when it was appended: the release latency is ``published_ms - window_end_ms``),
+    ``None`` when unknown."""
     doc: Summary = release.model_dump(mode="json", exclude={"schema_version"})
     doc["key"] = release.key
     doc["source_offset"] = int(source_offset)
+    doc["published_ms"] = None if published_ms is None else int(published_ms)
     return doc
 
 

@@ -7,6 +7,9 @@ path                                      returns
 ``/api/metrics/{metric}/latest/``         the newest release summary of ``metric`` (404 before one)
 ``/api/metrics/{metric}/history/``        ``metric``'s summaries within the retention, oldest first
 ``/api/dead-letters/``                    dead-letter counts (records and reports) by reason -- **operators only**
+``/api/overview/``, ``/api/stream/``       the dashboard's data: every metric's newest release, age and status; a
+                                          server-sent-events stream of the release tables (:mod:`.dashboard`)
+``/dashboard/``                           the live dashboard page and its assets (no data in them)
 ``/metrics``                              Prometheus text format: faust-streaming's own sensors (events, tables,
                                           commits, rebalances) and ``ptel_monitor_*`` gauges
 ``/healthz``, ``/readyz``                 liveness; readiness (partitions assigned, not rebalancing, broker reachable)
@@ -18,10 +21,13 @@ answer with a permanent redirect (308) to their ``/api/`` place for one release.
 Who may read what (``docs/privacy.md``, ``docs/operations.md``): on a loopback bind every view is open to this
 host. Off loopback the monitor needs an operator token (or ``--behind-proxy``: a reverse proxy in front does the
 authentication): then ``/api/*`` and ``/metrics`` require ``Authorization: Bearer <token>`` and only ``/healthz``
-and ``/readyz`` stay open for orchestrators. The dead-letter counts are exact, and some reasons count reports of
-central metrics (``key_capacity``, ``late`` of keyed reports): beside a central release they would tell whether one
-more client reported, which its (ε, δ) does not cover. So they are operator data everywhere: with a token configured
-they always require it, without one they answer on loopback only. The release views hold only what the release
+and ``/readyz`` stay open for orchestrators, and ``/dashboard/`` (a page and its script, which hold no data: the
+page sends the token it is given with every ``/api/`` request it makes).
+
+The dead-letter counts are exact, and some reasons count reports of central metrics (``key_capacity``, ``late`` of
+keyed reports): beside a central release they would tell whether one more client reported, which its (ε, δ) does
+not cover. So they are operator data everywhere: with a token configured they always require it, without one they
+answer on loopback only. The release views hold only what the release
 records publish.
 
 A view answers from the tables of the worker it reaches. The releases tables have one partition, so the worker that
@@ -39,6 +45,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from agents.monitor import dashboard
 from agents.monitor.dead_letters import totals
 from agents.monitor.summaries import history_of
 from agents.monitor.tables import MonitorTables
@@ -101,6 +108,7 @@ def register_views(
     behind_proxy: bool = False,
     ready: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
     prometheus: CollectorRegistry | None = None,
+    feed: dashboard.ReleaseFeed | None = None,
 ) -> None:
     """Add the views to ``app``'s web server (see the module docstring for the paths and who may read which)."""
     known = {m.name for m in spec.metrics}
@@ -149,7 +157,31 @@ def register_views(
         body = generate_latest(registry)
         return view.bytes(body, content_type="text/plain")  # the exposition format 0.0.4 is plain text
 
+    async def overview(view: Any, request: Any) -> Any:
+        return view.json(dashboard.overview(spec, tables.latest_release))
+
+    live = feed if feed is not None else dashboard.ReleaseFeed()
+
+    async def stream(view: Any, request: Any) -> Any:
+        def first() -> Any:
+            return dashboard.snapshot(spec, tables.latest_release, list(tables.release_history.items()))
+
+        return await dashboard.stream_response(request, live, first)
+
+    async def page(view: Any, request: Any) -> Any:
+        return await asset_view(view, request, "dashboard.html")
+
+    async def asset_view(view: Any, request: Any, asset: str) -> Any:
+        found = dashboard.asset(asset)
+        if found is None:
+            return view.error(404, f"no dashboard asset {asset!r}", spec=spec.name)
+        return view.bytes(found[0], content_type=found[1], headers={"Cache-Control": "no-cache"})
+
     app.page("/api/metrics/", name="metrics")(guarded(metrics))
+    app.page("/api/overview/", name="overview")(guarded(overview))
+    app.page("/api/stream/", name="stream")(guarded(stream))
+    app.page("/dashboard/", name="dashboard")(page)
+    app.page("/dashboard/{asset}", name="dashboard-asset")(asset_view)
     app.page("/api/metrics/{metric}/latest/", name="metric-latest")(guarded(metric_latest))
     app.page("/api/metrics/{metric}/history/", name="metric-history")(guarded(metric_history))
     app.page("/api/dead-letters/", name="dead-letters")(guarded(dead_letters, operator=True))

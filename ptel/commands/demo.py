@@ -2,14 +2,15 @@
 
 1. starts the local Apache Kafka broker (or uses ``--bootstrap``);
 2. creates this run's topics (the spec's names with a run suffix, so runs never mix);
-3. starts an agents worker in this process;
+3. starts an agents worker in this process, and ``ptel monitor`` in a subprocess: its live dashboard's URL
+   is printed first (``--serve``: kept up after the last window until Ctrl-C);
 4. simulates ``--clients`` devices reporting every metric of the spec (every kind: boolean RR, k-RR,
    OUE, RAPPOR, keyed with thresholded noise, DP Theil-Sen) once per window for ``--windows`` windows,
    privatized on the "device" and sent as batch messages;
 5. prints each release beside the true values as it arrives;
 6. writes ``out/demo-releases.png`` (estimates with CIs against the truth), ``out/demo-truth.json`` and
    ``out/demo-releases.jsonl``;
-7. stops the worker, deletes the run's topics and stops the broker it started; exits 0.
+7. stops the worker and the monitor, deletes the run's topics and stops the broker it started; exits 0.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tqdm import tqdm
@@ -38,10 +43,23 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from ptel.commands.releases import Truth, format_release, plot_releases
-from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_port, probe_metadata
+from ptel.kafka_broker import (
+    KAFKA_VERSION,
+    BrokerError,
+    LocalKafka,
+    default_port,
+    free_port,
+    port_is_free,
+    probe_metadata,
+)
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
+
+#: Port of the demo's dashboard (``ptel monitor``'s default) when it is free.
+DASHBOARD_PORT = 6066
+#: Seconds the monitor has to stop after SIGINT before it is killed.
+MONITOR_STOP_S = 45.0
 
 #: The demo spec, shipped with the package (``examples/demo-spec.yaml`` in a checkout links to it).
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo-spec.yaml"
@@ -66,6 +84,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=1, help="simulation seed (raw values only; noise is the CSPRNG)")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output directory (default out/)")
     parser.add_argument("--keep-topics", action="store_true", help="do not delete this run's topics")
+    parser.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=DASHBOARD_PORT,
+        help=f"port of the live dashboard (default {DASHBOARD_PORT}, or a free port if that one is taken)",
+    )
+    parser.add_argument("--no-dashboard", action="store_true", help="do not start the monitor and its dashboard")
+    parser.add_argument("--serve", action="store_true", help="keep the dashboard up after the last window until Ctrl-C")
     parser.set_defaults(func=run)
 
 
@@ -118,11 +144,6 @@ def _run_spec(base: CollectionSpec, tag: str) -> CollectionSpec:
 
 
 async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Namespace) -> int:
-    from producers.client_secret import ClientSecret
-    from producers.edge_client import EdgeClient
-    from producers.ground_truth import GroundTruth
-    from producers.simulate import Population
-
     tag = uuid.uuid4().hex[:6]
     spec = _run_spec(base, tag)
     group = f"ptel-agents.{spec.name}.{tag}"
@@ -133,6 +154,28 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
         f"{spec.topics.releases}, {spec.topics.dead_letter}, 3 internal ones and the privacy ledger {topics.ledger}",
         flush=True,
     )
+
+    dashboard = None if args.no_dashboard else _Dashboard.start(spec, connection, tag, args)
+    try:
+        return await _simulate(spec, base, connection, topics, group, args, dashboard)
+    finally:
+        if dashboard is not None:
+            await dashboard.stop(connection, delete_topics=not args.keep_topics)
+
+
+async def _simulate(
+    spec: CollectionSpec,
+    base: CollectionSpec,
+    connection: Connection,
+    topics: WorkerTopics,
+    group: str,
+    args: argparse.Namespace,
+    dashboard: _Dashboard | None,
+) -> int:
+    from producers.client_secret import ClientSecret
+    from producers.edge_client import EdgeClient
+    from producers.ground_truth import GroundTruth
+    from producers.simulate import Population
 
     size = spec.window.size_s
     truth = GroundTruth(spec, source="ptel demo", meta={"clients": args.clients, "seed": args.seed})
@@ -220,12 +263,94 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
         f"{out_dir / 'demo-releases.jsonl'}",
         flush=True,
     )
+    if dashboard is not None:
+        if args.serve:
+            await dashboard.serve_until_interrupted()
+        await dashboard.stop(connection, delete_topics=not args.keep_topics)  # before its source topics go
     if not args.keep_topics:
         await _delete_topics(connection, [p.name for p in topics.plans()])
     if len(releases) < expected:
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
     return 0
+
+
+class _Dashboard:
+    """``ptel monitor`` of the demo's run in a subprocess: the live dashboard the demo's first lines point to."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, app_id: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.app_id = app_id
+        self.stopped = False
+
+    @classmethod
+    def start(
+        cls, spec: CollectionSpec, connection: Connection, tag: str, args: argparse.Namespace
+    ) -> _Dashboard | None:
+        """Start the monitor (plaintext connections only: the monitor's TLS/SASL options are not passed on)."""
+        if not isinstance(connection, str) and connection.security_protocol != "PLAINTEXT":
+            print(
+                "      (no dashboard: the demo starts the monitor on plaintext connections only; run "
+                "`ptel monitor` with the same connection options to watch this run)",
+                flush=True,
+            )
+            return None
+        port = args.dashboard_port if port_is_free(args.dashboard_port) else free_port()
+        out_dir: Path = args.out
+        out_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = out_dir / "demo-run-spec.yaml"
+        spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+        app_id = f"ptel-monitor.{spec.name}.{tag}"
+        log = (out_dir / "demo-monitor.log").open("ab")
+        cmd = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap"]
+        cmd += [bootstrap_of(connection), "--web-port", str(port), "--app-id", app_id, "--log-level", "warning"]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        url = f"http://127.0.0.1:{port}/dashboard/"
+        print(f"      live dashboard: {url}  (monitor {app_id}, log {out_dir / 'demo-monitor.log'})", flush=True)
+        return cls(proc, url, app_id)
+
+    async def serve_until_interrupted(self) -> None:
+        """Keep the dashboard up until SIGINT/SIGTERM (the cleanup after it still runs)."""
+        print(f"      the dashboard stays up at {self.url}; press Ctrl-C to stop", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            while not stop.is_set() and self.proc.poll() is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def stop(self, connection: Connection, *, delete_topics: bool) -> None:
+        """Stop the monitor (SIGINT, then SIGKILL after :data:`MONITOR_STOP_S`) and delete its internal topics;
+        once (later calls do nothing)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                await asyncio.to_thread(self.proc.wait, MONITOR_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+        if delete_topics:
+            admin = AIOKafkaAdminClient(**client_kwargs(connection))
+            try:
+                await admin.start()
+                names = [t for t in await admin.list_topics() if t.startswith(self.app_id)]
+            except Exception as err:  # cleanup only
+                print(f"      (could not list the monitor's topics: {err})", flush=True)
+                names = []
+            finally:
+                await admin.close()
+            if names:
+                await _delete_topics(connection, names)
 
 
 class _Sink:

@@ -3,8 +3,8 @@
 A faust-streaming worker (app id ``ptel-monitor.<spec name>``) consumes the spec's releases and dead-letter
 topics into Faust tables with changelogs -- the newest release per metric, the release history within the
 spec's retention, dead-letter counts by reason, exact under redelivery -- and serves them at
-``http://HOST:PORT/metrics/``, ``/metrics/<metric>/latest/``, ``/metrics/<metric>/history/`` and
-``/dead-letters/``.
+``http://HOST:PORT/api/metrics/``, ``/api/metrics/<metric>/latest/``, ``/api/metrics/<metric>/history/`` and
+``/api/dead-letters/``, and as a live dashboard at ``/dashboard/`` (docs/operations.md, "The monitor").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ptel.commands.options import (
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "monitor",
-        help="serve releases and dead-letter counts as JSON (faust-streaming tables + web views)",
+        help="serve releases and dead-letter counts as JSON and a live dashboard (faust-streaming tables + web views)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     add_spec_argument(p)
@@ -111,7 +111,8 @@ def run(args: Any) -> int:
     app = build_monitor(spec, settings)
     print(
         f"monitor {app.conf.id} on {connection.describe()}: "
-        f"http://{settings.web_bind}:{settings.web_port}/api/metrics/ (JSON), /metrics (Prometheus), /healthz, /readyz",
+        f"dashboard http://{settings.web_bind}:{settings.web_port}/dashboard/, /api/metrics/ (JSON), "
+        "/metrics (Prometheus), /healthz, /readyz",
         flush=True,
     )
     # the logging set-up of `ptel` (ptel.logs) stays in place: Faust logs through the same handler and format

@@ -112,11 +112,6 @@ def _num(x: float | None, width: int = 10) -> str:
     return f"{x:{width}.4g}" if abs(x) < 1e5 else f"{x:{width}.0f}"
 
 
-def _fullness(rel: Release) -> tuple[int, int, int]:
-    """Rank of a window for plotting one of them: not refused, then n (local kinds), released keys, latest."""
-    return (rel.refused is None, rel.n if rel.n is not None else len(rel.released_keys), rel.window_start_ms)
-
-
 def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> str:
     """A release as a small table: header line, then one row per estimate (largest first), truth beside."""
     p = rel.privacy
@@ -176,77 +171,163 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
 # plotting
 
 
+#: Series drawn per categorical, RAPPOR or keyed metric (the largest over the windows).
+TOP_SERIES = 5
+
+
+def release_loss(rel: Release) -> float | None:
+    """The ε (or ρ) one release spent: its central loss plus the capacity test, else its local ``epsilon_inf``."""
+    p = rel.privacy
+    if p.central_rho is not None:
+        return float(p.central_rho)
+    if p.central_epsilon is not None:
+        return float(p.central_epsilon) + float(p.capacity_test_epsilon or 0.0)
+    return None if p.epsilon_inf is None else float(p.epsilon_inf)
+
+
+def _series_labels(kind: str, rels: list[Release]) -> list[str]:
+    """Labels drawn over the windows: bool's fraction, regression's coefficients, else the largest estimates."""
+    if kind == "bool":
+        return ["true_fraction"]
+    if kind == "regression":
+        return ["slope", "intercept"]
+    size: dict[str, float] = {}
+    for rel in rels:
+        for e in rel.estimates:
+            size[e.label] = size.get(e.label, 0.0) + abs(float(e.value))
+    return sorted(size, key=lambda lab: -size[lab])[:TOP_SERIES]
+
+
+def _short(label: str, width: int = 28) -> str:
+    return label if len(label) <= width else "…" + label[-(width - 1) :]
+
+
 def plot_releases(releases: Iterable[Release], truth: Truth | None, path: Path) -> Path:
-    """One panel per metric: estimates with CI error bars, truth as crosses (bool: every window)."""
+    """Write :func:`release_figure` of ``releases`` to ``path`` (PNG), labels uncut."""
+    fig = release_figure(releases, truth)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
+    """One row per metric, every window: the estimates over the windows with their confidence intervals (truth as
+    crosses), and the privacy spent (ε or ρ per release as bars, the ledger's total over the horizon as a line,
+    the budget dashed). Refused windows are shaded and marked ✕; a key not released in a window (below the
+    threshold) is marked ∅ at the top of the panel and an undetected RAPPOR candidate drawn hollow -- never as 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.transforms import blended_transform_factory
 
-    by_metric: dict[str, list[Release]] = {}
+    by_metric: dict[str, dict[str, Release]] = {}
     for rel in releases:
-        if rel.refused is None:
-            by_metric.setdefault(rel.metric, []).append(rel)
+        by_metric.setdefault(rel.metric, {})[rel.key] = rel
     names = sorted(by_metric)
-    cols = 2 if len(names) > 1 else 1
-    rows = max(1, (len(names) + cols - 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, names, strict=False):
-        rels = sorted(by_metric[name], key=lambda r: r.window_start_ms)
+    fig, axes = plt.subplots(
+        max(1, len(names)), 2, figsize=(14, 3.4 * max(1, len(names))), squeeze=False, width_ratios=[3, 2]
+    )
+    for (ax, pax), name in zip(axes, names, strict=False):
+        rels = sorted(by_metric[name].values(), key=lambda r: r.window_start_ms)
         kind = rels[0].kind
-        if kind == "bool":
-            xs = list(range(len(rels)))
-            est = [r.estimate("true_fraction") for r in rels if any(e.label == "true_fraction" for e in r.estimates)]
-            ax.errorbar(
-                xs[: len(est)],
-                [e.value for e in est],
-                yerr=[[e.value - (e.ci_low or e.value) for e in est], [(e.ci_high or e.value) - e.value for e in est]],
-                fmt="o",
-                capsize=3,
-                label="estimate ± CI",
-            )
-            if truth:
-                ax.plot(xs, [truth.values(r).get("true_fraction", float("nan")) for r in rels], "rx", label="truth")
-            ax.set_xticks(xs, [_clock(r.window_start_ms) for r in rels], rotation=30, fontsize=7)
-            ax.set_ylabel("fraction true")
-        else:
-            rel = max(rels, key=_fullness)  # the fullest window
-            tv = truth.values(rel) if truth else {}
-            if kind == "keyed":
-                keys = [k for k in rel.released_keys][:15]
-                labels = [k.key for k in keys]
-                values = [k.count for k in keys]
-                err = None
-            elif kind == "regression":
-                labels = [e.label for e in rel.estimates]
-                values = [e.value for e in rel.estimates]
-                err = None
-            else:
-                ests = (
-                    sorted(rel.estimates, key=lambda e: -abs(e.value))[:20] if kind == "rappor" else list(rel.estimates)
-                )
-                labels = [e.label for e in ests]
-                values = [e.value for e in ests]
+        xs = list(range(len(rels)))
+        ticks = [_clock(r.window_start_ms) for r in rels]
+        under = blended_transform_factory(ax.transData, ax.transAxes)
+        for i, r in enumerate(rels):
+            if r.refused is not None:
+                ax.axvspan(i - 0.45, i + 0.45, color="#fbd6d6", zorder=0)
+                ax.text(i, 0.97, "refused", transform=under, ha="center", va="top", fontsize=7, color="#9b1c1c")
+        labels = _series_labels(kind, rels)
+        unreleased = False
+        for s, label in enumerate(labels):
+            color = f"C{s}"
+            shift = (s - (len(labels) - 1) / 2) * 0.08
+            pts = [(i + shift, r.estimate(label)) for i, r in enumerate(rels) if _has(r, label)]
+            if pts:
+                vals = [e.value for _, e in pts]
                 err = [
-                    [e.value - (e.ci_low if e.ci_low is not None else e.value) for e in ests],
-                    [(e.ci_high if e.ci_high is not None else e.value) - e.value for e in ests],
+                    [e.value - (e.ci_low if e.ci_low is not None else e.value) for _, e in pts],
+                    [(e.ci_high if e.ci_high is not None else e.value) - e.value for _, e in pts],
                 ]
-            xs = list(range(len(labels)))
-            ax.errorbar(xs, values, yerr=err, fmt="o", capsize=3, label="estimate" + (" ± CI" if err else ""))
-            if tv:
-                ax.plot(xs, [tv.get(lab, 0.0) for lab in labels], "rx", label="truth")
-            ax.set_xticks(xs, [lab[-18:] for lab in labels], rotation=60, fontsize=6)
-            ax.set_ylabel("count" if kind != "regression" else "coefficient")
-            ax.set_xlabel(f"window {_clock(rel.window_start_ms)}")
-        ax.set_title(f"{name} ({kind})")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(names) :]:
-        ax.axis("off")
+                ax.errorbar(
+                    [x for x, _ in pts],
+                    vals,
+                    yerr=err,
+                    fmt="-o",
+                    ms=3,
+                    lw=1,
+                    capsize=2,
+                    color=color,
+                    mfc=color,
+                    label=_short(label),
+                )
+                faint = [(x, e.value) for x, e in pts if kind == "rappor" and e.significant is False]
+                if faint:
+                    ax.plot([x for x, _ in faint], [v for _, v in faint], "o", ms=5, mfc="white", color=color)
+            if kind == "keyed":
+                for i, r in enumerate(rels):
+                    if r.refused is None and not _has(r, label):
+                        unreleased = True
+                        ax.text(i + shift, 0.88, "∅", transform=under, ha="center", va="top", color=color)
+            if truth:
+                tv = [(i + shift, truth.values(r).get(label)) for i, r in enumerate(rels)]
+                tv = [(x, v) for x, v in tv if v is not None]
+                if tv:
+                    ax.plot([x for x, _ in tv], [v for _, v in tv], "x", color=color, ms=6)
+        notes = []
+        if truth:
+            notes.append("x: truth")
+        if unreleased:
+            notes.append("∅: key not released (below the threshold), not 0")
+        if kind == "rappor":
+            notes.append("hollow: candidate not detected")
+        ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
+        ax.set_xlim(-0.6, max(len(rels) - 0.4, 0.6))
+        ax.set_ylabel({"bool": "fraction true", "regression": "coefficient"}.get(kind, "count"))
+        conf = f"{rels[-1].confidence:.0%}"
+        ax.set_title(
+            f"{name} ({kind}): estimates ± {conf} CI, every window" + ("; " + "; ".join(notes) if notes else ""),
+            fontsize=9,
+        )
+        if labels:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        _plot_privacy(pax, rels, xs, ticks)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def _has(rel: Release, label: str) -> bool:
+    return any(e.label == label for e in rel.estimates)
+
+
+def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str]) -> None:
+    """ε (or ρ) per release as bars, the ledger's running total over the horizon, the budget dashed; ✕ refused."""
+    rho = any(r.ledger.spent_rho is not None for r in rels)
+    loss = [None if r.refused is not None else release_loss(r) for r in rels]
+    ax.bar(
+        [x for x, v in zip(xs, loss, strict=True) if v is not None],
+        [v for v in loss if v is not None],
+        color="#b0bec5",
+        label="spent by the release",
+    )
+    spent = [r.ledger.spent_rho if rho else r.ledger.spent_epsilon for r in rels]
+    if any(v is not None for v in spent):
+        pts = [(x, v) for x, v in zip(xs, spent, strict=True) if v is not None]
+        ax.plot([x for x, _ in pts], [v for _, v in pts], "-", color="#6a1b9a", label="spent over the horizon")
+    budget = rels[-1].ledger.budget_rho if rho else rels[-1].ledger.budget_epsilon
+    if budget is not None:
+        ax.axhline(budget, ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g}")
+    for x, r in zip(xs, rels, strict=True):
+        if r.refused is not None:
+            ax.plot([x], [0], "x", color="#c62828", ms=9, mew=2)
+    unit = "per client and value" if rels[-1].privacy_unit == "client_value" else "per client"
+    ax.set_title(f"privacy spent ({'ρ' if rho else 'ε'}, {unit}); x: refused", fontsize=9)
+    ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
+    ax.legend(fontsize=7)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,9 +338,7 @@ async def read_releases(
     bootstrap: Connection, topic: str, *, idle_s: float, follow: bool = False, on_release: Any = None
 ) -> list[Release]:
     """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one."""
-    consumer = AIOKafkaConsumer(
-        **client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False
-    )
+    consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False)
     seen: dict[str, Release] = {}
     try:
         await consumer.start()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -16,9 +19,12 @@ from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
+from agents.app import build_worker
 from agents.stage1 import Handover
-from agents.topics import WorkerTopics
+from agents.topics import WorkerTopics, ensure_topics
+from agents.worker import WorkerSettings
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from tests.kafka_helpers import delete_topics
@@ -27,7 +33,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_spec(
-    tmp: Path, metrics: list[dict[str, Any]], *, partitions: int = 4, size_s: int = 4, grace_s: int = 1
+    tmp: Path,
+    metrics: list[dict[str, Any]],
+    *,
+    partitions: int = 4,
+    size_s: int = 4,
+    grace_s: int = 1,
+    retention_s: int = 3600,
 ) -> tuple[CollectionSpec, Path]:
     """A spec with unique topic names, written to ``tmp/spec.yaml`` for worker processes."""
     tag = uuid.uuid4().hex[:8]
@@ -40,7 +52,7 @@ def make_spec(
             "dead_letter": f"ptel-test-ag-{tag}.dead-letter",
             "partitions": partitions,
         },
-        "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": 3600},
+        "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": retention_s},
         "confidence": 0.95,
         "metrics": metrics,
     }
@@ -135,6 +147,14 @@ async def end_offset(bootstrap: str, topic: str) -> int:
         return int((await consumer.end_offsets([tp]))[tp])
     finally:
         await consumer.stop()
+
+
+async def start_worker(bootstrap: str, spec: CollectionSpec, settings: WorkerSettings) -> tuple[Any, asyncio.Task[Any]]:
+    """An agents worker of ``spec`` running in this process (its topics created first) and the task running it."""
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    return worker, asyncio.create_task(worker.run())
 
 
 def releases_of(records: list[Any]) -> list[Release]:
@@ -259,3 +279,79 @@ async def produce_rounds(
 async def delete_worker_topics(bootstrap: str, spec: CollectionSpec, *groups: str) -> None:
     """Delete the spec's topics and each group's internal topics (best effort: cleanup only)."""
     await delete_topics(bootstrap, sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()}))
+
+
+# ---------------------------------------------------------------------------------------------- the monitor
+
+VIEW_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 45.0
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    """``(status, JSON body)`` of a GET of ``url`` (error statuses included)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+async def wait_view(
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    url: str,
+    ok: Callable[[int, Any], bool],
+    timeout_s: float = VIEW_TIMEOUT_S,
+) -> Any:
+    """Poll ``url`` until ``ok(status, body)``; fail with the monitor's log on timeout or exit."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"monitor exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            status, body = await asyncio.to_thread(get_json, url)
+            last = (status, body)
+            if ok(status, body):
+                return body
+        except (OSError, ValueError) as err:
+            last = repr(err)
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{url} never matched; last: {last}\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def start_monitor(spec_path: Path, bootstrap: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``ptel monitor`` for ``spec_path`` in a subprocess, serving on ``port``, its output appended to ``log``."""
+    out = log.open("ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap", bootstrap]
+    cmd += ["--web-port", str(port), "--log-level", "warning"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def stop_monitor(proc: subprocess.Popen[bytes]) -> int:
+    """SIGINT, then its exit status (fails if it does not stop within :data:`STOP_TIMEOUT_S`)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise AssertionError("the monitor did not stop within 45 s of SIGINT") from None
+    return proc.returncode
+
+
+async def app_topics(bootstrap: str, app_id: str) -> list[str]:
+    """The internal topics (changelogs, leader topic) of the Faust app ``app_id``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return [t for t in await admin.list_topics() if t.startswith(app_id)]
+    finally:
+        await admin.close()
+
+
+async def delete_app_topics(bootstrap: str, app_id: str) -> None:
+    """Delete the internal topics of the Faust app ``app_id``."""
+    await delete_topics(bootstrap, await app_topics(bootstrap, app_id))

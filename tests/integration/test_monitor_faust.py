@@ -5,26 +5,16 @@ exact dead-letter counts and the newest releases, with duplicated records, abort
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from ptel.kafka_broker import free_port
@@ -32,22 +22,25 @@ from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacyS
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.conftest import TopicFactory
 from tests.integration.agents_support import (
+    delete_app_topics,
     delete_worker_topics,
+    get_json,
     has_key,
     make_spec,
     read_topic,
     release_with_key,
     send_all,
+    start_monitor,
+    start_worker,
+    stop_monitor,
     wait_for_window_start,
+    wait_view,
 )
-from tests.kafka_helpers import delete_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 WINDOW_MS = 10_000
 T0 = 1_700_000_000_000  # a window start (ms), aligned to WINDOW_MS
-VIEW_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 45.0
 
 
 def _release(spec: str, metric: str, kind: str, start: int, n: int, value: float) -> Release:
@@ -104,68 +97,6 @@ async def _publish(
         await producer.stop()
 
 
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
-
-
-async def _wait_view(
-    proc: subprocess.Popen[bytes],
-    log: Path,
-    url: str,
-    ok: Callable[[int, Any], bool],
-    timeout_s: float = VIEW_TIMEOUT_S,
-) -> Any:
-    """Poll ``url`` until ``ok(status, body)``; fail with the monitor's log on timeout or exit."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"monitor exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            status, body = await asyncio.to_thread(_get, url)
-            last = (status, body)
-            if ok(status, body):
-                return body
-        except (OSError, ValueError) as err:
-            last = repr(err)
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{url} never matched; last: {last}\n{log.read_text(errors='replace')[-4000:]}")
-
-
-def _start(spec_path: Path, bootstrap: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap", bootstrap]
-    cmd += ["--web-port", str(port), "--log-level", "warning"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-            raise AssertionError("the monitor did not stop within 45 s of SIGINT") from None
-    return proc.returncode
-
-
-async def _delete_app_topics(bootstrap: str, app_id: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        names = [t for t in await admin.list_topics() if t.startswith(app_id)]
-    finally:
-        await admin.close()
-    await delete_topics(bootstrap, names)
-
-
 async def test_monitor_views_show_exact_counts_and_newest_releases(
     kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
 ) -> None:
@@ -202,7 +133,7 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
     def dead(p: int, offset: int, reason: str, reports: int = 1) -> tuple[str, int, bytes | None, bytes, list[Any]]:
         return (dead_topic, p, None, b"original bytes", _dead_headers(reports_topic, p, offset, reason, reports))
 
-    proc = _start(spec_path, kafka_bootstrap, port, log)
+    proc = start_monitor(spec_path, kafka_bootstrap, port, log)
     try:
         # committed: a duplicated release (the same record twice), a newer window, another metric; dead letters
         # from two source partitions, one of them delivered twice.
@@ -219,7 +150,7 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
         await _publish(kafka_bootstrap, [dead(2, 11, "wrong_kind")], abort=False)
 
         want_records = {"late": 1, "unknown_metric": 1, "wire.truncated": 1, "wrong_kind": 1}
-        body = await _wait_view(
+        body = await wait_view(
             proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 4
         )
         assert body["records"] == want_records
@@ -231,7 +162,7 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
             f"{reports_topic}/2": {"offset": 11, "records": 1},
         }
 
-        latest = await _wait_view(
+        latest = await wait_view(
             proc,
             log,
             f"{base}/api/metrics/crashed/latest/",
@@ -240,48 +171,48 @@ async def test_monitor_views_show_exact_counts_and_newest_releases(
         assert latest["n"] == 120 and latest["key"] == crashed1.key and latest["window_end_ms"] == T0 + 2 * WINDOW_MS
         assert latest["estimates"][0]["label"] == "true_fraction" and latest["estimates"][0]["value"] == 0.5
         assert latest["privacy"]["epsilon_inf"] == 1.0
-        history = await _wait_view(proc, log, f"{base}/api/metrics/crashed/history/", lambda s, b: s == 200)
+        history = await wait_view(proc, log, f"{base}/api/metrics/crashed/history/", lambda s, b: s == 200)
         assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
         assert history["releases"][0]["source_offset"] == 2  # the duplicate's offset: one entry, same content
-        index = await _wait_view(proc, log, f"{base}/api/metrics/", lambda s, b: s == 200)
+        index = await wait_view(proc, log, f"{base}/api/metrics/", lambda s, b: s == 200)
         assert [(m["metric"], m["kind"], m["latest"]["key"]) for m in index["metrics"]] == [
             ("crashed", "bool", crashed1.key),
             ("theme", "categorical", theme0.key),
         ]
-        theme = await _wait_view(proc, log, f"{base}/api/metrics/theme/latest/", lambda s, b: s == 200)
+        theme = await wait_view(proc, log, f"{base}/api/metrics/theme/latest/", lambda s, b: s == 200)
         assert theme["released_keys"] == [{"key": "a", "count": 40.0, "value_true": None}]
-        status, body = await asyncio.to_thread(_get, f"{base}/api/metrics/nosuch/latest/")
+        status, body = await asyncio.to_thread(get_json, f"{base}/api/metrics/nosuch/latest/")
         assert status == 404 and "unknown metric" in body["error"]
-        assert _stop(proc) == 0
+        assert stop_monitor(proc) == 0
 
         # restart: tables come back from their changelogs, Faust re-delivers whatever was not committed;
         # then more input, including a re-delivered dead letter and a re-published old release.
-        proc = _start(spec_path, kafka_bootstrap, port, log)
+        proc = start_monitor(spec_path, kafka_bootstrap, port, log)
         await _publish(
             kafka_bootstrap,
             [dead(1, 3, "unknown_metric", reports=4), dead(1, 8, "late"), rel(crashed0), rel(theme0)],
             abort=False,
         )
-        body = await _wait_view(
+        body = await wait_view(
             proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
         )
         assert body["records"] == {**want_records, "late": 2}
         assert body["total_reports"] == 8
-        crashed = await _wait_view(proc, log, f"{base}/api/metrics/crashed/latest/", lambda s, b: s == 200)
+        crashed = await wait_view(proc, log, f"{base}/api/metrics/crashed/latest/", lambda s, b: s == 200)
         assert crashed["key"] == crashed1.key and crashed["n"] == 120  # an old window re-published is not newer
-        history = await _wait_view(
+        history = await wait_view(
             proc,
             log,
             f"{base}/api/metrics/crashed/history/",
             lambda s, b: s == 200 and b["releases"] and b["releases"][0]["source_offset"] > 2,
         )
         assert [(r["window_start_ms"], r["n"]) for r in history["releases"]] == [(T0, 100), (T0 + WINDOW_MS, 120)]
-        assert _stop(proc) == 0
+        assert stop_monitor(proc) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-        await _delete_app_topics(kafka_bootstrap, app_id)
+        await delete_app_topics(kafka_bootstrap, app_id)
 
 
 async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -289,13 +220,10 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
     spec, spec_path = make_spec(tmp_path, [{"name": "crashed", "kind": "bool", "prob": 0.75}], partitions=2, size_s=3)
     fp = spec.metrics[0].fingerprint
     settings = WorkerSettings(kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1500, clock_skew_ms=500))
-    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, settings.group))
-    worker = build_worker(spec, settings)
-    await worker.start()
-    task = asyncio.create_task(worker.run())
+    worker, task = await start_worker(kafka_bootstrap, spec, settings)
     port = free_port()
     log = tmp_path / "monitor.log"
-    proc = _start(spec_path, kafka_bootstrap, port, log)
+    proc = start_monitor(spec_path, kafka_bootstrap, port, log)
     base = f"http://127.0.0.1:{port}"
     try:
         start_ms = await wait_for_window_start(spec.window.size_s)
@@ -314,13 +242,13 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         ]
         await send_all(kafka_bootstrap, spec.topics.reports, bad + good)
 
-        body = await _wait_view(
+        body = await wait_view(
             proc, log, f"{base}/api/dead-letters/", lambda s, b: s == 200 and b.get("total_records", 0) >= 5
         )
         assert body["records"] == {"unknown_metric": 1, "window_mismatch": 1, "wire.empty": 2, "wrong_fingerprint": 1}
         assert body["total_reports"] == 5
         # every window gets a record (most are empty): the monitor's history holds the one of this window
-        history = await _wait_view(
+        history = await wait_view(
             proc,
             log,
             f"{base}/api/metrics/crashed/history/",
@@ -336,19 +264,19 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         assert latest["estimates"] == [e.model_dump(mode="json") for e in rel.estimates]
         assert latest["privacy"] == rel.privacy.model_dump(mode="json")
         await asyncio.sleep(1.0)  # nothing more arrives: the counts stay exact
-        status, again = await asyncio.to_thread(_get, f"{base}/api/dead-letters/")
+        status, again = await asyncio.to_thread(get_json, f"{base}/api/dead-letters/")
         assert status == 200 and again["records"] == body["records"]
         # operations: Prometheus text that prometheus_client parses (faust-streaming's sensors), health, readiness,
         # and the JSON views' old paths redirect to /api/
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             families = {f.name for f in text_string_to_metric_families(response.read().decode())}
         assert any(name.endswith("messages_received") for name in families), sorted(families)[:20]
-        assert (await asyncio.to_thread(_get, f"{base}/healthz"))[0] == 200
-        ready = await _wait_view(proc, log, f"{base}/readyz", lambda s, b: s == 200)
+        assert (await asyncio.to_thread(get_json, f"{base}/healthz"))[0] == 200
+        ready = await wait_view(proc, log, f"{base}/readyz", lambda s, b: s == 200)
         assert ready["ready"] is True
-        moved = await asyncio.to_thread(_get, f"{base}/metrics/crashed/history/")
+        moved = await asyncio.to_thread(get_json, f"{base}/metrics/crashed/history/")
         assert moved[0] == 200 and moved[1]["metric"] == "crashed"  # followed from the old path
-        assert _stop(proc) == 0
+        assert stop_monitor(proc) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -357,4 +285,4 @@ async def test_monitor_follows_a_real_agents_worker(kafka_bootstrap: str, tmp_pa
         await task
         await worker.close()
         await delete_worker_topics(kafka_bootstrap, spec, settings.group)
-        await _delete_app_topics(kafka_bootstrap, f"ptel-monitor.{spec.name}")
+        await delete_app_topics(kafka_bootstrap, f"ptel-monitor.{spec.name}")

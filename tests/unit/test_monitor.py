@@ -337,6 +337,7 @@ def test_monitor_tables_match_their_source_topics_and_views_are_routed() -> None
     paths = {view.view_path for view in app.web.views.values()}
     assert {"/api/metrics/", "/api/metrics/{metric}/latest/", "/api/metrics/{metric}/history/"} <= paths
     assert {"/api/dead-letters/", "/metrics", "/healthz", "/readyz"} <= paths
+    assert {"/api/overview/", "/api/stream/", "/dashboard/", "/dashboard/{asset}"} <= paths
     assert {"/metrics/", "/dead-letters/"} <= paths  # redirects to /api/ for one release
     assert not any(p.startswith(("/table", "/router")) for p in paths)  # Faust's raw views are off
 
@@ -398,6 +399,9 @@ class _View:
     def error(self, status: int, reason: str, **extra: Any) -> tuple[int, Any]:
         return status, {"error": reason, **extra}
 
+    def bytes(self, body: bytes, content_type: str, headers: dict[str, str]) -> tuple[int, Any]:
+        return 200, (content_type, body)
+
 
 class _Request:
     def __init__(self, authorization: str | None = None) -> None:
@@ -430,3 +434,24 @@ async def test_the_dead_letter_counts_are_served_to_operators_only() -> None:
     assert (await ask("Bearer wrong", operator_token=token, loopback=False))[0] == 401
     status, body = await ask(f"Bearer {token}", operator_token=token, loopback=False)
     assert status == 200 and body["operator_data"] is True and body["records"] == {"key_capacity": 1}
+
+
+async def test_the_page_is_open_and_its_data_follows_the_api_rule() -> None:
+    from types import SimpleNamespace
+
+    from agents.monitor.views import register_views
+
+    spec = _spec()
+    tables = SimpleNamespace(dead_letters={}, latest_release={}, release_history={})
+    token = "t" * 32
+    pages = _Pages()
+    register_views(pages, spec, tables, operator_token=token, loopback=False)  # type: ignore[arg-type]
+    status, (kind, body) = await pages.handlers["/dashboard/"](_View(), _Request())
+    assert status == 200 and kind == "text/html" and b"<table" in body
+    status, (kind, _) = await pages.handlers["/dashboard/{asset}"](_View(), _Request(), asset="dashboard.js")
+    assert status == 200 and kind == "text/javascript"
+    assert (await pages.handlers["/dashboard/{asset}"](_View(), _Request(), asset="x.py"))[0] == 404
+    for path in ("/api/overview/", "/api/stream/"):
+        assert (await pages.handlers[path](_View(), _Request()))[0] == 401, path
+    status, doc = await pages.handlers["/api/overview/"](_View(), _Request(f"Bearer {token}"))
+    assert status == 200 and [m["metric"] for m in doc["metrics"]] == ["crashed", "theme"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,26 @@ def _release(kind: str = "categorical", refused: str | None = None) -> Release:
     )
 
 
+def _keyed(**update: Any) -> Release:
+    """A keyed (central) release of the window at 20 s: key ``E1`` released, no exact ``n``."""
+    return Release(
+        spec="demo",
+        metric="errors",
+        kind="keyed",
+        window_start_ms=20_000,
+        window_end_ms=30_000,
+        n=None,
+        over_bound=None,
+        confidence=0.95,
+        estimates=(EstimateRecord(label="E1", value=41.0, se=2.0, ci_low=37.1, ci_high=44.9, significant=True),),
+        released_keys=(KeyRelease(key="E1", count=41.0),),
+        mechanism="thresholded laplace",
+        privacy=PrivacySpent(epsilon_1=1.0, central_epsilon=1.0, central_delta=1e-6),
+        ledger=LedgerSummary(measure="none"),
+        partitions=4,
+    ).model_copy(update=update)
+
+
 TRUTH = Truth(
     {
         "window_size_s": 10,
@@ -58,22 +79,7 @@ def test_format_release_shows_estimates_beside_truth() -> None:
 
 def test_central_release_without_n_formats_and_plots(tmp_path: Path) -> None:
     """Keyed and regression records carry no exact n (``None``): every reader copes."""
-    keyed = Release(
-        spec="demo",
-        metric="errors",
-        kind="keyed",
-        window_start_ms=20_000,
-        window_end_ms=30_000,
-        n=None,
-        over_bound=None,
-        confidence=0.95,
-        estimates=(EstimateRecord(label="E1", value=41.0, se=2.0, ci_low=37.1, ci_high=44.9, significant=True),),
-        released_keys=(KeyRelease(key="E1", count=41.0),),
-        mechanism="thresholded laplace",
-        privacy=PrivacySpent(epsilon_1=1.0, central_epsilon=1.0, central_delta=1e-6),
-        ledger=LedgerSummary(measure="none"),
-        partitions=4,
-    )
+    keyed = _keyed()
     assert Release.from_bytes(keyed.to_bytes()) == keyed
     head = format_release(keyed, TRUTH).splitlines()[0]
     assert "n=(not published: central DP)" in head and "None" not in head and "over-bound" not in head
@@ -92,3 +98,33 @@ def test_unreachable_broker_is_a_clean_error(capsys: pytest.CaptureFixture[str])
     rc = main(["releases", "--spec", str(DEMO_SPEC), "--bootstrap", "127.0.0.1:1"])
     assert rc == 1
     assert "cannot read releases from Kafka at 127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_the_figure_shows_every_window_privacy_refusals_and_unreleased_keys() -> None:
+    """Every window (not only the last), ε per release against the budget, refused windows marked, a key that was
+    not released in a window marked ∅ rather than drawn at 0."""
+    from ptel.commands.releases import release_figure, release_loss
+
+    base = _release()
+    windows = [
+        base.model_copy(update={"window_start_ms": 10_000 * w, "window_end_ms": 10_000 * (w + 1)}) for w in range(2, 6)
+    ]
+    windows[2] = windows[2].model_copy(
+        update={"estimates": (), "released_keys": (), "privacy": PrivacySpent(), "refused": "budget exhausted: x"}
+    )
+    keyed = _keyed(
+        privacy=PrivacySpent(central_epsilon=1.0, central_delta=1e-6, capacity_test_epsilon=0.05),
+        ledger=LedgerSummary(measure="approx_dp", spent_epsilon=1.05, budget_epsilon=64.0),
+    )
+    no_key = keyed.model_copy(
+        update={"window_start_ms": 30_000, "window_end_ms": 40_000, "estimates": (), "released_keys": ()}
+    )
+    assert release_loss(keyed) == 1.05 and release_loss(windows[0]) == 1.0 and release_loss(windows[2]) is None
+    fig = release_figure([*windows, keyed, no_key], TRUTH)
+    (errors, errors_privacy), (theme, theme_privacy) = fig.axes[0:2], fig.axes[2:4]
+    assert [t.get_text() for t in theme.get_xticklabels()] == ["00:00:20", "00:00:30", "00:00:40", "00:00:50"]
+    assert "refused" in [t.get_text() for t in theme.texts]
+    assert len(theme_privacy.patches) == 3  # ε of the three released windows; the refused one spent nothing
+    assert [t.get_text() for t in errors.texts] == ["∅"]  # E1 was not released in the second window
+    assert "budget 64" in [t.get_text() for t in errors_privacy.get_legend().get_texts()]
+    assert "per client" in errors_privacy.get_title() and "not 0" in errors.get_title()
