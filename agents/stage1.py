@@ -40,6 +40,7 @@ from agents.windows import WindowSpec
 from schemas.conformance import MetricRules
 from schemas.wire import (
     CategoryColumns,
+    KeyedColumns,
     LocalHashColumns,
     RapporColumns,
     UnaryColumns,
@@ -243,6 +244,8 @@ def _fits(rules: MetricRules, table: SingleReports) -> np.ndarray | None:
         ok = np.full(len(table), c.k == rules.k)
     elif isinstance(c, RapporColumns):
         ok = (c.cohorts < rules.m) & (c.k == rules.k)
+    elif isinstance(c, KeyedColumns):  # one ASCII key length per table (a byte a character)
+        ok = np.full(len(table), len(c.keys[0]) <= rules.max_key_bytes)
     if ok is None or bool(ok.all()):
         return None
     return ok

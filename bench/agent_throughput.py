@@ -24,7 +24,9 @@ minus (window end + grace), median and p99 over the windows that closed while re
     .venv/bin/python bench/agent_throughput.py [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
         [--repeat 5] [--pseudonyms random|sequential] [--phases batch,single,latency,stage1]
 
-Phase ``stage1`` (not run by default; no broker needed) times ``PartitionState.process`` without Kafka.
+Phase ``stage1`` (not run by default; no broker needed) times ``PartitionState.process`` without Kafka: a batch
+of 500 × 1,000 reports, and the CPU a record of one-report messages (single and keyed shapes) in each half of
+stage 1, with the columnar path and with every record decoded alone.
 
 Uses the broker at ``--bootstrap``, else the local broker on $PTEL_KAFKA_PORT/9092 (started if needed, with a
 lease). Writes bench/results/agent_throughput.json.
@@ -52,6 +54,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.app import build_worker
 from agents.kinds import Aggregator
+from agents.placement import Placement
 from agents.stage1 import PartitionState, SourceRecord
 from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import Accepted, Validator
@@ -376,6 +379,50 @@ def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
     }
 
 
+def stage1_single_cpu(rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Stage 1 alone, no Kafka, on one-report messages: microseconds of CPU a record (best of ``rounds``) for the
+    per-record half (``PartitionState.prepare``: decode, validate, window -- with the columnar path, and with
+    every record decoded alone as before it), and for the numpy half (``aggregate``: bound, count), on the
+    records of partition 0 of the ``single`` and ``keyed`` shapes, in batches of 2,000 (the worker's
+    ``max_batch``)."""
+    spec = make_spec("cpu", size_s=THROUGHPUT_WINDOW_S)
+    validator = Validator(spec, resolve_protocols(spec))
+    aggregator = Aggregator(spec)
+    placement = Placement(PARTITIONS)
+    window = WindowSpec(THROUGHPUT_WINDOW_S, 1)
+    now_ms = int(time.time() * 1000)
+    out: dict[str, dict[str, float]] = {}
+    for shape, messages in (("single", single_messages(200_000)), ("keyed", keyed_messages(200_000))):
+        home = [
+            v
+            for _, v in messages
+            if isinstance(a := validator.check(v), Accepted) and placement.misplaced(a, 0) is None
+        ]
+        # LogAppendTime: the records of one producer batch share their broker time
+        records = [SourceRecord(i, now_ms + i // 50, None, v) for i, v in enumerate(home)]
+        batches = [records[i : i + 2000] for i in range(0, len(records), 2000)]
+        figures: dict[str, float] = {"records": float(len(records))}
+        for label, min_records in (("columnar", PartitionState.FAST_PATH_MIN_RECORDS), ("one_by_one", 1 << 30)):
+            best_prepare = best_aggregate = float("inf")
+            for _ in range(rounds):
+                state = PartitionState(0, window, validator, aggregator, placement=placement)
+                state.FAST_PATH_MIN_RECORDS = min_records
+                prepare_s = aggregate_s = 0.0
+                for batch in batches:
+                    t0 = time.process_time()
+                    prepared = state.prepare(batch)
+                    t1 = time.process_time()
+                    state.aggregate(prepared)
+                    aggregate_s += time.process_time() - t1
+                    prepare_s += t1 - t0
+                    state.state_records()
+                best_prepare, best_aggregate = min(best_prepare, prepare_s), min(best_aggregate, aggregate_s)
+            figures[f"prepare_us_{label}"] = best_prepare / len(records) * 1e6
+            figures[f"aggregate_us_{label}"] = best_aggregate / len(records) * 1e6
+        out[shape] = figures
+    return out
+
+
 def keyed_messages(n: int, keys: int = 1000) -> list[tuple[bytes, bytes]]:
     """One-report messages of the keyed metric: ``keys`` distinct keys, one report per client."""
     fp = make_spec("fp").metric("k0").fingerprint
@@ -421,6 +468,15 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
                 f"stage 1 without Kafka, {mode} pseudonyms, one batch of 500 x 1,000 reports: decode+validate "
                 f"{r['decode_validate_ms']:.1f} ms, bound+count {r['bound_count_ms']:.1f} ms, process "
                 f"{r['process_ms']:.1f} ms; 4 batches into one window {r['window_of_4_batches_ms']:.1f} ms",
+                flush=True,
+            )
+    if "stage1" in phases:
+        singles = out["stage1_single_cpu"] = stage1_single_cpu()
+        for shape, f in singles.items():
+            print(
+                f"stage 1 without Kafka, {shape} one-report messages ({f['records']:,.0f} records of partition 0), "
+                f"CPU a record: prepare {f['prepare_us_columnar']:.2f} us (one by one: {f['prepare_us_one_by_one']:.2f}"
+                f" us), aggregate {f['aggregate_us_columnar']:.2f} us",
                 flush=True,
             )
     if "batch" in phases:

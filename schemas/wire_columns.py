@@ -9,13 +9,15 @@ would decode to the same values:
 - the header (``_HEADER`` and metric name) was parsed and checked by the general decoder (it is in its header
   cache: a header not seen yet is parsed from the first record that carries it), version 1, message type REPORT;
 - the payload kind has a fixed size for the group (bool, category, local hash, regression; unary and RAPPOR for one
-  bit length ``k`` per group) and the value has exactly the length the layout adds up to;
+  bit length ``k`` per group; keyed reports for one key length per group) and the value has exactly the length the
+  layout adds up to;
 - each row's payload passes the checks of the payload's constructor: a bool byte of 0 or 1, a category index
-  below 65535, finite regression floats, ``1 <= k``, zero padding bits after bit ``k``.
+  below 65535, finite regression floats, ``1 <= k``, zero padding bits after bit ``k``, a key length byte that
+  matches the record's length and an ASCII key.
 
-Every other record -- a new header, a batch, a keyed report, a row that fails a check -- is left to the general
-decoder (``general``), which accepts or rejects it with its reason, so a consumer that uses both gives exactly the
-verdicts of decoding every record alone (property-tested in ``tests/unit/test_wire_columns.py``).
+Every other record -- a new header, a batch, a key that is not ASCII, a row that fails a check -- is left to the
+general decoder (``general``), which accepts or rejects it with its reason, so a consumer that uses both gives
+exactly the verdicts of decoding every record alone (property-tested in ``tests/unit/test_stage1_columnar.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from schemas.wire import (
     BatchColumns,
     BoolColumns,
     CategoryColumns,
+    KeyedColumns,
     LocalHashColumns,
     PayloadKind,
     RapporColumns,
@@ -81,6 +84,8 @@ def take_columns(c: BatchColumns, rows: NDArray[np.intp]) -> BatchColumns:
         return LocalHashColumns(c.seeds[rows], c.values[rows])
     if isinstance(c, RegressionColumns):
         return RegressionColumns(c.x[rows], c.y[rows])
+    if isinstance(c, KeyedColumns):
+        return KeyedColumns(tuple(c.keys[i] for i in rows.tolist()), c.bits[rows])
     if isinstance(c, UnaryColumns):
         return UnaryColumns(c.k, c.bits[rows])
     if isinstance(c, RapporColumns):
@@ -124,6 +129,15 @@ def _group(
         seeds = _field(table, p, "<u8", 8).astype(np.uint64, copy=False)
         ok = np.ones(len(values), np.bool_)
         columns = LocalHashColumns(seeds, _field(table, p + 8, "<u4", 4).astype(np.uint32, copy=False))
+    elif kind == PayloadKind.KEYED:  # one key length per group: the record's length fixes it
+        width = size - p - 2
+        key_bytes = np.ascontiguousarray(table[:, p + 1 : p + 1 + width])
+        bit = table[:, p + 1 + width]
+        # a key that is not ASCII is left to the general decoder (it checks its UTF-8); ASCII is UTF-8 and one
+        # character a byte, so the group's keys are one decode and fixed-width slices
+        ok = (table[:, p] == width) & (bit <= 1) & (key_bytes < 0x80).all(axis=1)
+        text = key_bytes.tobytes().decode("latin-1")
+        columns = KeyedColumns(tuple(text[i : i + width] for i in range(0, len(text), width)), bit == 1)
     elif kind == PayloadKind.REGRESSION:
         x = _field(table, p, "<f8", 8).astype(np.float64, copy=False)
         y = _field(table, p + 8, "<f8", 8).astype(np.float64, copy=False)
@@ -201,6 +215,8 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
         fixed = _FIXED.get(kind)
         if fixed is not None:
             fits = size == at + _COMMON + fixed
+        elif kind == PayloadKind.KEYED:  # key length byte, 1-255 key bytes, bit byte
+            fits = at + _COMMON + 3 <= size <= at + _COMMON + 257
         else:
             fits = kind in _PACKED_HEAD and size >= at + _COMMON + _PACKED_HEAD[kind]
         if not fits:

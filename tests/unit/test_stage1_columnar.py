@@ -82,7 +82,8 @@ def _payload(kind: str, v: int) -> Any:
     if kind == "home":
         return RapporPayload(v % 6, 12 if v % 5 else 16, _packed(12 if v % 5 else 16))  # cohorts 4, 5 out of range
     if kind == "errors":
-        return KeyedPayload(["a", "b", "c", "long-key-x"][v % 4], v % 2 == 0)
+        # ASCII keys of two lengths, one over max_key_bytes, keys that are not ASCII (left to the general decoder)
+        return KeyedPayload(["a", "b", "c", "long-key-x", "ab", "é", "ключ"][v % 7], v % 2 == 0)
     return RegressionPayload(v / 100, 0.5)
 
 
@@ -112,11 +113,18 @@ def _value(choice: int, v: int, pseudonym: int, t: int) -> bytes | None:
         return bytes(raw)
     if choice == 13:
         return bytes([1, 1, 0, 0]) + bytes(v % 9)
+    if choice == 14:  # a keyed report with a bad bit byte, or a key length byte that disagrees with the record's
+        raw = bytearray(encode_report(Report("errors", FP["errors"], pseudonym, t, KeyedPayload("ab", True))))
+        if v % 2:
+            raw[-1] = 2
+        else:
+            raw[-4] = 3
+        return bytes(raw)
     return None
 
 
 record = st.tuples(
-    st.integers(0, 14),  # what
+    st.integers(0, 15),  # what
     st.integers(0, 10_000),  # payload variety
     st.sampled_from([3, 9, 11, 14, 23, 25, 0, 1, 2, 7]),  # pseudonym: few (the bounds bind), most at home here
     st.integers(-12, 3),  # client time offset, seconds (other windows now and then)
