@@ -10,7 +10,7 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,13 @@ class Pipeline:
 
 
 @contextlib.asynccontextmanager
-async def demo_pipeline(bootstrap: str, tmp: Path, *, clients: int = 200) -> AsyncIterator[Pipeline]:
-    """A worker and a monitor for the demo's metrics; one round of ``clients`` devices is sent, and the context is
-    entered once the monitor holds a release of every metric."""
-    spec, spec_path = make_spec(tmp, demo_metrics(), partitions=2, size_s=SIZE_S, retention_s=60 * SIZE_S)
+async def demo_pipeline(
+    bootstrap: str, tmp: Path, *, clients: int = 200, extra_metrics: Sequence[dict[str, Any]] = ()
+) -> AsyncIterator[Pipeline]:
+    """A worker and a monitor for the demo's metrics (and ``extra_metrics``); one round of ``clients`` devices is
+    sent, and the context is entered once the monitor holds a release of every metric."""
+    metrics = [*demo_metrics(), *extra_metrics]
+    spec, spec_path = make_spec(tmp, metrics, partitions=2, size_s=SIZE_S, retention_s=60 * SIZE_S)
     settings = WorkerSettings(
         bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1000, clock_skew_ms=300), backlog_s=2 * SIZE_S
     )

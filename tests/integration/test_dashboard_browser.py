@@ -6,31 +6,32 @@ Fails (never skips) with what to install when Chromium or Playwright is missing 
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
+from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
-from schemas.releases import LedgerSummary, PrivacySpent, Release
 from tests.integration.dashboard_support import browser, demo_pipeline, open_dashboard, release_delays
 
 #: The issue's bound: a committed release is on the page within 2 s.
 MAX_DELAY_MS = 2000.0
 
-
-async def _commit(bootstrap: str, topic: str, release: Release) -> None:
-    """Publish ``release`` to the releases topic in a committed transaction, as stage 2 does."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"ptel-test-{uuid.uuid4().hex}")
-    await producer.start()
-    try:
-        async with producer.transaction():
-            await producer.send_and_wait(topic, release.to_bytes(), key=release.key.encode(), partition=0)
-    finally:
-        await producer.stop()
+#: A keyed metric the worker refuses in every window: its capacity of 8 keys a partition is below the capacity
+#: test's margin (about 400 keys for one key a client at ε' = 0.05, δ' = 1e-9), so no window can pass the test.
+CROWDED: dict[str, Any] = {
+    "name": "crowded",
+    "kind": "keyed",
+    "description": "Keys of a metric whose key capacity is too small to release",
+    "keys_per_window": 1,
+    "reports_per_window": 1,
+    "max_key_bytes": 32,
+    "max_keys_per_partition": 8,
+    "value": {"prob": 0.75},
+    "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 40, "dtype": "int"},
+    "budget": {"epsilon": 64.0, "delta": 1.0e-5},
+}
 
 
 async def test_dashboard_shows_live_releases_in_a_real_browser(kafka_bootstrap: str, tmp_path: Path) -> None:
-    async with demo_pipeline(kafka_bootstrap, tmp_path) as pipe, browser() as chromium:
+    async with demo_pipeline(kafka_bootstrap, tmp_path, extra_metrics=[CROWDED]) as pipe, browser() as chromium:
         spec = pipe.spec
         page = await open_dashboard(chromium, pipe.dashboard_url)
         tab = page.page
@@ -53,29 +54,17 @@ async def test_dashboard_shows_live_releases_in_a_real_browser(kafka_bootstrap: 
         delays = await release_delays(tab, kafka_bootstrap, spec.topics.releases, len(spec.metrics))
         assert max(delays) < MAX_DELAY_MS, delays
 
-        # a refused release (a budget refusal, as stage 2 writes one) is shown as refused, in the overview too
-        latest_start = max(pipe.windows) + 8 * spec.window.size_s * 1000  # ahead of the worker for this test
-        refused = Release(
-            spec=spec.name,
-            metric="errors",
-            kind="keyed",
-            window_start_ms=latest_start,
-            window_end_ms=latest_start + spec.window.size_s * 1000,
-            n=None,
-            over_bound=None,
-            confidence=0.95,
-            mechanism="thresholded Laplace",
-            privacy=PrivacySpent(),
-            ledger=LedgerSummary(measure="approx_dp", spent_epsilon=63.0, budget_epsilon=64.0, budget_delta=1e-5),
-            refused="budget exhausted: errors: the horizon's budget would be exceeded",
-            partitions=2,
+        # a refused release, refused by the worker itself: a keyed metric whose key capacity (8 keys a partition)
+        # is within the private capacity test's margin of zero, so stage 2 refuses every one of its windows
+        card = tab.locator(f"section.metric[data-metric='{CROWDED['name']}']")
+        await tab.wait_for_function(
+            "name => document.querySelector(`section.metric[data-metric='${name}'] .refusal`)",
+            arg=CROWDED["name"],
+            timeout=int(MAX_DELAY_MS),
         )
-        await _commit(kafka_bootstrap, spec.topics.releases, refused)
-        await tab.wait_for_function("key => window.__ptel.drawn[key]", arg=refused.key, timeout=int(MAX_DELAY_MS))
-        card = tab.locator("section.metric[data-metric='errors']")
-        assert "REFUSED: budget exhausted" in await card.locator(".refusal").inner_text()
+        assert "REFUSED: key capacity" in await card.locator(".refusal").inner_text()
         assert await card.locator("svg.privacy .refused-mark").count() >= 1
-        status = tab.locator("#overview-table tr[data-metric='errors'] .status")
+        status = tab.locator(f"#overview-table tr[data-metric='{CROWDED['name']}'] .status")
         assert await status.inner_text() == "refused"
 
         shot = tmp_path / "dashboard.png"
