@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -157,11 +159,54 @@ async def bare_consume(bootstrap: str, topic: str, total: int) -> float:
         await consumer.stop()
 
 
+def _schedstat_s(path: Path) -> float:
+    """CPU seconds a thread has run (the first field of its ``schedstat``, in ns); 0 if it is gone."""
+    try:
+        return int(path.read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _broker_pids(bootstrap: str) -> list[int]:
+    """The local ``kafka.Kafka`` processes whose ``server.properties`` listens on ``bootstrap``'s port."""
+    port = bootstrap.rsplit(":", 1)[-1]
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kafka.Kafka" not in args or not args[-1 if args[-1] else -2].endswith(b"server.properties"):
+            continue
+        props = Path((args[-1] or args[-2]).decode())
+        with contextlib.suppress(OSError):
+            if f":{port}" in props.read_text():
+                pids.append(int(proc.name))
+    return pids
+
+
+def cpu_snapshot(broker_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of this process's threads -- the event loop (``MainThread``), the stage-1 numpy pool
+    (``ptel-stage1*``), the others -- and of the broker's threads (Linux ``/proc``; empty elsewhere)."""
+    out = {"loop_s": 0.0, "pool_s": 0.0, "other_s": 0.0, "broker_s": 0.0}
+    pool = {t.native_id for t in threading.enumerate() if t.name.startswith("ptel-stage1")}
+    for task in Path("/proc/self/task").glob("*"):
+        tid = int(task.name)
+        group = "loop_s" if tid == os.getpid() else "pool_s" if tid in pool else "other_s"
+        out[group] += _schedstat_s(task / "schedstat")
+    for pid in broker_pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            out["broker_s"] += _schedstat_s(task / "schedstat")
+    return out
+
+
 async def worker_consume(
     bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
-) -> tuple[float, Worker]:
+) -> tuple[float, Worker, dict[str, float]]:
     """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
-    worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`)."""
+    worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`), the worker, and the CPU seconds spent
+    from the first poll that saw the worker's partitions assigned to the poll that saw its last commit, by thread
+    group and by the broker (:func:`cpu_snapshot`; ``interval_s``: that interval's wall time)."""
     # each repetition is a fresh group over the same reports: it adopts the dataset's privacy ledger from the one
     # before (which has stopped), so its stage 2 runs as the first one's did
     settings = WorkerSettings(
@@ -178,15 +223,22 @@ async def worker_consume(
     worker = build_worker(spec, settings)
     await worker.start()
     task = asyncio.create_task(worker.run())
+    brokers = _broker_pids(bootstrap)
+    before: dict[str, float] | None = None
+    started = 0.0
     try:
         while worker.stats.records < total:
             if task.done():
                 task.result()
-            await asyncio.sleep(0.005)
+            if before is None and worker.stage1_view():  # partitions assigned: the timed fetches start now
+                before, started = cpu_snapshot(brokers), time.perf_counter()
+            await asyncio.sleep(0.001 if before is None else 0.005)
+        after, ended = cpu_snapshot(brokers), time.perf_counter()
         first, last = worker.stats.first_record_s, worker.stats.last_commit_s
-        if first is None or last is None:
+        if first is None or last is None or before is None:
             raise RuntimeError("the worker recorded no processing times")
-        return last - first, worker
+        cpu = {k: after[k] - before[k] for k in after} | {"interval_s": ended - started}
+        return last - first, worker, cpu
     finally:
         worker.stop()
         await task
@@ -207,10 +259,12 @@ async def throughput(
     for group in groups:  # every repetition's state topics, made before any is timed
         await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, group))
     await preload(bootstrap, spec.topics.reports, messages)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    cpus: list[dict[str, float]] = []
     for i, group in enumerate(groups):  # same topic, same run: the bare consumer, then a fresh worker group
         bare_s = await bare_consume(bootstrap, spec.topics.reports, len(messages))
-        worker_s, worker = await worker_consume(bootstrap, spec, len(messages), group, threads)
+        worker_s, worker, cpu = await worker_consume(bootstrap, spec, len(messages), group, threads)
+        cpus.append(cpu)
         if worker.stats.reports_counted != reports:
             raise RuntimeError(f"{label}: worker counted {worker.stats.reports_counted} of {reports} reports")
         runs.append(
@@ -222,11 +276,15 @@ async def throughput(
                 "worker_transactions": worker.stats.transactions,
                 "ratio_reports_per_s": bare_s / worker_s,
                 "load_average_1min": os.getloadavg()[0],
+                "cpu": cpu,
             }
         )
         print(
             f"  {label} run {i + 1}/{repeat}: bare {reports / bare_s:,.0f} reports/s, worker "
-            f"{reports / worker_s:,.0f} reports/s, ratio {bare_s / worker_s:.2f} (load {os.getloadavg()[0]:.1f})",
+            f"{reports / worker_s:,.0f} reports/s, ratio {bare_s / worker_s:.2f} (load {os.getloadavg()[0]:.1f}); "
+            f"CPU over {cpu['interval_s'] * 1000:.0f} ms: loop {cpu['loop_s'] * 1000:.0f} ms, numpy pool "
+            f"{cpu['pool_s'] * 1000:.0f} ms, other threads {cpu['other_s'] * 1000:.0f} ms, broker "
+            f"{cpu['broker_s'] * 1000:.0f} ms",
             flush=True,
         )
     # topics are deleted after the last repetition, not between them: a deletion churns the broker's partition
@@ -246,6 +304,7 @@ async def throughput(
         "ratio_reports_per_s": statistics.median(r["ratio_reports_per_s"] for r in runs),
         "ratio_min": min(r["ratio_reports_per_s"] for r in runs),
         "ratio_max": max(r["ratio_reports_per_s"] for r in runs),
+        "cpu_median_s": {k: statistics.median(c[k] for c in cpus) for k in cpus[0]},
         "runs": runs,
     }
 
