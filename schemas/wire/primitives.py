@@ -90,6 +90,8 @@ def check_padding(bits: bytes | NDArray[np.uint8], k: int, what: str) -> None:
         mask = (1 << pad) - 1
         if isinstance(bits, bytes):
             bad = bool(bits[-1] & mask)
+        elif bits.ndim == 1:  # one vector (a batch's bit column): its last byte as a Python int
+            bad = bits.size > 0 and bool(int(bits[-1]) & mask)
         else:
             bad = bits.size > 0 and bool(np.any(bits[..., -1] & np.uint8(mask)))
         if bad:
