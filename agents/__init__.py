@@ -20,7 +20,8 @@ from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, ReleaseFrontier
 from agents.windows import Window, WindowSpec
-from agents.worker import Worker, WorkerSettings, WorkerStats
+from agents.worker import Worker, WorkerSettings
+from agents.worker_stats import WorkerStats
 
 __all__ = [
     "REJECTION_REASONS",

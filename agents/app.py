@@ -1,7 +1,8 @@
 """Builds a worker from a spec (the composition root); nothing else lives here.
 
 Topics are in :mod:`agents.topics`, per-partition logic in :mod:`agents.stage1`, merging and releasing
-in :mod:`agents.stage2` / :mod:`agents.release`, the Kafka loop and transactions in :mod:`agents.worker`.
+in :mod:`agents.stage2` / :mod:`agents.release`, the Kafka loop in :mod:`agents.worker`, stage 1's batches
+and transactions in :mod:`agents.stage1_pipeline`.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ async def worker_consume(
     bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
 ) -> tuple[float, Worker]:
     """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
-    worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`)."""
+    worker's own clocks: :attr:`agents.worker_stats.WorkerStats.first_record_s`)."""
     # each repetition is a fresh group over the same reports: it adopts the dataset's privacy ledger from the one
     # before (which has stopped), so its stage 2 runs as the first one's did
     settings = WorkerSettings(
