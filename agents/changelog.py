@@ -147,10 +147,9 @@ async def start_transactional_producer(
 ) -> AIOKafkaProducer:
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
-    Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly
-    (:func:`shorten_concurrent_transactions_backoff`).
+    Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly once the process has called
+    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.app.build_worker` does).
     """
-    shorten_concurrent_transactions_backoff()
     producer = AIOKafkaProducer(
         **client_kwargs(bootstrap),
         transactional_id=transactional_id,

@@ -371,3 +371,39 @@ async def test_assignment_holds_new_partitions_until_they_are_positioned(
         assert consumer.paused == tps and worker._stopping.is_set() and isinstance(worker.failure, AgentError)
     else:
         assert not consumer.paused and worker.failure is None
+
+
+# ------------------------------------------------------------------------------------------------
+# aiokafka's process-wide retry backoff is set where the app is built, never by starting a producer
+
+
+def test_the_concurrent_transactions_backoff_is_set_by_build_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiokafka.producer.sender as aiokafka_sender
+
+    from agents.app import build_worker
+    from agents.changelog import CONCURRENT_TRANSACTIONS_BACKOFF_S
+
+    monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)  # aiokafka's own
+    worker = build_worker(SPEC, WorkerSettings("127.0.0.1:1", "unit"))
+    try:
+        assert aiokafka_sender.BACKOFF_OVERRIDE == CONCURRENT_TRANSACTIONS_BACKOFF_S
+    finally:
+        worker._cpu.shutdown(wait=True)
+
+
+async def test_starting_a_transactional_producer_leaves_the_backoff_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiokafka.producer.sender as aiokafka_sender
+
+    from agents.changelog import start_transactional_producer
+
+    class _Producer:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+    monkeypatch.setattr("agents.changelog.AIOKafkaProducer", _Producer)
+    monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)
+    await start_transactional_producer("127.0.0.1:1", "unit.stage1.0")
+    assert aiokafka_sender.BACKOFF_OVERRIDE == 0.02
