@@ -28,7 +28,7 @@ from mechanisms.randomized_response import (
     make_randomized_response_from_epsilon,
 )
 from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
-from schemas.conformance import Accepted, AnyMetric, Protocol
+from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 from schemas.wire import (
     BoolColumns,
@@ -39,6 +39,7 @@ from schemas.wire import (
     RegressionColumns,
     UnaryColumns,
 )
+from schemas.wire_columns import SingleReports
 
 
 def shape_of(metric: AnyMetric) -> Shape:
@@ -181,6 +182,26 @@ class Aggregator:
                 raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be regression for (x, y) reports")
             partial.add_points(column("x"), column("y"), self.shapes[metric.name])
         return Added(counted)
+
+
+def columns_fit(rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+    """Rows of ``table`` whose payload fits the spec (``None``: all), as :func:`schemas.conformance._check_columns`
+    would find them one by one."""
+    c = table.columns
+    ok: NDArray[np.bool_] | None = None
+    if isinstance(c, CategoryColumns):
+        ok = c.indices < rules.k
+    elif isinstance(c, LocalHashColumns):
+        ok = c.values < rules.g
+    elif isinstance(c, UnaryColumns):
+        ok = np.full(len(table), c.k == rules.k)
+    elif isinstance(c, RapporColumns):
+        ok = (c.cohorts < rules.m) & (c.k == rules.k)
+    elif isinstance(c, KeyedColumns):  # one ASCII key length per table (a byte a character)
+        ok = np.full(len(table), len(c.keys[0]) <= rules.max_key_bytes)
+    if ok is None or bool(ok.all()):
+        return None
+    return ok
 
 
 def concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:

@@ -40,7 +40,8 @@ from aiokafka.errors import MessageSizeTooLargeError
 from agents.changelog import delivered
 from agents.dead_letters import dead_letter_record
 from agents.errors import AgentError
-from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, Record
+from agents.stage1 import BatchResult, PartitionState
+from agents.stage1_records import DeadLetter, Handover, Record
 from agents.topics import MAX_RECORD_BYTES, WorkerTopics
 from agents.validation import Validator
 from agents.watermarks import LOG_APPEND_TIME, untrusted_timestamp

@@ -35,8 +35,9 @@ from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.placement import Placement
-from agents.stage1 import Handover, PartitionState, SourceRecord
+from agents.stage1 import PartitionState
 from agents.stage1_pipeline import Stage1Pipeline, now_ms
+from agents.stage1_records import Handover, SourceRecord
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.validation import Protocol, Validator

@@ -55,7 +55,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from agents.app import build_worker
 from agents.kinds import Aggregator
 from agents.placement import Placement
-from agents.stage1 import PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import SourceRecord
 from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import Accepted, Validator
 from agents.watermarks import IdlePolicy

@@ -28,8 +28,9 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from agents.errors import AgentError
 from agents.kinds import Aggregator
-from agents.stage1 import Handover, PartitionState, PreparedBatch, SourceRecord, watermark_key
+from agents.stage1 import PartitionState, PreparedBatch
 from agents.stage1_pipeline import PIPELINE_DEPTH, Stage1Pipeline, now_ms
+from agents.stage1_records import Handover, SourceRecord, watermark_key
 from agents.topics import WorkerTopics
 from agents.validation import Validator
 from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy

@@ -10,7 +10,7 @@ from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.release import build_release
-from agents.stage1 import Handover
+from agents.stage1_records import Handover
 from agents.stage2 import ReleaserState
 from mechanisms.rappor import encode_batch_packed
 from mechanisms.rng import SeededRandom

@@ -15,8 +15,9 @@ from aiokafka import ConsumerRecord, TopicPartition
 from agents.changelog import ReplayError, check_range_retained
 from agents.errors import AgentError, ConfigurationError, StateError
 from agents.kinds import Aggregator
-from agents.stage1 import DeadLetter, PartitionState, Record
+from agents.stage1 import PartitionState
 from agents.stage1_pipeline import screen_timestamps
+from agents.stage1_records import DeadLetter, Record
 from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY, ReleaserState
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics
 from agents.watermarks import (
@@ -261,7 +262,7 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
     from agents.app import release_builder
     from agents.ledger import MetricLedger
     from agents.partials import Partial
-    from agents.stage1 import Handover
+    from agents.stage1_records import Handover
 
     build = release_builder(SPEC, resolve_protocols(SPEC))
 
@@ -300,7 +301,7 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
 
 def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_its_size() -> None:
     from agents.dead_letters import DEAD_LETTER_OVERHEAD, dead_letter_record
-    from agents.stage1 import SourceRecord
+    from agents.stage1_records import SourceRecord
 
     big = DeadLetter(SourceRecord(41, 1_000, b"k", bytes(2_000_000)), "wire.bad_version", "version 0", 1)
     value, headers = dead_letter_record(big, "reports", 3, 1_048_588)
