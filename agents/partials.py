@@ -28,15 +28,13 @@ import struct
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agents.errors import StateError
-
-Kind = Literal["bool", "categorical", "rappor", "keyed", "regression"]
-KINDS: tuple[Kind, ...] = ("bool", "categorical", "rappor", "keyed", "regression")
+from schemas.kinds import METRIC_KINDS, MetricKind
 
 #: Cells per axis of the regression histogram (x and y are quantized to cell centres).
 GRID = 1024
@@ -48,7 +46,7 @@ _MAGIC = b"PTP1"
 class Shape:
     """The dense shapes of a metric's counts: ``categories`` (k) for categorical, ``(cohorts, bits)`` for RAPPOR."""
 
-    kind: Kind
+    kind: MetricKind
     categories: int = 0
     cohorts: int = 0
     bits: int = 0
@@ -215,7 +213,7 @@ class Partial:
     """Counts of one metric in one window, from one partition (stage 1) or merged (stage 2)."""
 
     metric: str
-    kind: Kind
+    kind: MetricKind
     window_start_ms: int
     n: int = 0
     over_bound: int = 0
@@ -457,7 +455,7 @@ class Partial:
             if offset != len(body):
                 raise StateError("partial: trailing bytes")
             kind = header["kind"]
-            if kind not in KINDS:
+            if kind not in METRIC_KINDS:
                 raise StateError(f"partial: unknown kind {kind!r}")
             return cls(
                 metric=str(header["metric"]),
