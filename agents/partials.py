@@ -53,6 +53,16 @@ class Shape:
     x_bounds: tuple[float, float] = (0.0, 1.0)
     y_bounds: tuple[float, float] = (0.0, 1.0)
 
+    def dense_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of :attr:`Partial.counts` and :attr:`Partial.cohort_n`: bool ``(2,)``, categorical ``(k,)``,
+        RAPPOR ``(m, k)`` and ``(m,)``; ``(0,)`` where the kind keeps no dense counts."""
+        dense: dict[str, tuple[int, ...]] = {
+            "bool": (2,),
+            "categorical": (self.categories,),
+            "rappor": (self.cohorts, self.bits),
+        }
+        return dense.get(self.kind, (0,)), ((self.cohorts,) if self.kind == "rappor" else (0,))
+
 
 class ClientCounts:
     """Reports counted per client pseudonym in one window: sorted unique ``ids`` (uint64) and ``counts`` (int64).
@@ -245,13 +255,8 @@ class Partial:
     def empty(cls, metric: str, shape: Shape, window_start_ms: int) -> Partial:
         """A zero partial with the dense shapes of ``shape``."""
         p = cls(metric=metric, kind=shape.kind, window_start_ms=int(window_start_ms))
-        if shape.kind == "bool":
-            p.counts = np.zeros(2, np.int64)
-        elif shape.kind == "categorical":
-            p.counts = np.zeros(shape.categories, np.int64)
-        elif shape.kind == "rappor":
-            p.counts = np.zeros((shape.cohorts, shape.bits), np.int64)
-            p.cohort_n = np.zeros(shape.cohorts, np.int64)
+        counts, cohort_n = shape.dense_shapes()
+        p.counts, p.cohort_n = np.zeros(counts, np.int64), np.zeros(cohort_n, np.int64)
         return p
 
     # ------------------------------------------------------------------------------------------
