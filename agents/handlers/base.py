@@ -62,6 +62,9 @@ class KindHandler(ABC, Generic[M]):
     central: ClassVar[bool] = False
     #: The column types of the kind's payloads (a categorical metric has one per local protocol).
     column_types: ClassVar[tuple[type, ...]]
+    #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
+    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
+    shard_column: ClassVar[str | None] = None
 
     @abstractmethod
     def shape(self, metric: M) -> Shape:

@@ -29,6 +29,7 @@ from schemas.wire_columns import SingleReports
 class RapporHandler(BoundedHandler[RapporMetric]):
     kind = "rappor"
     column_types: ClassVar[tuple[type, ...]] = (RapporColumns,)
+    shard_column = "cohorts"
 
     def shape(self, metric: RapporMetric) -> Shape:
         return Shape("rappor", cohorts=metric.m, bits=metric.bits)
