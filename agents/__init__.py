@@ -14,13 +14,15 @@ from agents.errors import (
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.release import build_release
-from agents.stage1 import Handover, PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import Handover, SourceRecord
 from agents.stage2 import ReleaserState
 from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, ReleaseFrontier
 from agents.windows import Window, WindowSpec
-from agents.worker import Worker, WorkerSettings, WorkerStats
+from agents.worker import Worker, WorkerSettings
+from agents.worker_stats import WorkerStats
 
 __all__ = [
     "REJECTION_REASONS",

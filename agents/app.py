@@ -1,13 +1,16 @@
-"""Builds a worker from a spec (the composition root); nothing else lives here.
+"""Builds a worker from a spec (the composition root), with the process-wide client settings it needs; nothing
+else lives here.
 
 Topics are in :mod:`agents.topics`, per-partition logic in :mod:`agents.stage1`, merging and releasing
-in :mod:`agents.stage2` / :mod:`agents.release`, the Kafka loop and transactions in :mod:`agents.worker`.
+in :mod:`agents.stage2` / :mod:`agents.release`, the Kafka loop in :mod:`agents.worker`, stage 1's batches
+and transactions in :mod:`agents.stage1_pipeline`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from agents.changelog import shorten_concurrent_transactions_backoff
 from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Partial
@@ -59,7 +62,13 @@ def build_worker(
     insecure_noise_seed: str | None = None,
     on_release: Callable[[Release], None] | None = None,
 ) -> Worker:
-    """A worker for ``spec`` (release noise: see :func:`release_builder`)."""
+    """A worker for ``spec`` (release noise: see :func:`release_builder`).
+
+    Sets aiokafka's process-wide retry of ``AddPartitionsToTxn`` answered ``CONCURRENT_TRANSACTIONS`` to the
+    agents' (:func:`agents.changelog.shorten_concurrent_transactions_backoff`): back-to-back transactions of a
+    partition no longer wait 20 ms each.
+    """
+    shorten_concurrent_transactions_backoff()
     protocols = resolve_protocols(spec)
     return Worker(
         spec,

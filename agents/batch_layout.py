@@ -21,21 +21,27 @@ and close windows mid-batch.
 :func:`chunk_runs` then cuts the rows that need no further decision (single reports that fit the spec and the
 partition, of open, unchanged windows) into *chunks*: per (metric, window), maximal runs of rows in record order
 with one floor and one decoded table and no other accepted record of that window between them -- the groups
-stage 1 counts, in the order the record-by-record rule builds them.
+stage 1 counts, in the order the record-by-record rule builds them. Each chunk enters its group as one
+:class:`ReportsChunk` (its decoded rows and its records); the rare paths that decide records one by one split
+chunks back into one entry per record (:func:`one_per_record`).
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from agents.stage1_records import Record
+from agents.validation import Accepted
 from agents.windows import WindowSpec
+from schemas.wire_columns import take_columns
 
-__all__ = ["BrokerTimes", "Chunk", "broker_times", "chunk_runs"]
+__all__ = ["BrokerTimes", "Chunk", "ReportsChunk", "broker_times", "chunk_runs", "one_per_record", "records_at"]
 
 #: Stands for "no mark yet" (``None``) in the int64 arrays: below every broker time, so never makes a record late.
 NO_MARK = np.iinfo(np.int64).min
@@ -128,3 +134,52 @@ def chunk_runs(
         Chunk(names[int(mid[a])], int(st[a]), int(tab[a]), int(fl[a]), pos[a:b], row[a:b])
         for a, b in itertools.pairwise(bounds)
     ]
+
+
+@dataclass(frozen=True, eq=False)
+class ReportsChunk(Accepted):
+    """Reports of consecutive single-report records of one (metric, window), decoded together: row ``i`` is the one
+    report of ``records[i]``. It stands in a group for all its records (the group's record list holds the first);
+    the rare paths that handle records one by one split it first (:func:`one_per_record`)."""
+
+    records: tuple[Record, ...] = ()
+
+
+def one_per_record(
+    accepted: list[Accepted], records: list[Record], floors: list[int] | None
+) -> tuple[list[Accepted], list[Record], list[int] | None]:
+    """The entries with every :class:`ReportsChunk` split into one entry per record (same rows, same order)."""
+    if not any(isinstance(a, ReportsChunk) for a in accepted):
+        return accepted, records, floors
+    out_a: list[Accepted] = []
+    out_r: list[Record] = []
+    out_f: list[int] = []
+    for i, (verdict, rec) in enumerate(zip(accepted, records, strict=True)):
+        floor = floors[i] if floors is not None else 0
+        if not isinstance(verdict, ReportsChunk):
+            out_a.append(verdict)
+            out_r.append(rec)
+            out_f.append(floor)
+            continue
+        for j, one in enumerate(verdict.records):
+            row = np.arange(j, j + 1)
+            out_a.append(
+                Accepted(
+                    verdict.metric,
+                    verdict.pseudonyms[row],
+                    take_columns(verdict.columns, row),
+                    verdict.client_times[row],
+                )
+            )
+            out_r.append(one)
+            out_f.append(floor)
+    return out_a, out_r, (out_f if floors is not None else None)
+
+
+def records_at(records: Sequence[Record], positions: NDArray[np.intp]) -> tuple[Record, ...]:
+    """``records`` at ``positions`` (ascending, not empty), as a tuple: a slice when they are consecutive."""
+    first, last = int(positions[0]), int(positions[-1])
+    if last - first + 1 == positions.size:
+        return tuple(records[first : last + 1])
+    picked = operator.itemgetter(*positions.tolist())(records)
+    return picked if positions.size > 1 else (picked,)

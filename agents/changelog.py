@@ -1,4 +1,5 @@
-"""Reading a compacted state topic back (read committed, to the log end) and one producer per transactional id."""
+"""Reading a compacted state topic back (read committed, to the log end), one producer per transactional id and
+the wait for a transaction's deliveries."""
 
 from __future__ import annotations
 
@@ -146,10 +147,9 @@ async def start_transactional_producer(
 ) -> AIOKafkaProducer:
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
-    Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly
-    (:func:`shorten_concurrent_transactions_backoff`).
+    Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly once the process has called
+    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.app.build_worker` does).
     """
-    shorten_concurrent_transactions_backoff()
     producer = AIOKafkaProducer(
         **client_kwargs(bootstrap),
         transactional_id=transactional_id,
@@ -161,3 +161,12 @@ async def start_transactional_producer(
     )
     await producer.start()
     return producer
+
+
+async def delivered(futures: list[asyncio.Future[Any]]) -> None:
+    """Wait for every delivery of a transaction; the first failure raises (and the transaction aborts).
+
+    aiokafka's ``commit_transaction`` does not fail for a batch the broker refused: await this before the commit,
+    or a refused record is lost with its source offset committed."""
+    if futures:
+        await asyncio.gather(*futures)

@@ -1,4 +1,4 @@
-"""Per metric kind: the shape of its counts, how accepted reports become counts, and protocol resolution.
+"""Stage 1's counting of accepted reports, per metric, through its kind's handler (:mod:`agents.handlers`).
 
 Contribution bounds are applied here, before counting, in record order (deterministic for a given
 partition log): at most ``reports_per_window`` reports per client pseudonym and window and, for keyed
@@ -13,49 +13,33 @@ dead-lettered as ``window_mismatch``): one pseudonym per device and release wind
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from agents.errors import ConfigurationError
+from agents.handlers.base import Added, KindHandler, concat
+from agents.handlers.registry import HANDLERS, handler_of
 from agents.partials import Partial, Shape
-from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
-from mechanisms.randomized_response import (
-    make_randomized_response,
-    make_randomized_response_bool,
-    make_randomized_response_from_epsilon,
-)
-from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
-from schemas.conformance import Accepted, AnyMetric, Protocol
-from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
-from schemas.wire import (
-    BoolColumns,
-    CategoryColumns,
-    KeyedColumns,
-    LocalHashColumns,
-    RapporColumns,
-    RegressionColumns,
-    UnaryColumns,
-)
+from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
+from schemas.spec import CollectionSpec
+from schemas.wire_columns import SingleReports
+
+__all__ = [
+    "Added",
+    "Aggregator",
+    "columns_fit",
+    "concat",
+    "local_measurement",
+    "shape_mismatch",
+    "shape_of",
+]
 
 
 def shape_of(metric: AnyMetric) -> Shape:
     """The count shapes of ``metric``."""
-    if isinstance(metric, BoolMetric):
-        return Shape("bool")
-    if isinstance(metric, CategoricalMetric):
-        return Shape("categorical", categories=metric.k)
-    if isinstance(metric, RapporMetric):
-        return Shape("rappor", cohorts=metric.m, bits=metric.bits)
-    if isinstance(metric, KeyedMetric):
-        return Shape("keyed")
-    return Shape(
-        "regression",
-        x_bounds=(float(metric.x_bounds[0]), float(metric.x_bounds[1])),
-        y_bounds=(float(metric.y_bounds[0]), float(metric.y_bounds[1])),
-    )
+    return handler_of(metric).shape(metric)
 
 
 def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
@@ -71,33 +55,21 @@ def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
     shape = shape_of(metric)
     if partial.kind != shape.kind:
         return f"the window's counts are {partial.kind}, the spec's {metric.name} is {shape.kind}"
-    want_counts: tuple[int, ...] = {
-        "bool": (2,),
-        "categorical": (shape.categories,),
-        "rappor": (shape.cohorts, shape.bits),
-    }.get(shape.kind, (0,))
-    want_cohorts = (shape.cohorts,) if shape.kind == "rappor" else (0,)
+    want_counts, want_cohorts = shape.dense_shapes()
     if partial.counts.shape != want_counts or partial.cohort_n.shape != want_cohorts:
         got = f"{partial.counts.shape}/{partial.cohort_n.shape}"
         return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
     return None
 
 
-@dataclass(frozen=True)
-class Added:
-    """What :meth:`Aggregator.add_bounded` did: reports counted, and per accepted record (in order) its reports
-    refused for the partial's key capacity (empty: none refused)."""
-
-    counted: int
-    capacity_refused: tuple[int, ...] = ()
-
-
 class Aggregator:
-    """Turns accepted reports into counts, metric by metric."""
+    """Turns accepted reports into counts, metric by metric (each through its kind's handler, looked up once per
+    group of reports)."""
 
     def __init__(self, spec: CollectionSpec, olh_range: dict[str, int] | None = None) -> None:
         self.metrics: dict[str, AnyMetric] = {m.name: m for m in spec.metrics}
-        self.shapes = {name: shape_of(m) for name, m in self.metrics.items()}
+        self.handlers: dict[str, KindHandler[Any]] = {name: handler_of(m) for name, m in self.metrics.items()}
+        self.shapes = {name: self.handlers[name].shape(m) for name, m in self.metrics.items()}
         self.olh_range = dict(olh_range or {})
 
     def empty(self, metric: str, window_start_ms: int) -> Partial:
@@ -116,97 +88,35 @@ class Aggregator:
         """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""
         pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         metric = self.metrics[partial.metric]
-        if isinstance(metric, KeyedMetric):
-            keys = [k for a in accepted for k in a.columns.keys]  # type: ignore[union-attr]
-            ok = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
-        else:
-            ok = partial.admit(pseudonyms, metric.reports_per_window)
-        return int(ok.sum())
+        return self.handlers[metric.name].admit(partial, metric, pseudonyms, accepted)
 
     def add(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Bound and count ``accepted`` (all of ``partial``'s metric, in record order); the number counted."""
         return self.add_bounded(partial, accepted).counted
 
     def add_bounded(self, partial: Partial, accepted: Sequence[Accepted]) -> Added:
-        """:meth:`add`, and how many reports of each ``accepted`` the key capacity refused (keyed metrics).
-
-        Keyed: the contribution bounds first (``admit_keyed``: over the bound -> ``over_bound``), then the
-        partial's key capacity (``KeyedMetric.key_capacity`` distinct keys per window and partition): an
-        admitted report of a key new to a full partial is not counted (the caller dead-letters it as
-        ``key_capacity``). The capacity only removes reports, after the bounds: Δ0, Δ∞ do not grow.
-        """
+        """:meth:`add`, and how many reports of each ``accepted`` the key capacity refused (keyed metrics; see
+        :meth:`agents.handlers.keyed.KeyedHandler.count`)."""
         metric = self.metrics[partial.metric]
+        handler = self.handlers[metric.name]
+        payload = type(accepted[0].columns)
+        if payload not in handler.column_types:
+            raise ConfigurationError(f"kind of {metric.name}", metric.kind, f"does not take {payload.__name__} reports")
         pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
-        columns = [a.columns for a in accepted]
-        first = columns[0]
-        if isinstance(first, KeyedColumns):
-            if not isinstance(metric, KeyedMetric):
-                raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be keyed for keyed reports")
-            keys = [k for c in columns for k in c.keys]  # type: ignore[union-attr]
-            admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
-            ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
-            bits = concat([c.bits for c in columns])  # type: ignore[union-attr]
-            partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
-            refused = admitted & ~ok
-            if not refused.any():  # the usual case: the partial had room for every new key
-                return Added(int(ok.sum()))
-            per_record, start = [], 0
-            for a in accepted:
-                per_record.append(int(np.count_nonzero(refused[start : start + a.reports])))
-                start += a.reports
-            return Added(int(ok.sum()), tuple(per_record))
-        ok = partial.admit(pseudonyms, metric.reports_per_window)
-        counted = int(np.count_nonzero(ok))
-        keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
-
-        def column(name: str) -> NDArray[Any]:
-            return concat([getattr(c, name) for c in columns])[keep]
-
-        if isinstance(first, BoolColumns):
-            partial.add_bool(column("bits"))
-        elif isinstance(first, CategoryColumns):
-            partial.add_categories(column("indices"))
-        elif isinstance(first, UnaryColumns):
-            packed = column("bits")
-            partial.add_support_counts(unary_support_counts(packed, first.k), int(packed.shape[0]))
-        elif isinstance(first, LocalHashColumns):
-            seeds, values = column("seeds"), column("values")
-            k = self.shapes[metric.name].categories
-            counts = olh_support_counts(seeds, values, k, self.olh_range[metric.name])
-            partial.add_support_counts(counts, int(seeds.size))
-        elif isinstance(first, RapporColumns):
-            partial.add_rappor(column("cohorts"), np.unpackbits(column("bits"), axis=1, count=first.k))
-        elif isinstance(first, RegressionColumns):
-            if not isinstance(metric, RegressionMetric):
-                raise ConfigurationError(f"kind of {metric.name}", metric.kind, "must be regression for (x, y) reports")
-            partial.add_points(column("x"), column("y"), self.shapes[metric.name])
-        return Added(counted)
+        return handler.count(partial, metric, accepted, pseudonyms, self.olh_range.get(metric.name))
 
 
-def concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:
-    """``np.concatenate`` that returns a single array as it is (read-only views stay views: callers never write)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+def columns_fit(rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+    """Rows of ``table`` whose payload fits the spec (``None``: all), as :func:`schemas.conformance._check_columns`
+    would find them one by one."""
+    ok = HANDLERS[rules.metric.kind].columns_fit(rules, table)
+    if ok is None or bool(ok.all()):
+        return None
+    return ok
 
 
 def local_measurement(metric: AnyMetric, protocol: Protocol | None) -> Any:
-    """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``).
-
-    bool: boolean RR; categorical: k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``; keyed:
-    the boolean RR of the value. ``None`` for regression (no local randomization).
-    """
-    if isinstance(metric, BoolMetric):
-        return make_randomized_response_bool(metric.resolved_prob())
-    if isinstance(metric, KeyedMetric):
-        return make_randomized_response_bool(metric.value.resolved_prob())
-    if isinstance(metric, CategoricalMetric):
-        cats = range(metric.k)
-        if protocol == "krr":
-            if metric.prob is not None:
-                return make_randomized_response(cats, float(metric.prob))
-            return make_randomized_response_from_epsilon(cats, float(metric.resolved_epsilon()))
-        if protocol == "oue":
-            return make_optimized_unary_encoding(cats, float(metric.resolved_epsilon()))
-        if protocol == "olh":
-            return make_optimized_local_hashing(cats, float(metric.resolved_epsilon()))
-        raise ConfigurationError(f"protocol of {metric.name}", protocol, "must be one of krr, oue, olh")
-    return None
+    """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``):
+    bool: boolean RR; categorical: k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``; keyed: the boolean
+    RR of the value. ``None`` for regression (no local randomization)."""
+    return handler_of(metric).local_measurement(metric, protocol)

@@ -28,15 +28,13 @@ import struct
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from agents.errors import StateError
-
-Kind = Literal["bool", "categorical", "rappor", "keyed", "regression"]
-KINDS: tuple[Kind, ...] = ("bool", "categorical", "rappor", "keyed", "regression")
+from schemas.kinds import METRIC_KINDS, MetricKind
 
 #: Cells per axis of the regression histogram (x and y are quantized to cell centres).
 GRID = 1024
@@ -48,12 +46,22 @@ _MAGIC = b"PTP1"
 class Shape:
     """The dense shapes of a metric's counts: ``categories`` (k) for categorical, ``(cohorts, bits)`` for RAPPOR."""
 
-    kind: Kind
+    kind: MetricKind
     categories: int = 0
     cohorts: int = 0
     bits: int = 0
     x_bounds: tuple[float, float] = (0.0, 1.0)
     y_bounds: tuple[float, float] = (0.0, 1.0)
+
+    def dense_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of :attr:`Partial.counts` and :attr:`Partial.cohort_n`: bool ``(2,)``, categorical ``(k,)``,
+        RAPPOR ``(m, k)`` and ``(m,)``; ``(0,)`` where the kind keeps no dense counts."""
+        dense: dict[str, tuple[int, ...]] = {
+            "bool": (2,),
+            "categorical": (self.categories,),
+            "rappor": (self.cohorts, self.bits),
+        }
+        return dense.get(self.kind, (0,)), ((self.cohorts,) if self.kind == "rappor" else (0,))
 
 
 class ClientCounts:
@@ -215,7 +223,7 @@ class Partial:
     """Counts of one metric in one window, from one partition (stage 1) or merged (stage 2)."""
 
     metric: str
-    kind: Kind
+    kind: MetricKind
     window_start_ms: int
     n: int = 0
     over_bound: int = 0
@@ -247,13 +255,8 @@ class Partial:
     def empty(cls, metric: str, shape: Shape, window_start_ms: int) -> Partial:
         """A zero partial with the dense shapes of ``shape``."""
         p = cls(metric=metric, kind=shape.kind, window_start_ms=int(window_start_ms))
-        if shape.kind == "bool":
-            p.counts = np.zeros(2, np.int64)
-        elif shape.kind == "categorical":
-            p.counts = np.zeros(shape.categories, np.int64)
-        elif shape.kind == "rappor":
-            p.counts = np.zeros((shape.cohorts, shape.bits), np.int64)
-            p.cohort_n = np.zeros(shape.cohorts, np.int64)
+        counts, cohort_n = shape.dense_shapes()
+        p.counts, p.cohort_n = np.zeros(counts, np.int64), np.zeros(cohort_n, np.int64)
         return p
 
     # ------------------------------------------------------------------------------------------
@@ -457,7 +460,7 @@ class Partial:
             if offset != len(body):
                 raise StateError("partial: trailing bytes")
             kind = header["kind"]
-            if kind not in KINDS:
+            if kind not in METRIC_KINDS:
                 raise StateError(f"partial: unknown kind {kind!r}")
             return cls(
                 metric=str(header["metric"]),

@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 from aiokafka.partitioner import murmur2
 
+from agents.handlers.registry import HANDLERS
 from agents.validation import Accepted
-from schemas.wire import DEFAULT_SHARDS, RapporColumns, partition_key
+from schemas.wire import DEFAULT_SHARDS, partition_key
 
 __all__ = ["Placement"]
 
@@ -49,17 +50,16 @@ class Placement:
         if self.partitions == 1:
             return None
         name = accepted.metric.name
-        columns = accepted.columns
+        by = HANDLERS[accepted.metric.kind].shard_column  # the shard of the message key, if not the pseudonym's
         if accepted.reports == 1:
-            shard = int(columns.cohorts[0]) if isinstance(columns, RapporColumns) else int(accepted.pseudonyms[0])
-            if isinstance(columns, RapporColumns):
-                home = self.partition_of(name, shard)
+            if by is not None:
+                home = self.partition_of(name, int(getattr(accepted.columns, by)[0]))
             else:
-                home = self.partition_of(name, shard % self.shards)
+                home = self.partition_of(name, int(accepted.pseudonyms[0]) % self.shards)
             return None if home == partition else np.ones(1, np.bool_)
         shards: np.ndarray
-        if isinstance(columns, RapporColumns):
-            shards = columns.cohorts.astype(np.int64)
+        if by is not None:
+            shards = getattr(accepted.columns, by).astype(np.int64)
         elif self._mask is not None:  # a power of two: one AND per row
             shards = accepted.pseudonyms & self._mask
         else:

@@ -1,8 +1,9 @@
 """Stage 1, one source partition: validate, window, bound, aggregate, watermark, close -- without Kafka.
 
 :class:`PartitionState` is everything stage 1 knows about one source partition ``p``; the Kafka driver
-(:mod:`agents.ingest`) feeds it batches of :class:`Record` and writes what it returns -- dead
-letters, changed state records, the hand-over of closed windows -- in one transaction with the offset.
+(:mod:`agents.stage1_pipeline`) feeds it batches of :class:`~agents.stage1_records.Record` and writes what it
+returns -- dead letters, changed state records, the hand-over of closed windows
+(:mod:`agents.stage1_records`) -- in one transaction with the offset.
 
 State records (compacted topic ``<group>.stage1-state``, partition ``p``):
 
@@ -19,105 +20,22 @@ replay re-admits exactly the records that were admitted, in the same order.
 from __future__ import annotations
 
 import bisect
-import json
-import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.batch_layout import NO_MARK, BrokerTimes, broker_times, chunk_runs
-from agents.errors import StateError
-from agents.kinds import Aggregator, concat
+from agents.batch_layout import NO_MARK, BrokerTimes, ReportsChunk, broker_times, chunk_runs, one_per_record, records_at
+from agents.kinds import Aggregator, columns_fit, concat
 from agents.partials import Partial
 from agents.placement import Placement
+from agents.stage1_records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
-from schemas.conformance import MetricRules
-from schemas.wire import (
-    CategoryColumns,
-    KeyedColumns,
-    LocalHashColumns,
-    RapporColumns,
-    UnaryColumns,
-)
-from schemas.wire_columns import SingleReports, decode_single_reports, take_columns
-
-
-class Record(Protocol):
-    """One record of the reports topic, as stage 1 reads it: aiokafka's ``ConsumerRecord`` is one, so the worker
-    hands its fetches over as they are (no object per record), and :class:`SourceRecord` is one."""
-
-    @property
-    def offset(self) -> int: ...
-
-    #: The broker time (ms): LogAppendTime, checked by the worker before stage 1 sees the record.
-    @property
-    def timestamp(self) -> int: ...
-
-    @property
-    def key(self) -> bytes | None: ...
-
-    @property
-    def value(self) -> bytes | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One record of the reports topic, built by hand (replays, tests)."""
-
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A rejected record: the original record, the reason and a detail for people."""
-
-    record: Record
-    reason: str
-    detail: str
-    reports: int
-
-
-@dataclass(frozen=True)
-class Handover:
-    """Closed windows of one partition, for stage 2: the new mark and the partials (counts only)."""
-
-    partition: int
-    closed_before_ms: int
-    partials: tuple[Partial, ...]
-
-    def to_bytes(self) -> bytes:
-        """``JSON header line`` + ``\\n`` + the concatenated partials (lengths in the header)."""
-        blobs = [p.to_bytes() for p in self.partials]
-        head = {"v": 1, "partition": self.partition, "cb": self.closed_before_ms, "lengths": [len(b) for b in blobs]}
-        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(blobs)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Handover:
-        """Inverse of :meth:`to_bytes`; :class:`StateError` if malformed."""
-        try:
-            line, _, rest = data.partition(b"\n")
-            head = json.loads(line)
-            partials = []
-            offset = 0
-            for length in head["lengths"]:
-                partials.append(Partial.from_bytes(rest[offset : offset + int(length)]))
-                offset += int(length)
-            if offset != len(rest):
-                raise StateError("hand-over: trailing bytes")
-            return cls(int(head["partition"]), int(head["cb"]), tuple(partials))
-        except StateError:
-            raise
-        except (ValueError, KeyError, TypeError) as err:
-            raise StateError(f"hand-over: cannot decode ({err})") from err
+from schemas.wire_columns import SingleReports, decode_single_reports
 
 
 @dataclass
@@ -154,46 +72,6 @@ class _Split:
     refused: list[tuple[Record, str, int, str]]
 
 
-@dataclass(frozen=True, eq=False)
-class _Chunk(Accepted):
-    """Reports of consecutive single-report records of one (metric, window), decoded together: row ``i`` is the one
-    report of ``records[i]``. It stands in a group for all its records (the group's record list holds the first);
-    the rare paths that handle records one by one split it first (:func:`_one_per_record`)."""
-
-    records: tuple[Record, ...] = ()
-
-
-def _one_per_record(
-    accepted: list[Accepted], records: list[Record], floors: list[int] | None
-) -> tuple[list[Accepted], list[Record], list[int] | None]:
-    """The entries with every :class:`_Chunk` split into one entry per record (same rows, same order)."""
-    if not any(isinstance(a, _Chunk) for a in accepted):
-        return accepted, records, floors
-    out_a: list[Accepted] = []
-    out_r: list[Record] = []
-    out_f: list[int] = []
-    for i, (verdict, rec) in enumerate(zip(accepted, records, strict=True)):
-        floor = floors[i] if floors is not None else 0
-        if not isinstance(verdict, _Chunk):
-            out_a.append(verdict)
-            out_r.append(rec)
-            out_f.append(floor)
-            continue
-        for j, one in enumerate(verdict.records):
-            row = np.arange(j, j + 1)
-            out_a.append(
-                Accepted(
-                    verdict.metric,
-                    verdict.pseudonyms[row],
-                    take_columns(verdict.columns, row),
-                    verdict.client_times[row],
-                )
-            )
-            out_r.append(one)
-            out_f.append(floor)
-    return out_a, out_r, (out_f if floors is not None else None)
-
-
 def _by_window(
     moved: list[tuple[int, Record, Accepted]],
 ) -> list[tuple[int, list[Accepted], list[Record]]]:
@@ -212,43 +90,6 @@ def _handed_over(partial: Partial) -> Partial:
     out = partial.counts_only()
     out.max_partition_keys = len(out.keyed)
     return out
-
-
-def _records_at(records: Sequence[Record], positions: NDArray[np.intp]) -> tuple[Record, ...]:
-    """``records`` at ``positions`` (ascending, not empty), as a tuple: a slice when they are consecutive."""
-    first, last = int(positions[0]), int(positions[-1])
-    if last - first + 1 == positions.size:
-        return tuple(records[first : last + 1])
-    picked = operator.itemgetter(*positions.tolist())(records)
-    return picked if positions.size > 1 else (picked,)
-
-
-def watermark_key(partition: int) -> bytes:
-    return f"p{partition}/wm".encode()
-
-
-def partial_key(partition: int, metric: str, window_start_ms: int) -> bytes:
-    return f"p{partition}/w/{metric}/{window_start_ms}".encode()
-
-
-def _fits(rules: MetricRules, table: SingleReports) -> np.ndarray | None:
-    """Rows of ``table`` whose payload fits the spec (``None``: all), as :func:`schemas.conformance._check_columns`
-    would find them one by one."""
-    c = table.columns
-    ok: np.ndarray | None = None
-    if isinstance(c, CategoryColumns):
-        ok = c.indices < rules.k
-    elif isinstance(c, LocalHashColumns):
-        ok = c.values < rules.g
-    elif isinstance(c, UnaryColumns):
-        ok = np.full(len(table), c.k == rules.k)
-    elif isinstance(c, RapporColumns):
-        ok = (c.cohorts < rules.m) & (c.k == rules.k)
-    elif isinstance(c, KeyedColumns):  # one ASCII key length per table (a byte a character)
-        ok = np.full(len(table), len(c.keys[0]) <= rules.max_key_bytes)
-    if ok is None or bool(ok.all()):
-        return None
-    return ok
 
 
 class PartitionState:
@@ -336,8 +177,8 @@ class PartitionState:
         for c in chunk_runs(fast, table_of[fast], row_of[fast], [t.metric for t in tables], times, breaks):
             table = tables[c.table]
             pse, client_times, columns = table.take(c.rows)
-            recs = _records_at(records, c.positions)
-            chunk = _Chunk(self.validator.rules[table.metric].metric, pse, columns, client_times, recs)
+            recs = records_at(records, c.positions)
+            chunk = ReportsChunk(self.validator.rules[table.metric].metric, pse, columns, client_times, recs)
             entries.setdefault((c.metric, c.start), []).append((int(c.positions[0]), chunk, recs[0], c.floor))
         for key, group in sorted(entries.items(), key=lambda kv: min(e[0] for e in kv[1])):
             group.sort(key=lambda e: e[0])
@@ -434,7 +275,7 @@ class PartitionState:
             rules = self.validator.rules.get(table.metric)
             if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
                 continue
-            ok = _fits(rules, table)
+            ok = columns_fit(rules, table)
             if ok is not None:
                 rows = np.flatnonzero(ok)
                 if rows.size == 0:
@@ -554,7 +395,7 @@ class PartitionState:
             ok = (offset >= 0) & (offset < size_s)
         if bool(ok.all()):
             return _Split(accepted, records, [], [])
-        accepted, records, floors = _one_per_record(accepted, records, floors)  # rows keep their order
+        accepted, records, floors = one_per_record(accepted, records, floors)  # rows keep their order
         out = _Split([], [], [], [])
         size_ms = self.window.size_ms
         at = 0
@@ -675,14 +516,9 @@ class PartitionState:
     def _mark_bytes(self) -> bytes:
         start = self.replay_from()  # monotone: windows close in order, new ones start at later offsets
         self.future_refused = [] if start is None else [iv for iv in self.future_refused if iv[1] > start]
-        doc: dict[str, Any] = {
-            "wm": self.watermark_ms,
-            "cb": self.closed_before_ms,
-            "handed": self._last_handover_cb,
-            "rejected": {r: list(v) for r, v in sorted(self.rejected.items())},
-            "future": self.future_refused,
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        mark = MarkRecord(self.watermark_ms, self.closed_before_ms, self._last_handover_cb, dict(self.rejected))
+        mark.future = self.future_refused
+        return mark.to_bytes()
 
     def restore(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Rebuild from the state topic (records in log order; the last value per key wins)."""
@@ -698,17 +534,11 @@ class PartitionState:
             if not key.startswith(prefix) or value is None:
                 continue
             if key == watermark_key(self.partition):
-                try:
-                    doc = json.loads(value)
-                    self.watermark_ms = None if doc["wm"] is None else int(doc["wm"])
-                    self.closed_before_ms = None if doc["cb"] is None else int(doc["cb"])
-                    if doc.get("handed") is not None:
-                        self._last_handover_cb = int(doc["handed"])
-                    for reason, (recs, reps) in doc["rejected"].items():
-                        self.rejected[str(reason)] = [int(recs), int(reps)]
-                    self.future_refused = [[int(a), int(b)] for a, b in doc.get("future", [])]
-                except (ValueError, KeyError, TypeError) as err:
-                    raise StateError(f"watermark record of partition {self.partition}: {err}") from err
+                mark = MarkRecord.from_bytes(value, self.partition)
+                self.watermark_ms, self.closed_before_ms = mark.watermark_ms, mark.closed_before_ms
+                self._last_handover_cb = mark.handed_ms
+                self.rejected.update(mark.rejected)
+                self.future_refused = mark.future
             else:
                 partial = Partial.from_bytes(value)
                 self.partials[(partial.metric, partial.window_start_ms)] = partial

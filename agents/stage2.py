@@ -48,7 +48,7 @@ from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.release import too_large
-from agents.stage1 import Handover
+from agents.stage1_records import Handover
 from agents.watermarks import ReleaseFrontier
 from mechanisms.rng import DERIVED_KEY_BYTES
 from schemas.releases import Release, release_key

@@ -135,7 +135,7 @@ def output_plans(dead_letter: str, releases: str, partitions: int) -> list[Topic
     return [
         # a dead letter carries the original bytes of any record the reports topic took (a compressed batch can hold
         # a record far above the reports topic's own limit): room for them, compressed on the broker; a topic made
-        # elsewhere with less room gets truncated dead letters (agents.worker), never lost ones
+        # elsewhere with less room gets truncated dead letters (agents.dead_letters), never lost ones
         TopicPlan(dead_letter, partitions, {**big, "compression.type": "gzip"}, {}),
         TopicPlan(releases, RELEASES_PARTITIONS, big, {}, {"max.message.bytes": MAX_RECORD_BYTES}),
     ]

@@ -12,11 +12,9 @@ with the error: a restart resumes from the last committed transaction (crash-onl
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,26 +22,28 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import MessageSizeTooLargeError
 
-from agents.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS, read_range, read_to_end, start_transactional_producer
+from agents.changelog import (
+    TRANSACTIONAL_RETRY_BACKOFF_MS,
+    delivered,
+    read_range,
+    read_to_end,
+    start_transactional_producer,
+)
 from agents.errors import AgentError, ConfigurationError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.placement import Placement
-from agents.stage1 import BatchResult, DeadLetter, Handover, PartitionState, Record, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_pipeline import Stage1Pipeline, now_ms
+from agents.stage1_records import Handover, SourceRecord
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.validation import Protocol, Validator
-from agents.watermarks import (
-    FUTURE_TOLERANCE_MS,
-    LOG_APPEND_TIME,
-    IdlePolicy,
-    caught_up_at_fetch,
-    untrusted_timestamp,
-)
+from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy, caught_up_at_fetch
 from agents.windows import WindowSpec
+from agents.worker_stats import WorkerStats
 from schemas.kafka_connection import Connection, KafkaConnection, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
@@ -66,13 +66,13 @@ class WorkerSettings:
     #: Records per fetch (``getmany``'s ``max_records``), all partitions together: a batch's CPU work.
     max_batch: int = 2_000
     #: Records per stage-1 transaction at most: batches of a partition that finish while its transaction commits
-    #: join the next one up to this many (group commit, see :meth:`Worker._chain_commit`); ``max_batch``: one
+    #: join the next one up to this many (group commit, see :mod:`agents.stage1_pipeline`); ``max_batch``: one
     #: transaction per batch.
     max_transaction_records: int = 200_000
     poll_timeout_ms: int = 100
     session_timeout_ms: int = 10_000
     #: Threads for stage-1 numpy work (bound, count), shared by the worker's partitions (decoding runs on the event
-    #: loop: see :meth:`Worker._stage1_work`). Two overlap numpy kernels (which release the GIL); one per partition
+    #: loop: see :mod:`agents.stage1_pipeline`). Two overlap numpy kernels (which release the GIL); one per partition
     #: would keep the event loop -- fetching, committing the transactions -- waiting for the GIL behind all of them.
     stage1_threads: int = 2
     #: Retry backoff of the transactional producers (see :data:`agents.changelog.TRANSACTIONAL_RETRY_BACKOFF_MS`).
@@ -101,92 +101,10 @@ class WorkerSettings:
 
 
 @dataclass
-class WorkerStats:
-    """Running totals of this worker process (not persisted)."""
-
-    records: int = 0
-    reports_counted: int = 0
-    dead_letters: int = 0
-    handovers: int = 0
-    releases: int = 0
-    transactions: int = 0
-    #: Source records fetched again after the worker had taken them up (dropped, never counted twice).
-    records_refetched: int = 0
-    #: Transactions aborted and retried (a record the broker refused for its size) -- any other abort stops the worker.
-    aborts: int = 0
-    #: Reports re-admitted to the open windows' client maps by the replays after an assignment.
-    reports_replayed: int = 0
-    #: (release key, wall ms of its commit) of the latest releases (bounded: a worker runs for months).
-    release_wall_ms: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=10_000))
-    #: ``time.perf_counter()`` when the fetch that brought the first source record began (not before the worker's
-    #: partitions were assigned and positioned), and after the latest stage-1 commit.
-    first_record_s: float | None = None
-    last_commit_s: float | None = None
-    #: The group owning the dataset's ledger when it is another one (this worker's stage 2 then stays off).
-    ledger_owner: str | None = None
-    #: Releases published, by (metric, ``released`` or ``refused``).
-    releases_by_outcome: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-
-#: Batches of one partition between the start of their CPU work and the end of their transaction (at most), a
-#: batch that joined a queued transaction (see :meth:`Worker._chain_commit`) no longer counted: one transaction
-#: committing, one queued behind it, one batch's CPU work.
-PIPELINE_DEPTH = 3
-
-
-@dataclass
-class _Stage1Slot:
-    state: PartitionState
-    producer: AIOKafkaProducer
-    last_activity_ms: int
-    #: Offset the next record must have at least (records fetched before a re-assignment are dropped).
-    next_offset: int
-    #: The CPU work of this partition's latest batch (the next batch's starts after it: state changes in order).
-    last_work: asyncio.Task[None] | None = None
-    #: The transaction of this partition's latest batch (the next one commits after it, never before).
-    last_commit: asyncio.Task[None] | None = None
-    #: Held by each batch from its CPU work to the end of its transaction, or until it joins the queued one (see
-    #: :data:`PIPELINE_DEPTH`).
-    inflight: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PIPELINE_DEPTH))
-    #: The transaction chained behind the one committing, not begun yet: later batches join it (group commit).
-    queued: _Stage1Commit | None = None
-
-
-@dataclass
-class _Stage1Commit:
-    """What one stage-1 transaction writes: the changes of one batch, taken from the state right after its CPU
-    work, and of every later batch of the partition that joined it (:meth:`absorb`) while it was queued."""
-
-    dead: list[DeadLetter]
-    #: Changed state records, the latest value per key (a compacted topic keeps no other).
-    changes: dict[bytes, bytes | None]
-    handovers: list[Handover]
-    next_offset: int | None
-    records: int = 0
-    counted: int = 0
-
-    def absorb(self, later: _Stage1Commit) -> None:
-        """Add the changes of the partition's next batch: one transaction then writes what the two would have
-        written in turn (dead letters and hand-overs in order, the later value of a state record, the later
-        offset), so a restart from it finds the state after both."""
-        self.dead.extend(later.dead)
-        self.changes.update(later.changes)
-        self.handovers.extend(later.handovers)
-        if later.next_offset is not None:
-            self.next_offset = later.next_offset
-        self.records += later.records
-        self.counted += later.counted
-
-
-@dataclass
 class _Stage2Slot:
     state: ReleaserState
     producer: AIOKafkaProducer
     next_offset: int
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Worker:
@@ -213,7 +131,6 @@ class Worker:
         self.on_release = on_release
         self.stats = WorkerStats()
         self._consumer: AIOKafkaConsumer | None = None
-        self._stage1: dict[int, _Stage1Slot] = {}
         self._stage2: _Stage2Slot | None = None
         self._lock = asyncio.Lock()
         if settings.stage1_threads < 1:
@@ -231,12 +148,21 @@ class Worker:
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
         self._stopping = asyncio.Event()
-        self._failure: BaseException | None = None
+        #: The source partitions' batches from fetch to commit; it keeps the worker's failure (nothing commits after
+        #: one) and stops the worker with it.
+        self._stage1 = Stage1Pipeline(
+            self.topics,
+            settings.group,
+            validator=self.validator,
+            cpu=self._cpu,
+            stats=self.stats,
+            max_transaction_records=settings.max_transaction_records,
+            future_tolerance_ms=settings.future_tolerance_ms,
+            on_failure=lambda _: self._stopping.set(),
+        )
         #: ``time.perf_counter()`` when the latest fetch began and when the latest assignment was in place.
         self._fetch_started_s = 0.0
         self._assigned_s = 0.0
-        #: ``max.message.bytes`` of the dead-letter topic (read at :meth:`start`).
-        self._dead_letter_limit = MAX_RECORD_BYTES
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -258,17 +184,19 @@ class Worker:
         # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
         # not fit are truncated to its limit (never lost)
         limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
-        self._dead_letter_limit = min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
+        self._stage1.dead_letter_limit = (
+            min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
+        )
         self._consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
 
     async def run(self) -> None:
         """Process until :meth:`stop`; re-raises the error that stopped the worker, if any.
 
-        Stage 1 is a pipeline: the loop hands each partition's batch to a task (:meth:`_stage1_work`) and
-        fetches the next batch at once -- parsing fetched records on the event loop while the threads decode
-        and count the previous ones, and earlier batches' transactions commit. Per partition the CPU work of
-        batches runs in offset order, transactions commit one at a time in the same order, none commits after
-        one has failed (:meth:`_stage1_commit_after`), and at most :data:`PIPELINE_DEPTH` batches are in flight.
+        Stage 1 is a pipeline (:class:`agents.stage1_pipeline.Stage1Pipeline`): the loop submits each partition's
+        batch and fetches the next batch at once -- parsing fetched records on the event loop while the threads
+        count the previous ones, and earlier batches' transactions commit. Per partition the CPU work of batches
+        runs in offset order, transactions commit one at a time in the same order, none commits after any failure
+        of the worker, and at most :data:`~agents.stage1_pipeline.PIPELINE_DEPTH` batches are in flight.
         """
         if self._consumer is None:
             raise AgentError("Worker.run() before start()")
@@ -280,25 +208,26 @@ class Worker:
             )
             async with self._lock:
                 try:
-                    if self._failure is not None:  # a background transaction failed
-                        raise self._failure
+                    if self._stage1.failure is not None:  # a background transaction failed
+                        raise self._stage1.failure
                     # partitions are independent (own state, own transactional producer): their CPU work
                     # overlaps on the threads, their transactions overlap in the background
                     for tp, records in batches.items():
                         if records and tp.topic == self.topics.reports and tp.partition in self._stage1:
-                            await self._stage1_dispatch(tp, records)
+                            taken = await self._stage1.submit(tp.partition, records)
+                            if taken and self.stats.first_record_s is None:
+                                self.stats.first_record_s = max(self._fetch_started_s, self._assigned_s)
                     for tp, records in batches.items():
                         if records and tp.topic == self.topics.partials and self._stage2 is not None:
                             await self._stage2_batch(tp, records)
                     active = {tp.partition for tp, r in batches.items() if r and tp.topic == self.topics.reports}
                     await self._idle_tick(consumer, active)
                 except BaseException as err:
-                    if self._failure is None:
-                        self._failure = err
+                    self._stage1.fail(err)
                     raise
-        await self._drain()
-        if self._failure is not None:
-            raise self._failure
+        await self._stage1.drain()
+        if self._stage1.failure is not None:
+            raise self._stage1.failure
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current batch."""
@@ -308,10 +237,7 @@ class Worker:
         """Leave the group and stop every producer (idempotent)."""
         self._stopping.set()
         async with self._lock:
-            await self._drain()
-            for slot in list(self._stage1.values()):
-                await slot.producer.stop()
-            self._stage1.clear()
+            await self._stage1.close()
             if self._stage2 is not None:
                 await self._stage2.producer.stop()
                 self._stage2 = None
@@ -347,24 +273,17 @@ class Worker:
             except Exception as err:
                 # aiokafka only logs a listener's exception and keeps the partition assigned (and unprocessed):
                 # stop the worker with the error instead (crash-only), e.g. a ReplayError; its partitions stay paused
-                self._fail(err, "assignment")
+                self._stage1.fail(err, "assignment")
                 return
             self._assigned_s = time.perf_counter()
         if consumer is not None:
             consumer.resume(*(tps & consumer.assignment()))
 
-    async def _drain(self) -> None:
-        """Wait for every stage-1 batch under way (each records its own failure)."""
-        for slot in self._stage1.values():
-            await _settle(slot)
-
     async def _revoke(self, tps: set[TopicPartition]) -> None:
         async with self._lock:
             for tp in tps:
-                if tp.topic == self.topics.reports and tp.partition in self._stage1:
-                    slot = self._stage1.pop(tp.partition)
-                    await _settle(slot)  # its batches commit before it is given up
-                    await slot.producer.stop()
+                if tp.topic == self.topics.reports:
+                    await self._stage1.remove(tp.partition)  # its batches commit before it is given up
                 elif tp.topic == self.topics.partials and self._stage2 is not None:
                     await self._stage2.producer.stop()
                     self._stage2 = None
@@ -397,7 +316,7 @@ class Worker:
             trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
             readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
             self.stats.reports_replayed += readmitted
-        self._stage1[p] = _Stage1Slot(state, producer, _now_ms(), offset)
+        self._stage1.add(state, producer, offset)
         log.info(
             "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",
             p,
@@ -439,7 +358,7 @@ class Worker:
         changes = state.state_records()
         if changes:  # fresh dataset records (noise key, origin, owner): write them now, before any release
             async with producer.transaction():
-                await _delivered(await self._send_stage2_state(producer, changes))
+                await delivered(await self._send_stage2_state(producer, changes))
             self.stats.transactions += 1
         self._stage2 = _Stage2Slot(state, producer, offset)
         log.info(
@@ -450,7 +369,7 @@ class Worker:
 
     def _ledger_owner(self, dataset_records: Sequence[tuple[bytes, bytes | None]]) -> str | None:
         """The group that owns the dataset's ledger if it is another one and this worker may not adopt it (then
-        stage 2 stays off, said once in the log and in :attr:`WorkerStats.ledger_owner`); else ``None``.
+        stage 2 stays off, said once in the log and in ``WorkerStats.ledger_owner``); else ``None``.
 
         The ledger belongs to the reports, not to a group: a second group releasing the same windows with fresh
         noise would let anyone average the two copies. So a group reads the reports topic only to count (its
@@ -477,7 +396,7 @@ class Worker:
         self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]
     ) -> list[asyncio.Future[Any]]:
         """Queue stage 2's changed state records, each to its topic (the group's state or the dataset's ledger);
-        their delivery futures (await them before the commit: :func:`_delivered`)."""
+        their delivery futures (await them before the commit: :func:`agents.changelog.delivered`)."""
         sent = []
         for key, value in changes:
             topic = self.topics.ledger if is_dataset_key(key) else self.topics.stage2_state
@@ -487,219 +406,19 @@ class Worker:
     # ------------------------------------------------------------------------------------------
     # stage 1
 
-    async def _stage1_dispatch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
-        """Hand one batch of partition ``tp`` to a task of its own (after earlier batches of ``tp``); waits only
-        while :data:`PIPELINE_DEPTH` batches of ``tp`` are in flight (back-pressure)."""
-        slot = self._stage1[tp.partition]
-        fetched = len(records)
-        if records and records[0].offset < slot.next_offset:  # offsets ascend: only a refetch needs the filter
-            records = [r for r in records if r.offset >= slot.next_offset]
-        self.stats.records_refetched += fetched - len(records)
-        if not records:
-            return
-        slot.next_offset = records[-1].offset + 1
-        if self.stats.first_record_s is None:
-            self.stats.first_record_s = max(self._fetch_started_s, self._assigned_s)
-        await slot.inflight.acquire()  # released when the batch's transaction ends (or its CPU work fails)
-        slot.last_work = asyncio.create_task(self._stage1_work(slot, tp, records, slot.last_work))
-
-    async def _stage1_work(
-        self,
-        slot: _Stage1Slot,
-        tp: TopicPartition,
-        records: list[ConsumerRecord[Any, Any]],
-        previous: asyncio.Task[None] | None,
-    ) -> None:
-        """The CPU work of one batch, after ``previous`` (the partition's batch before it), then its transaction
-        is chained (:meth:`_chain_commit`). A failure stops the worker (crash-only)."""
-        try:
-            if not await self._after(previous, f"an earlier batch of partition {tp.partition}"):
-                slot.inflight.release()  # its successors must not change the state
-                return
-            # The CPU work in two halves. The per-record half (decode, validate, window) runs here, on the event
-            # loop: it lays the batch out as columns (about half a microsecond a record), and on a thread it would
-            # only take turns with the loop for the GIL, each hand-over costing the loop a wait of up to the
-            # interpreter's switch interval in the middle of its fetches and commits (measured: a decode thread
-            # made single-report messages 20-25 % slower). The numpy half (bound, count) runs on the pool, whose
-            # kernels release the GIL, while the loop fetches the next batch and commits earlier ones.
-            refused, aggregated = self._prepare_then_aggregate(slot.state, records)
-            result = await asyncio.wrap_future(aggregated)
-            slot.last_activity_ms = _now_ms()
-            # one partition's dead letters in source-offset order (the monitor's exactness relies on it)
-            dead = (
-                sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
-            )
-            work = self._stage1_snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted)
-        except BaseException as err:
-            slot.inflight.release()
-            self._fail(err, f"stage-1 batch of partition {tp.partition}")
-            return
-        self._chain_commit(slot, tp, work)
-
-    async def _after(self, previous: asyncio.Task[None] | None, what: str) -> bool:
-        """Wait for ``previous`` (the task before this one in a partition's chain); whether this one may go on:
-        not after any failure of the worker. A ``previous`` cancelled before it ran recorded nothing: a failure."""
-        if previous is not None:
-            await asyncio.wait([previous])
-            if previous.cancelled():
-                self._fail(AgentError(f"{what} was cancelled"), what)
-        return self._failure is None
-
-    def _fail(self, err: BaseException, what: str) -> None:
-        """Record the worker's (first) failure and stop it (crash-only: a restart resumes from the last commit)."""
-        if self._failure is None:
-            self._failure = err
-        self._stopping.set()
-        log.error("%s failed, stopping the worker: %r", what, err)
-
-    def _prepare_then_aggregate(
-        self, state: PartitionState, records: list[ConsumerRecord[Any, Any]]
-    ) -> tuple[list[DeadLetter], concurrent.futures.Future[BatchResult]]:
-        """Screen the timestamps and run the per-record half, then hand the numpy half to the pool. Returns the
-        timestamp dead letters and the numpy half's future."""
-        source, refused = self._screen_timestamps(state, records)
-        prepared = state.prepare(source)
-        return refused, self._cpu.submit(state.aggregate, prepared)
-
-    def _untrusted(self, r: ConsumerRecord[Any, Any], now_ms: int) -> tuple[str, str] | None:
-        return untrusted_timestamp(r.timestamp_type, r.timestamp, now_ms, self.settings.future_tolerance_ms)
-
-    def _screen_timestamps(
-        self, state: PartitionState, records: list[ConsumerRecord[Any, Any]]
-    ) -> tuple[Sequence[Record], list[DeadLetter]]:
-        """Split a batch into the records stage 1 may window and the dead letters of records whose timestamp
-        must not be used (not LogAppendTime, or far in the future): those never reach stage 1, so they never
-        move its watermark."""
-        now = _now_ms()
-        latest = now + self.settings.future_tolerance_ms
-        if all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records):  # the usual case
-            return records, []
-        source: list[Record] = []
-        refused: list[DeadLetter] = []
-        for r in records:
-            why = self._untrusted(r, now)
-            if why is None:
-                source.append(r)
-                continue
-            reports = self.validator.check(r.value).reports  # rare path: decode only to count its reports
-            refused.append(DeadLetter(r, why[0], why[1], reports))
-            # stage 1's per-reason counters, written in the same transaction as the dead letters
-            state.count_rejected(why[0], reports, r.offset)
-        if refused:  # one line per batch, not per record (a changed topic config refuses every record)
-            log.warning(
-                "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
-                state.partition,
-                len(refused),
-                refused[0].record.offset,
-                refused[0].detail,
-            )
-        return source, refused
-
-    def _stage1_snapshot(
-        self, slot: _Stage1Slot, dead: list[DeadLetter], next_offset: int | None, records: int = 0, counted: int = 0
-    ) -> _Stage1Commit | None:
-        """What the partition's next transaction writes, taken now (before the next batch changes the state);
-        ``None`` if there is nothing to write."""
-        handover = slot.state.take_closed()
-        changes = slot.state.state_records()
-        if next_offset is None and handover is None and not changes:
-            return None
-        handovers = [] if handover is None else [handover]
-        return _Stage1Commit(dead, dict(changes), handovers, next_offset, records, counted)
-
-    def _chain_commit(self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit | None) -> None:
-        """Chain ``work``'s transaction after the partition's previous one (the caller holds ``slot.inflight``).
-
-        Group commit: while a transaction commits, the next one waits, queued; a batch whose CPU work ends
-        meanwhile joins that queued transaction (up to :attr:`WorkerSettings.max_transaction_records` records)
-        and gives its place in the pipeline back at once. A partition then commits once per transaction round
-        trip whatever its message size -- single-report messages no longer pay one round trip per
-        :attr:`WorkerSettings.max_batch` records -- and order, atomicity and what a restart finds are those of
-        committing the batches one by one (:meth:`_Stage1Commit.absorb`)."""
-        if work is None:
-            slot.inflight.release()
-            return
-        queued = slot.queued
-        if queued is not None and queued.records + work.records <= self.settings.max_transaction_records:
-            queued.absorb(work)
-            slot.inflight.release()
-            return
-        slot.queued = work
-        slot.last_commit = asyncio.create_task(self._stage1_commit_after(slot, tp, slot.last_commit, work))
-
-    async def _stage1_commit_after(
-        self, slot: _Stage1Slot, tp: TopicPartition, previous: asyncio.Task[None] | None, work: _Stage1Commit
-    ) -> None:
-        """Commit ``work`` once ``previous`` has ended -- and not at all if any transaction of this worker failed:
-        ``work`` holds only the changes made after ``previous``'s, so committing it alone would lose those. A
-        failure stops the worker (crash-only: a restart resumes from the last committed transaction)."""
-        try:
-            ready = await self._after(previous, f"an earlier transaction of partition {tp.partition}")
-            if slot.queued is work:  # begun (or given up): no batch joins it any more
-                slot.queued = None
-            if ready:
-                await self._stage1_commit(slot, tp, work)
-        except BaseException as err:
-            self._fail(err, f"stage-1 transaction of partition {tp.partition}")
-        finally:
-            slot.inflight.release()
-
-    async def _stage1_commit(self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit) -> None:
-        """One transaction: dead letters, state, hand-over, source offset. Every delivery is awaited before the
-        commit (aiokafka's ``commit_transaction`` does not fail for a batch the broker refused): a refused record
-        aborts the transaction instead of being lost with its source offset committed. A dead letter the broker
-        refuses for its size is retried once, truncated to its headers; any other failure stops the worker."""
-        try:
-            await self._stage1_transaction(slot, tp, work, self._dead_letter_limit)
-        except MessageSizeTooLargeError as err:
-            self.stats.aborts += 1
-            log.warning(
-                "partition %d: a record was refused for its size (%r); retrying with dead letters truncated",
-                tp.partition,
-                err,
-            )
-            await self._stage1_transaction(slot, tp, work, 0)
-        self.stats.transactions += 1
-        self.stats.records += work.records
-        self.stats.reports_counted += work.counted
-        self.stats.dead_letters += len(work.dead)
-        self.stats.last_commit_s = time.perf_counter()
-
-    async def _stage1_transaction(
-        self, slot: _Stage1Slot, tp: TopicPartition, work: _Stage1Commit, dead_letter_limit: int
-    ) -> None:
-        producer, p = slot.producer, tp.partition
-        async with producer.transaction():
-            sent = []
-            for d in work.dead:
-                letter, headers = _dead_letter_record(d, self.topics.reports, p, dead_letter_limit)
-                sent.append(
-                    await producer.send(self.topics.dead_letter, letter, key=d.record.key, partition=p, headers=headers)
-                )
-            for key, value in work.changes.items():
-                sent.append(await producer.send(self.topics.stage1_state, value, key=key, partition=p))
-            for handover in work.handovers:
-                blob = handover.to_bytes()
-                sent.append(await producer.send(self.topics.partials, blob, key=f"p{p}".encode(), partition=0))
-            await _delivered(sent)
-            if work.next_offset is not None:
-                await producer.send_offsets_to_transaction({tp: work.next_offset}, self.settings.group)
-        self.stats.handovers += len(work.handovers)
-
     async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
-        now = _now_ms()
-        for p, slot in self._stage1.items():
-            if p in active or (slot.last_work is not None and not slot.last_work.done()):
+        """The idle rule for every source partition without records in this fetch (see
+        :meth:`Stage1Pipeline.advance_idle`)."""
+        now = now_ms()
+        for p, _, _ in self._stage1.partitions():
+            if p in active or self._stage1.computing(p):
                 continue  # not idle (and its state is the CPU work's until that ends)
             tp = TopicPartition(self.topics.reports, p)
             # lso and its fetch time come from the same fetch response: advance to t_fetch - skew, never now - skew
             position = await consumer.position(tp)
             fetch_ms = caught_up_at_fetch(position, consumer.last_stable_offset(tp), consumer.last_poll_timestamp(tp))
-            if fetch_ms is None or slot.inflight.locked():
-                continue  # (its transactions fill the pipeline: not idle, and waiting would hold up the loop)
-            if slot.state.advance_idle(now, slot.last_activity_ms, True, fetch_ms):
-                await slot.inflight.acquire()  # free: checked above, no await since; commits after every batch
-                self._chain_commit(slot, tp, self._stage1_snapshot(slot, [], next_offset=None))
+            if fetch_ms is not None:
+                await self._stage1.advance_idle(p, now, fetch_ms)
 
     # ------------------------------------------------------------------------------------------
     # stage 2
@@ -732,17 +451,16 @@ class Worker:
                 for rel in releases
             ]
             sent += await self._send_stage2_state(producer, changes)
-            await _delivered(sent)  # a release the broker refused aborts the batch: its windows stay unreleased
+            await delivered(sent)  # a release the broker refused aborts the batch: its windows stay unreleased
             await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.settings.group)
         self.stats.transactions += 1
         self.stats.releases += len(releases)
-        now = _now_ms()
+        now = now_ms()
         for rel in releases:
             self.stats.release_wall_ms.append((rel.key, now))
             self.stats.releases_by_outcome[(rel.metric, "refused" if rel.refused else "released")] += 1
             if self.on_release is not None:
                 self.on_release(rel)
-
 
     # ------------------------------------------------------------------------------------------
     # read-only views for operators (agents.observability)
@@ -750,18 +468,18 @@ class Worker:
     @property
     def failure(self) -> BaseException | None:
         """The error that stopped the worker, if any."""
-        return self._failure
+        return self._stage1.failure
 
     def stage1_view(self) -> list[tuple[int, PartitionState, int, int | None]]:
         """Per source partition this worker holds: ``(partition, state, next offset, high watermark or None)``."""
         consumer = self._consumer
         out = []
-        for p, slot in sorted(self._stage1.items()):
+        for p, state, next_offset in self._stage1.partitions():
             tp = TopicPartition(self.topics.reports, p)
             highwater = None
             if consumer is not None and tp in consumer.assignment():
                 highwater = consumer.highwater(tp)
-            out.append((p, slot.state, slot.next_offset, highwater))
+            out.append((p, state, next_offset, highwater))
         return out
 
     def releaser(self) -> ReleaserState | None:
@@ -779,46 +497,6 @@ class Worker:
         times = [consumer.last_poll_timestamp(tp) for tp in assigned]
         known = [t for t in times if t is not None]
         return max(known) if known else 0
-
-
-async def _settle(slot: _Stage1Slot) -> None:
-    """Wait for the partition's last batch: its CPU work, then its transaction (read after the work: the work
-    chains it)."""
-    if slot.last_work is not None:
-        await asyncio.wait([slot.last_work])
-    if slot.last_commit is not None:
-        await asyncio.wait([slot.last_commit])
-
-
-async def _delivered(futures: list[asyncio.Future[Any]]) -> None:
-    """Wait for every delivery of a transaction; the first failure raises (and the transaction aborts)."""
-    if futures:
-        await asyncio.gather(*futures)
-
-
-#: Room left in a dead letter for its key, headers and the batch's framing (bytes).
-DEAD_LETTER_OVERHEAD = 16 << 10
-
-
-def _dead_letter_record(
-    d: DeadLetter, topic: str, partition: int, limit: int
-) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The dead letter of ``d``: its original bytes and headers (reason, detail, source offset, broker time,
-    reports, original size). A value larger than ``limit`` bytes less :data:`DEAD_LETTER_OVERHEAD` is cut to fit
-    (``ptel.truncated: true``): the broker would refuse the whole record, and the dead letter must exist."""
-    value = d.record.value or b""
-    room = max(0, limit - DEAD_LETTER_OVERHEAD)
-    truncated = len(value) > room
-    headers = [
-        ("ptel.reason", d.reason.encode()),
-        ("ptel.detail", d.detail.encode("utf-8", "replace")[:1000]),
-        ("ptel.source", f"{topic}/{partition}/{d.record.offset}".encode()),
-        ("ptel.timestamp_ms", str(d.record.timestamp).encode()),
-        ("ptel.reports", str(d.reports).encode()),
-        ("ptel.original_bytes", str(len(value)).encode()),
-        ("ptel.truncated", b"true" if truncated else b"false"),
-    ]
-    return (value[:room] if truncated else value), headers
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -57,7 +57,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from agents.app import build_worker
 from agents.kinds import Aggregator
 from agents.placement import Placement
-from agents.stage1 import PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import SourceRecord
 from agents.topics import WorkerTopics, ensure_topics
 from agents.validation import Accepted, Validator
 from agents.watermarks import IdlePolicy
@@ -204,7 +205,7 @@ async def worker_consume(
     bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
 ) -> tuple[float, Worker, dict[str, float]]:
     """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
-    worker's own clocks: :attr:`agents.worker.WorkerStats.first_record_s`), the worker, and the CPU seconds spent
+    worker's own clocks: :attr:`agents.worker_stats.WorkerStats.first_record_s`), the worker, and the CPU seconds spent
     from the first poll that saw the worker's partitions assigned to the poll that saw its last commit, by thread
     group and by the broker (:func:`cpu_snapshot`; ``interval_s``: that interval's wall time)."""
     # each repetition is a fresh group over the same reports: it adopts the dataset's privacy ledger from the one

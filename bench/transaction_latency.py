@@ -52,7 +52,7 @@ async def transactions(bootstrap: str, topic: str, n: int, backoff_s: float, ret
     """Seconds per transaction of ``n`` back-to-back transactions of the agents' own producer
     (:func:`agents.changelog.start_transactional_producer`) with the given retry settings."""
     producer = await start_transactional_producer(bootstrap, f"bench-txn-{uuid.uuid4().hex[:8]}", retry_ms)
-    shorten_concurrent_transactions_backoff(backoff_s)  # after the start, which sets the agents' own
+    shorten_concurrent_transactions_backoff(backoff_s)
     try:
         out = []
         for i in range(n):

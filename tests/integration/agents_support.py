@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.app import build_worker
-from agents.stage1 import Handover
+from agents.stage1_records import Handover
 from agents.topics import WorkerTopics, ensure_topics
 from agents.worker import WorkerSettings
 from schemas.releases import Release

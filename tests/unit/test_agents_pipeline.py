@@ -1,10 +1,11 @@
-"""The worker's stage-1 pipeline without a broker: fake transactional producer and consumer at the seams.
+"""The stage-1 pipeline without a broker, through its public interface (``add``, ``submit``, ``advance_idle``,
+``drain``, ``remove``, ``failure``): a fake transactional producer at the seam.
 
-Guarantees under test (see :meth:`agents.worker.Worker.run` and docs/agents.md, "The stage-1 pipeline"): per
+Guarantees under test (see :mod:`agents.stage1_pipeline` and docs/agents.md, "The stage-1 pipeline"): per
 partition the CPU work of batches runs in offset order, transactions commit one at a time in the same order, at
 most ``PIPELINE_DEPTH`` batches are in flight, nothing commits after a transaction or a CPU step has failed (or a
 predecessor was cancelled), revocation commits every dispatched batch before the producer stops, and what was
-committed restores to the state that was computed. Most tests step the worker's executors by hand
+committed restores to the state that was computed. Most tests step the pipeline's executor by hand
 (:class:`_StepExecutor`) so every interleaving they check is forced, not hoped for; the failure and interleaving
 tests run the real threads. Deterministic: fixed timestamps and seeds, no statistical assertion.
 """
@@ -17,19 +18,27 @@ import functools
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from agents.errors import AgentError
-from agents.stage1 import Handover, PartitionState, PreparedBatch, SourceRecord, watermark_key
+from agents.kinds import Aggregator
+from agents.stage1 import PartitionState, PreparedBatch
+from agents.stage1_pipeline import PIPELINE_DEPTH, Stage1Pipeline, now_ms
+from agents.stage1_records import Handover, SourceRecord, watermark_key
+from agents.topics import WorkerTopics
+from agents.validation import Validator
 from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
-from agents.worker import PIPELINE_DEPTH, Worker, WorkerSettings, _Stage1Slot
+from agents.windows import WindowSpec
+from agents.worker import WorkerSettings
+from agents.worker_stats import WorkerStats
 from schemas.conformance import resolve_protocols
-from tests.unit.test_agents_worker import SPEC, _bool, _no_release
+from tests.unit.test_agents_worker import SPEC, _bool
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +49,11 @@ T0 = 1_700_000_000_000
 BATCH = 5
 #: Bound on a wait that takes milliseconds unless the pipeline is stuck (a hang then fails the test instead).
 HANG_S = 5.0
+TOPICS = WorkerTopics.for_spec(SPEC, "unit")
+WINDOW = WindowSpec(SPEC.window.size_s, SPEC.window.grace_s)
+VALIDATOR = Validator(SPEC, resolve_protocols(SPEC), {})
+AGGREGATOR = Aggregator(SPEC, {})
+IDLE = IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000)
 
 
 class _CommitError(Exception):
@@ -155,31 +169,17 @@ class _FakeTransaction:
         return False
 
 
-@dataclass
-class _FakeConsumer:
-    """What :meth:`Worker._idle_tick` asks the consumer: caught up at ``position``, last fetch at ``fetch_ms``."""
-
-    position_of: dict[int, int] = field(default_factory=dict)
-    fetch_ms: int = T0
-
-    async def position(self, tp: TopicPartition) -> int:
-        await asyncio.sleep(0)
-        return self.position_of.get(tp.partition, 0)
-
-    def last_stable_offset(self, tp: TopicPartition) -> int:
-        return self.position_of.get(tp.partition, 0)
-
-    def last_poll_timestamp(self, tp: TopicPartition) -> int:
-        return self.fetch_ms
-
-
 class _StepExecutor(concurrent.futures.Executor):
-    """An executor that runs nothing until told to (:meth:`run_next`): the test decides every interleaving."""
+    """The pipeline's executor: real threads, or -- once :attr:`threads` is ``None`` (the :func:`steps` fixture) --
+    one that runs nothing until told to (:meth:`run_next`): the test decides every interleaving."""
 
     def __init__(self) -> None:
         self.queue: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
+        self.threads: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=2)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
+        if self.threads is not None:
+            return self.threads.submit(fn, *args, **kwargs)
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.queue.append((functools.partial(fn, *args, **kwargs), future))
         return future
@@ -213,47 +213,61 @@ def _source(records: Sequence[ConsumerRecord[Any, Any]]) -> list[SourceRecord]:
     return [SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in records]
 
 
-def _state(worker: Worker, partition: int = 0) -> PartitionState:
-    return PartitionState(partition, worker.window, worker.validator, worker.aggregator, worker.settings.idle)
+def _state(partition: int = 0) -> PartitionState:
+    return PartitionState(partition, WINDOW, VALIDATOR, AGGREGATOR, IDLE)
 
 
-def _slot(worker: Worker, producer: _FakeProducer, partition: int = 0) -> _Stage1Slot:
-    """Give ``worker`` source partition ``partition`` (as an assignment would, from offset 0)."""
-    slot = _Stage1Slot(_state(worker, partition), cast(AIOKafkaProducer, producer), 0, 0)
-    worker._stage1[partition] = slot
-    return slot
+def _add(pipeline: Stage1Pipeline, producer: _FakeProducer, partition: int = 0) -> PartitionState:
+    """Give ``pipeline`` source partition ``partition`` (as an assignment would, from offset 0); its state."""
+    state = _state(partition)
+    pipeline.add(state, cast(AIOKafkaProducer, producer), 0)
+    return state
 
 
-def _tp(worker: Worker, partition: int = 0) -> TopicPartition:
-    return TopicPartition(worker.topics.reports, partition)
+def _tp(partition: int = 0) -> TopicPartition:
+    return TopicPartition(TOPICS.reports, partition)
 
 
-def _worker(max_transaction_records: int) -> Worker:
-    settings = WorkerSettings(
-        "127.0.0.1:1",
+@pytest.fixture
+def cpu() -> Iterator[_StepExecutor]:
+    """The pipelines' executor (real threads unless a test takes :func:`steps`)."""
+    executor = _StepExecutor()
+    yield executor
+    if executor.threads is not None:
+        executor.threads.shutdown(wait=True)
+
+
+@pytest.fixture
+def stops() -> list[BaseException]:
+    """The failures a pipeline stopped its worker with (its ``on_failure`` calls)."""
+    return []
+
+
+def _pipeline(max_transaction_records: int, cpu: _StepExecutor, stops: list[BaseException]) -> Stage1Pipeline:
+    return Stage1Pipeline(
+        TOPICS,
         "unit",
-        idle=IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000),
+        validator=VALIDATOR,
+        cpu=cpu,
+        stats=WorkerStats(),
         max_transaction_records=max_transaction_records,
+        future_tolerance_ms=FUTURE_TOLERANCE_MS,
+        on_failure=stops.append,
     )
-    return Worker(SPEC, settings, protocols=resolve_protocols(SPEC), olh_range={}, builder=_no_release)
 
 
 @pytest.fixture
-def worker() -> Iterator[Worker]:
-    """A worker that commits every batch in a transaction of its own (no group commit): the order tests below
+def pipeline(cpu: _StepExecutor, stops: list[BaseException]) -> Stage1Pipeline:
+    """A pipeline that commits every batch in a transaction of its own (no group commit): the order tests below
     name each batch's transaction."""
-    w = _worker(max_transaction_records=BATCH)
-    yield w
-    w._cpu.shutdown(wait=True)
+    return _pipeline(BATCH, cpu, stops)
 
 
 @pytest.fixture
-def grouping() -> Iterator[Worker]:
-    """A worker with group commit (the default setting): batches that finish while a transaction commits share
-    the next one."""
-    w = _worker(max_transaction_records=WorkerSettings.max_transaction_records)
-    yield w
-    w._cpu.shutdown(wait=True)
+def grouping(cpu: _StepExecutor, stops: list[BaseException]) -> Stage1Pipeline:
+    """A pipeline with group commit (the worker's default setting): batches that finish while a transaction
+    commits share the next one."""
+    return _pipeline(WorkerSettings.max_transaction_records, cpu, stops)
 
 
 @dataclass
@@ -272,23 +286,20 @@ class _Steps:
             await asyncio.sleep(0)
 
 
-def _stepped(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
-    s = _Steps(_StepExecutor())
-    monkeypatch.setattr(worker, "_cpu", s.cpu)
-    return s
+@pytest.fixture
+def steps(cpu: _StepExecutor) -> Iterator[_Steps]:
+    """Make the pipeline's numpy pool an executor the test steps by hand (the per-record half of a batch runs on
+    the event loop, as soon as the batch before it is done)."""
+    threads, cpu.threads = cpu.threads, None
+    yield _Steps(cpu)
+    if threads is not None:
+        threads.shutdown(wait=True)
 
 
 @pytest.fixture
-def steps(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
-    """Replace the worker's numpy pool by an executor the test steps by hand (the per-record half of a batch runs
-    on the event loop, as soon as the batch before it is done)."""
-    return _stepped(worker, monkeypatch)
-
-
-@pytest.fixture
-def grouping_steps(grouping: Worker, monkeypatch: pytest.MonkeyPatch) -> _Steps:
-    """:func:`steps` for the :func:`grouping` worker."""
-    return _stepped(grouping, monkeypatch)
+def grouping_steps(grouping: Stage1Pipeline, steps: _Steps) -> _Steps:
+    """:func:`steps` for the :func:`grouping` pipeline."""
+    return steps
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,76 +330,79 @@ def _totals(handovers: Sequence[Handover], st: PartitionState) -> dict[tuple[str
     return out
 
 
-def _assert_restart_equals_one_run(
-    worker: Worker, producer: _FakeProducer, records: Sequence[ConsumerRecord[Any, Any]]
-) -> None:
+def _assert_restart_equals_one_run(producer: _FakeProducer, records: Sequence[ConsumerRecord[Any, Any]]) -> None:
     """A restart -- restore the committed state records, replay ``[replay_from, committed)`` into the client maps,
     process the rest -- gives the counts and rejection totals of one uninterrupted run over all ``records``."""
     offsets = producer.offsets()
     assert offsets == sorted(set(offsets)), f"committed offsets not strictly increasing: {offsets}"
     committed = offsets[-1] if offsets else 0
     source = _source(records)
-    restarted = _state(worker)
-    restarted.restore(producer.state_records(worker.topics.stage1_state))
+    restarted = _state()
+    restarted.restore(producer.state_records(TOPICS.stage1_state))
     start = restarted.replay_from()
     if start is not None:
         restarted.rebuild_clients(s for s in source if start <= s.offset < committed)
     restarted.process(source[committed:])
     handed = [Handover.from_bytes(v) for c in producer.committed for t, _, v, _ in c.sends
-              if t == worker.topics.partials and v is not None]  # fmt: skip
+              if t == TOPICS.partials and v is not None]  # fmt: skip
     last = restarted.take_closed()
-    straight = _state(worker)
+    straight = _state()
     straight.process(source)
     final = straight.take_closed()
     assert _totals([*handed, *([last] if last else [])], restarted) == _totals([final] if final else [], straight)
     assert restarted.rejected_total() == straight.rejected_total()
 
 
-async def _dispatch_all(worker: Worker, records: Sequence[ConsumerRecord[Any, Any]], partition: int = 0) -> None:
-    """Hand ``records`` to the pipeline in batches of :data:`BATCH`, as the fetch loop does (under its lock)."""
+async def _dispatch_all(
+    pipeline: Stage1Pipeline, records: Sequence[ConsumerRecord[Any, Any]], partition: int = 0
+) -> None:
+    """Hand ``records`` to the pipeline in batches of :data:`BATCH`, as the fetch loop does."""
     async with asyncio.timeout(HANG_S):
         for i in range(0, len(records), BATCH):
-            async with worker._lock:
-                await worker._stage1_dispatch(_tp(worker, partition), list(records[i : i + BATCH]))
+            await pipeline.submit(partition, list(records[i : i + BATCH]))
 
 
-async def _drain(worker: Worker) -> None:
+async def _drain(pipeline: Stage1Pipeline) -> None:
     async with asyncio.timeout(HANG_S):
-        await worker._drain()
+        await pipeline.drain()
 
 
 # ------------------------------------------------------------------------------------------------
 # nothing commits after a failure; what did commit restores to one uninterrupted run
 
 
-async def _fail_transaction(worker: Worker, fail_at: int) -> tuple[_FakeProducer, list[ConsumerRecord[Any, Any]]]:
+async def _fail_transaction(
+    pipeline: Stage1Pipeline, stops: list[BaseException], fail_at: int
+) -> tuple[_FakeProducer, list[ConsumerRecord[Any, Any]]]:
     """60 records through a producer whose transaction ``fail_at`` fails: the worker stops, and the failed
     transaction is the last one begun (its successors hold only the changes made after it)."""
     producer = _FakeProducer(fail_at=fail_at, delay=lambda _: 0.002)
-    _slot(worker, producer)
+    _add(pipeline, producer)
     records = _records(0, 60)
-    await _dispatch_all(worker, records)
-    await _drain(worker)
-    assert isinstance(worker._failure, _CommitError) and worker._stopping.is_set()
+    await _dispatch_all(pipeline, records)
+    await _drain(pipeline)
+    assert isinstance(pipeline.failure, _CommitError) and stops == [pipeline.failure]
     assert producer.started == fail_at and len(producer.committed) == fail_at - 1
     return producer, records
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 5])
-async def test_a_failed_transaction_stops_every_later_one(worker: Worker, fail_at: int) -> None:
-    producer, records = await _fail_transaction(worker, fail_at)
+async def test_a_failed_transaction_stops_every_later_one(
+    pipeline: Stage1Pipeline, stops: list[BaseException], fail_at: int
+) -> None:
+    producer, records = await _fail_transaction(pipeline, stops, fail_at)
     assert producer.offsets() == [BATCH * k for k in range(1, fail_at)]
     assert producer.max_open == 1
-    _assert_restart_equals_one_run(worker, producer, records)
+    _assert_restart_equals_one_run(producer, records)
 
 
 @pytest.mark.parametrize("fail_batch", [1, 2, 4])
 async def test_a_failed_batch_stops_its_successors(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch, fail_batch: int
+    pipeline: Stage1Pipeline, stops: list[BaseException], monkeypatch: pytest.MonkeyPatch, fail_batch: int
 ) -> None:
     producer = _FakeProducer(delay=lambda _: 0.001)
-    slot = _slot(worker, producer)
-    aggregate = slot.state.aggregate
+    state = _add(pipeline, producer)
+    aggregate = state.aggregate
     calls: list[int] = []
 
     def failing(prepared: PreparedBatch) -> Any:
@@ -397,58 +411,60 @@ async def test_a_failed_batch_stops_its_successors(
             raise _AggregateError(f"batch {fail_batch}")
         return aggregate(prepared)
 
-    monkeypatch.setattr(slot.state, "aggregate", failing)
+    monkeypatch.setattr(state, "aggregate", failing)
     records = _records(0, 60)
-    await _dispatch_all(worker, records)
-    await _drain(worker)
-    assert isinstance(worker._failure, _AggregateError) and worker._stopping.is_set()
+    await _dispatch_all(pipeline, records)
+    await _drain(pipeline)
+    assert isinstance(pipeline.failure, _AggregateError) and stops == [pipeline.failure]
     assert calls == list(range(1, fail_batch + 1))  # no batch after the failed one touched the state
     assert not producer.offsets() or producer.offsets()[-1] <= BATCH * (fail_batch - 1)
-    _assert_restart_equals_one_run(worker, producer, records)
+    _assert_restart_equals_one_run(producer, records)
 
 
 # ------------------------------------------------------------------------------------------------
 # order and back-pressure (stepped executors: every interleaving is forced)
 
 
-async def test_cpu_work_of_a_partition_runs_in_offset_order(worker: Worker, steps: _Steps) -> None:
+async def test_cpu_work_of_a_partition_runs_in_offset_order(pipeline: Stage1Pipeline, steps: _Steps) -> None:
     producer = _FakeProducer()
-    slot = _slot(worker, producer)
+    state = _add(pipeline, producer)
     last_of_first = _record(BATCH - 1).timestamp
-    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    await _dispatch_all(pipeline, _records(0, 2 * BATCH))
     await steps.settle(run=False)
     # the first batch's per-record half ran (its broker times moved the watermark), its numpy half is queued, and
     # the second batch waits for both: its per-record half has not touched the state
-    assert len(steps.cpu.queue) == 1 and slot.state.watermark_ms == last_of_first
+    assert len(steps.cpu.queue) == 1 and state.watermark_ms == last_of_first
     steps.cpu.run_next()
     await steps.settle(run=False)
-    assert len(steps.cpu.queue) == 1 and slot.state.watermark_ms == _record(2 * BATCH - 1).timestamp
+    assert len(steps.cpu.queue) == 1 and state.watermark_ms == _record(2 * BATCH - 1).timestamp
     await steps.settle()
-    assert producer.offsets() == [BATCH, 2 * BATCH] and worker._failure is None
+    assert producer.offsets() == [BATCH, 2 * BATCH] and pipeline.failure is None
 
 
-async def test_transactions_of_a_partition_commit_one_at_a_time_in_order(worker: Worker, steps: _Steps) -> None:
+async def test_transactions_of_a_partition_commit_one_at_a_time_in_order(
+    pipeline: Stage1Pipeline, steps: _Steps
+) -> None:
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    _slot(worker, producer)
-    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    _add(pipeline, producer)
+    await _dispatch_all(pipeline, _records(0, 2 * BATCH))
     await steps.settle()  # both batches' CPU work done; the first transaction is held open by the gate
     assert producer.started == 1 and not producer.committed
     gate.set()
     await steps.settle()
     assert producer.offsets() == [BATCH, 2 * BATCH] and producer.max_open == 1
-    assert worker._failure is None
+    assert pipeline.failure is None
 
 
-async def test_at_most_pipeline_depth_batches_are_in_flight(worker: Worker, steps: _Steps) -> None:
+async def test_at_most_pipeline_depth_batches_are_in_flight(pipeline: Stage1Pipeline, steps: _Steps) -> None:
     assert PIPELINE_DEPTH == 3  # the counts below
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    _slot(worker, producer)
+    _add(pipeline, producer)
     records = _records(0, 4 * BATCH)
-    await _dispatch_all(worker, records[: 3 * BATCH])
+    await _dispatch_all(pipeline, records[: 3 * BATCH])
     await steps.settle()
-    fourth = asyncio.create_task(_dispatch_all(worker, records[3 * BATCH :]))
+    fourth = asyncio.create_task(_dispatch_all(pipeline, records[3 * BATCH :]))
     await steps.settle()
     assert not fourth.done()  # back-pressure: the fetch loop waits while three batches are in flight
     gate.set()
@@ -459,40 +475,43 @@ async def test_at_most_pipeline_depth_batches_are_in_flight(worker: Worker, step
     assert producer.offsets() == [BATCH, 2 * BATCH, 3 * BATCH, 4 * BATCH]
 
 
-async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(worker: Worker, steps: _Steps) -> None:
+async def test_idle_tick_leaves_a_partition_with_work_in_flight_alone(pipeline: Stage1Pipeline, steps: _Steps) -> None:
     producer = _FakeProducer()
-    slot = _slot(worker, producer)
+    state = _add(pipeline, producer)
     records = _records(0, BATCH)
-    await _dispatch_all(worker, records)
+    await _dispatch_all(pipeline, records)
     await steps.settle(run=False)  # the batch's CPU work is under way (its numpy half queued on the pool)
     # caught up, idle, and the last fetch far ahead: an idle advance now would close the batch's window
-    consumer = _FakeConsumer({0: BATCH}, fetch_ms=T0 + 60_000)
-    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+    assert pipeline.computing(0)
+    await pipeline.advance_idle(0, now_ms(), T0 + 60_000)
     # no idle advance: the watermark is the batch's own latest broker time, and nothing was committed
-    assert slot.state.watermark_ms == records[-1].timestamp and slot.last_commit is None
+    assert state.watermark_ms == records[-1].timestamp and producer.started == 0
     await steps.settle()
     assert producer.offsets() == [BATCH]
-    assert slot.state.rejected_total() == {}  # every report counted, none late
-    assert sum(p.n for p in slot.state.partials.values()) == BATCH
+    assert state.rejected_total() == {}  # every report counted, none late
+    assert sum(p.n for p in state.partials.values()) == BATCH
     # once the work is done, the same tick advances the watermark and commits it (after the batch)
-    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+    assert not pipeline.computing(0)
+    await pipeline.advance_idle(0, now_ms(), T0 + 60_000)
     await steps.settle()
-    assert slot.state.watermark_ms == T0 + 60_000 - 1_000 and not slot.state.partials
+    assert state.watermark_ms == T0 + 60_000 - 1_000 and not state.partials
     assert len(producer.committed) == 2 and producer.committed[1].offsets is None
 
 
-async def test_idle_tick_skips_a_partition_whose_transactions_fill_the_pipeline(worker: Worker, steps: _Steps) -> None:
+async def test_idle_tick_skips_a_partition_whose_transactions_fill_the_pipeline(
+    pipeline: Stage1Pipeline, steps: _Steps
+) -> None:
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    slot = _slot(worker, producer)
-    await _dispatch_all(worker, _records(0, PIPELINE_DEPTH * BATCH))
+    state = _add(pipeline, producer)
+    await _dispatch_all(pipeline, _records(0, PIPELINE_DEPTH * BATCH))
     await steps.settle()  # every batch's CPU work is done; their transactions wait at the gate
-    assert slot.last_work is not None and slot.last_work.done() and slot.inflight.locked()
-    before = (slot.state.watermark_ms, sorted(slot.state.partials))
-    consumer = _FakeConsumer({0: PIPELINE_DEPTH * BATCH}, fetch_ms=T0 + 60_000)  # caught up and idle
+    # the pipeline is full: one transaction committing, the other batches' transactions chained behind it
+    assert not pipeline.computing(0) and not steps.cpu.queue and producer.started == 1
+    before = (state.watermark_ms, sorted(state.partials))
     async with asyncio.timeout(HANG_S):  # the tick returns: it does not wait for a place, holding up the loop
-        await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
-    assert (slot.state.watermark_ms, sorted(slot.state.partials)) == before
+        await pipeline.advance_idle(0, now_ms(), T0 + 60_000)  # caught up and idle
+    assert (state.watermark_ms, sorted(state.partials)) == before
     gate.set()
     await steps.settle()
     assert producer.offsets() == [BATCH * k for k in range(1, PIPELINE_DEPTH + 1)]
@@ -503,40 +522,48 @@ async def test_idle_tick_skips_a_partition_whose_transactions_fill_the_pipeline(
 # a cancelled predecessor stops the worker (it recorded nothing, so nothing after it may commit)
 
 
-async def test_a_cancelled_batch_stops_the_worker(worker: Worker, steps: _Steps) -> None:
-    producer = _FakeProducer()
-    slot = _slot(worker, producer)
-    async with worker._lock:
-        await worker._stage1_dispatch(_tp(worker), _records(0, BATCH))
-        assert slot.last_work is not None
-        slot.last_work.cancel()  # before it ran
-        await worker._stage1_dispatch(_tp(worker), _records(BATCH, 2 * BATCH))
-    await steps.settle()
-    assert isinstance(worker._failure, AgentError) and "earlier batch of partition 0 was cancelled" in str(
-        worker._failure
-    )
-    assert worker._stopping.is_set()
-    assert producer.started == 0 and not slot.state.partials  # the second batch neither counted nor committed
+def _new_task(before: set[asyncio.Task[Any]]) -> asyncio.Task[Any]:
+    """The one task started since ``before`` (``asyncio.all_tasks()`` then) and not done: the pipeline's."""
+    (task,) = asyncio.all_tasks() - before
+    return task
 
 
-async def test_a_cancelled_transaction_stops_the_worker(worker: Worker, steps: _Steps) -> None:
+async def test_a_cancelled_batch_stops_the_worker(
+    pipeline: Stage1Pipeline, steps: _Steps, stops: list[BaseException]
+) -> None:
     producer = _FakeProducer()
-    slot = _slot(worker, producer)
-    tp = _tp(worker)
-    slot.state.process(_source(_records(0, BATCH)))  # the first batch's CPU work, done
-    work = worker._stage1_snapshot(slot, [], BATCH, BATCH)
-    await slot.inflight.acquire()
-    worker._chain_commit(slot, tp, work)
-    assert slot.last_commit is not None
-    slot.last_commit.cancel()  # before it ran: its records are lost
-    slot.next_offset = BATCH
-    async with worker._lock:
-        await worker._stage1_dispatch(tp, _records(BATCH, 2 * BATCH))
+    state = _add(pipeline, producer)
+    before = asyncio.all_tasks()
+    await pipeline.submit(0, _records(0, BATCH))
+    _new_task(before).cancel()  # the batch's CPU work, before it ran
+    await pipeline.submit(0, _records(BATCH, 2 * BATCH))
     await steps.settle()
-    assert isinstance(worker._failure, AgentError) and "earlier transaction of partition 0 was cancelled" in str(
-        worker._failure
+    assert isinstance(pipeline.failure, AgentError) and "earlier batch of partition 0 was cancelled" in str(
+        pipeline.failure
     )
-    assert worker._stopping.is_set() and producer.started == 0
+    assert stops == [pipeline.failure]
+    assert producer.started == 0 and not state.partials  # the second batch neither counted nor committed
+
+
+async def test_a_cancelled_transaction_stops_the_worker(
+    pipeline: Stage1Pipeline, steps: _Steps, stops: list[BaseException]
+) -> None:
+    producer = _FakeProducer()
+    _add(pipeline, producer)
+    before = asyncio.all_tasks()
+    await pipeline.submit(0, _records(0, BATCH))
+    work = _new_task(before)
+    await steps.settle(run=False)
+    steps.cpu.run_next()  # the first batch's CPU work, done ...
+    while not work.done():  # ... its transaction is chained (a task that has not run yet: this one resumes first)
+        await asyncio.sleep(0)
+    _new_task(before).cancel()  # the transaction, before it ran: its records are lost
+    await pipeline.submit(0, _records(BATCH, 2 * BATCH))
+    await steps.settle()
+    assert isinstance(pipeline.failure, AgentError) and "earlier transaction of partition 0 was cancelled" in str(
+        pipeline.failure
+    )
+    assert stops == [pipeline.failure] and producer.started == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -544,17 +571,17 @@ async def test_a_cancelled_transaction_stops_the_worker(worker: Worker, steps: _
 
 
 async def test_revocation_commits_every_dispatched_batch_before_the_producer_stops(
-    worker: Worker, steps: _Steps
+    pipeline: Stage1Pipeline, steps: _Steps
 ) -> None:
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    _slot(worker, producer)
-    await _dispatch_all(worker, _records(0, 2 * BATCH))
+    _add(pipeline, producer)
+    await _dispatch_all(pipeline, _records(0, 2 * BATCH))
     await steps.settle(run=False)
     steps.cpu.run_next()  # the first batch's CPU work ...
     await steps.settle(run=False)  # ... done: its transaction is held open, the second batch's work is queued
     assert producer.started == 1 and len(steps.cpu.queue) == 1
-    revoke = asyncio.create_task(worker._revoke({_tp(worker)}))
+    revoke = asyncio.create_task(pipeline.remove(0))
     await steps.settle(run=False)
     assert not revoke.done() and not producer.stopped
     await steps.settle()  # the second batch's work chains its transaction while the revocation waits
@@ -563,52 +590,7 @@ async def test_revocation_commits_every_dispatched_batch_before_the_producer_sto
     async with asyncio.timeout(HANG_S):
         await revoke
     assert producer.events == [f"commit {BATCH}", f"commit {2 * BATCH}", "stop"]
-    assert 0 not in worker._stage1 and worker._failure is None
-
-
-# ------------------------------------------------------------------------------------------------
-# assignment
-
-
-@dataclass
-class _PausingConsumer:
-    """What :meth:`Worker._assign` asks the consumer: pause, resume, and the current assignment."""
-
-    assigned: set[TopicPartition]
-    paused: set[TopicPartition] = field(default_factory=set)
-
-    def pause(self, *tps: TopicPartition) -> None:
-        self.paused.update(tps)
-
-    def resume(self, *tps: TopicPartition) -> None:
-        self.paused.difference_update(tps)
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.assigned)
-
-
-@pytest.mark.parametrize("fails", [False, True])
-async def test_assignment_holds_new_partitions_until_they_are_positioned(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch, fails: bool
-) -> None:
-    tps = {_tp(worker, 0), _tp(worker, 1)}
-    consumer = _PausingConsumer(assigned=set(tps))
-    monkeypatch.setattr(worker, "_consumer", consumer)
-    held: list[bool] = []
-
-    async def position(tp: TopicPartition) -> None:  # what an assignment does: restore, replay, seek
-        await asyncio.sleep(0)
-        held.append(tp in consumer.paused)
-        if fails and tp.partition == 1:
-            raise AgentError("replay failed")
-
-    monkeypatch.setattr(worker, "_assign_stage1", position)
-    await worker._assign(tps)
-    assert held == [True, True]  # no record of either is taken up (or parsed) before its seek
-    if fails:  # the worker stops, and takes nothing up meanwhile
-        assert consumer.paused == tps and worker._stopping.is_set() and isinstance(worker._failure, AgentError)
-    else:
-        assert not consumer.paused and worker._failure is None
+    assert 0 not in pipeline and pipeline.failure is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -616,42 +598,44 @@ async def test_assignment_holds_new_partitions_until_they_are_positioned(
 
 
 @pytest.mark.parametrize("seed", range(6))
-async def test_random_interleavings_restore_to_the_state_in_memory(worker: Worker, seed: int) -> None:
+async def test_random_interleavings_restore_to_the_state_in_memory(pipeline: Stage1Pipeline, seed: int) -> None:
     rng = random.Random(seed)
     # commit delays from a generator of their own: the records and steps drawn from ``rng`` are the same on every run
     delays = random.Random(1_000 + seed)
     producers = {p: _FakeProducer(delay=lambda _: delays.random() * 0.002) for p in (0, 1)}
+    states: dict[int, PartitionState] = {}
     for p, producer in producers.items():
-        _slot(worker, producer, p)
-    consumer = _FakeConsumer()
+        states[p] = _add(pipeline, producer, p)
     dispatched = {0: 0, 1: 0}
     latest_ts = T0
     for _ in range(40):
         p = rng.choice((0, 1))
-        async with worker._lock:
-            if rng.random() < 0.7:
-                start, stop = dispatched[p], dispatched[p] + rng.randint(1, 6)
-                batch = []
-                for o in range(start, stop):
-                    # late records, records of another pseudonym window, window closes and hand-overs
-                    ts = T0 + o * 400 + rng.randint(-3_000, 300)
-                    latest_ts = max(latest_ts, ts)
-                    shift = rng.choice((0, 0, 0, -11))
-                    batch.append(_record(o, partition=p, ts=ts, pseudonym=rng.randint(0, 5), window_shift_s=shift))
-                dispatched[p] = consumer.position_of[p] = stop
-                async with asyncio.timeout(HANG_S):
-                    await worker._stage1_dispatch(_tp(worker, p), batch)
-            else:
-                consumer.fetch_ms = latest_ts + rng.randint(0, 4_000)
-                async with asyncio.timeout(HANG_S):
-                    await worker._idle_tick(cast(AIOKafkaConsumer, consumer), set())
+        if rng.random() < 0.7:
+            start, stop = dispatched[p], dispatched[p] + rng.randint(1, 6)
+            batch = []
+            for o in range(start, stop):
+                # late records, records of another pseudonym window, window closes and hand-overs
+                ts = T0 + o * 400 + rng.randint(-3_000, 300)
+                latest_ts = max(latest_ts, ts)
+                shift = rng.choice((0, 0, 0, -11))
+                batch.append(_record(o, partition=p, ts=ts, pseudonym=rng.randint(0, 5), window_shift_s=shift))
+            dispatched[p] = stop
+            async with asyncio.timeout(HANG_S):
+                await pipeline.submit(p, batch)
+        else:
+            # an idle tick: every partition caught up at a fetch response of this time (the worker asks those
+            # not in the fetch; none of these is)
+            fetch_ms = latest_ts + rng.randint(0, 4_000)
+            async with asyncio.timeout(HANG_S):
+                for q in producers:
+                    await pipeline.advance_idle(q, now_ms(), fetch_ms)
         await asyncio.sleep(rng.random() * 0.002)
-    await _drain(worker)
-    assert worker._failure is None
+    await _drain(pipeline)
+    assert pipeline.failure is None
     for p, producer in producers.items():
-        restored = _state(worker, p)
-        restored.restore(producer.state_records(worker.topics.stage1_state))
-        assert _snapshot(restored) == _snapshot(worker._stage1[p].state)
+        restored = _state(p)
+        restored.restore(producer.state_records(TOPICS.stage1_state))
+        assert _snapshot(restored) == _snapshot(states[p])
         offsets = producer.offsets()
         assert offsets == sorted(set(offsets)) and (offsets[-1] if offsets else 0) == dispatched[p]
         assert producer.max_open == 1
@@ -661,14 +645,14 @@ async def test_random_interleavings_restore_to_the_state_in_memory(worker: Worke
 # review fixes: empty replay groups; timestamp refusals are written with their dead letters
 
 
-def test_a_replay_with_no_report_left_for_an_open_window_rebuilds_nothing(worker: Worker) -> None:
-    st = _state(worker)
+def test_a_replay_with_no_report_left_for_an_open_window_rebuilds_nothing(pipeline: Stage1Pipeline) -> None:
+    st = _state()
     ts = T0 + 5_000
     good = SourceRecord(0, ts, None, _bool(1, ts // 1000))  # opens the window (first offset 0)
     other = SourceRecord(1, ts + 1, None, _bool(2, ts // 1000 - 60))  # pseudonym of a closed window: refused
     res = st.process([good, other])
     assert res.counted == 1 and [d.reason for d in res.dead_letters] == ["late"]
-    restored = _state(worker)
+    restored = _state()
     restored.restore(st.state_records())
     assert restored.replay_from() == 0
     # the replay lost the window's one counted record (e.g. re-screened as future_timestamp): nothing to re-admit
@@ -677,25 +661,27 @@ def test_a_replay_with_no_report_left_for_an_open_window_rebuilds_nothing(worker
 
 
 @pytest.mark.parametrize("reason", ["timestamp_type", "future_timestamp"])
-async def test_timestamp_refusals_are_committed_with_their_counters(worker: Worker, steps: _Steps, reason: str) -> None:
+async def test_timestamp_refusals_are_committed_with_their_counters(
+    pipeline: Stage1Pipeline, steps: _Steps, reason: str
+) -> None:
     producer = _FakeProducer()
-    slot = _slot(worker, producer)
+    state = _add(pipeline, producer)
     if reason == "timestamp_type":  # CreateTime, not LogAppendTime
         refused = [_record(o, ts_type=0) for o in range(1, 4)]
     else:  # a broker clock jump of ~50 min
         future = int(time.time() * 1000) + 10 * FUTURE_TOLERANCE_MS
         refused = [_record(o, ts=future + o) for o in range(1, 4)]
-    await _dispatch_all(worker, [_record(0)])  # counted: opens a window (replayed from offset 0 on a restart)
-    await _dispatch_all(worker, refused)  # a batch whose only change is the refusals
+    await _dispatch_all(pipeline, [_record(0)])  # counted: opens a window (replayed from offset 0 on a restart)
+    await _dispatch_all(pipeline, refused)  # a batch whose only change is the refusals
     await steps.settle()
     _, txn = producer.committed
-    dead = [h for t, _, _, h in txn.sends if t == worker.topics.dead_letter]
+    dead = [h for t, _, _, h in txn.sends if t == TOPICS.dead_letter]
     assert len(dead) == 3 and all(h is not None and ("ptel.reason", reason.encode()) in h for h in dead)
-    assert txn.offsets == {_tp(worker): 4}
-    assert [k for t, k, _, _ in txn.sends if t == worker.topics.stage1_state] == [watermark_key(0)]
-    restored = _state(worker)
-    restored.restore(producer.state_records(worker.topics.stage1_state))
-    assert restored.rejected_total() == slot.state.rejected_total() == {reason: (3, 3)}
+    assert txn.offsets == {_tp(): 4}
+    assert [k for t, k, _, _ in txn.sends if t == TOPICS.stage1_state] == [watermark_key(0)]
+    restored = _state()
+    restored.restore(producer.state_records(TOPICS.stage1_state))
+    assert restored.rejected_total() == state.rejected_total() == {reason: (3, 3)}
     assert restored.watermark_ms == T0  # refused timestamps never move the watermark
     # a replay of the open window (from offset 0) must skip exactly the records refused for the wall clock
     assert restored.replay_from() == 0
@@ -707,36 +693,37 @@ async def test_timestamp_refusals_are_committed_with_their_counters(worker: Work
 
 
 async def test_batches_finished_during_a_commit_share_the_next_transaction(
-    grouping: Worker, grouping_steps: _Steps
+    grouping: Stage1Pipeline, grouping_steps: _Steps
 ) -> None:
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    slot = _slot(grouping, producer)
+    state = _add(grouping, producer)
     records = _records(0, 6 * BATCH)
     dispatch = asyncio.create_task(_dispatch_all(grouping, records))
     await grouping_steps.settle()
     assert dispatch.done()  # the fetch loop never waited for the commit: batches after the second joined the queue
     await dispatch
-    assert producer.started == 1 and not producer.committed and not slot.inflight.locked()
+    # (done: the batches that joined the queued transaction gave their places in the pipeline back)
+    assert producer.started == 1 and not producer.committed
     gate.set()
     await grouping_steps.settle()
     # the first batch alone, then the five that finished while it committed, in one transaction
     assert producer.offsets() == [BATCH, 6 * BATCH] and producer.max_open == 1
     assert grouping.stats.transactions == 2 and grouping.stats.records == 6 * BATCH
-    assert grouping._failure is None
-    _assert_restart_equals_one_run(grouping, producer, records)
-    restored = _state(grouping)
-    restored.restore(producer.state_records(grouping.topics.stage1_state))
-    assert _snapshot(restored) == _snapshot(slot.state)
+    assert grouping.failure is None
+    _assert_restart_equals_one_run(producer, records)
+    restored = _state()
+    restored.restore(producer.state_records(TOPICS.stage1_state))
+    assert _snapshot(restored) == _snapshot(state)
 
 
 async def test_a_transaction_takes_no_more_than_max_transaction_records(
-    grouping: Worker, grouping_steps: _Steps, monkeypatch: pytest.MonkeyPatch
+    grouping: Stage1Pipeline, grouping_steps: _Steps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(grouping, "settings", replace(grouping.settings, max_transaction_records=2 * BATCH))
+    monkeypatch.setattr(grouping, "max_transaction_records", 2 * BATCH)
     gate = asyncio.Event()
     producer = _FakeProducer(gate=gate)
-    _slot(grouping, producer)
+    _add(grouping, producer)
     records = _records(0, 5 * BATCH)
     dispatch = asyncio.create_task(_dispatch_all(grouping, records))
     await grouping_steps.settle()
@@ -747,18 +734,20 @@ async def test_a_transaction_takes_no_more_than_max_transaction_records(
     offsets = producer.offsets()
     assert offsets[-1] == 5 * BATCH
     assert all(b - a <= 2 * BATCH for a, b in zip([0, *offsets], offsets, strict=False))
-    _assert_restart_equals_one_run(grouping, producer, records)
+    _assert_restart_equals_one_run(producer, records)
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3])
-async def test_a_failed_group_transaction_stops_every_later_one(grouping: Worker, fail_at: int) -> None:
-    producer, records = await _fail_transaction(grouping, fail_at)
+async def test_a_failed_group_transaction_stops_every_later_one(
+    grouping: Stage1Pipeline, stops: list[BaseException], fail_at: int
+) -> None:
+    producer, records = await _fail_transaction(grouping, stops, fail_at)
     assert producer.max_open == 1
-    _assert_restart_equals_one_run(grouping, producer, records)
+    _assert_restart_equals_one_run(producer, records)
 
 
 @pytest.mark.parametrize("seed", range(4))
 async def test_random_interleavings_with_group_commit_restore_to_the_state_in_memory(
-    grouping: Worker, seed: int
+    grouping: Stage1Pipeline, seed: int
 ) -> None:
     await test_random_interleavings_restore_to_the_state_in_memory(grouping, seed)

@@ -10,7 +10,7 @@ from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.release import build_release
-from agents.stage1 import Handover
+from agents.stage1_records import Handover
 from agents.stage2 import ReleaserState
 from mechanisms.rappor import encode_batch_packed
 from mechanisms.rng import SeededRandom
@@ -428,12 +428,12 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
 
 
 def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.release
+    import agents.release_fields
 
     def broken(*args: object, **kwargs: object) -> None:
         raise IndexError("index 3 is out of bounds")
 
-    monkeypatch.setattr(agents.release, "estimate_counts", broken)
+    monkeypatch.setattr(agents.release_fields, "estimate_counts", broken)
     p = Partial.empty("theme", shape_of(SPEC.metric("theme")), 0)
     p.add_categories([0, 1])
     rel = _release(p)

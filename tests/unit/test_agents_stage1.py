@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from agents.kinds import Aggregator, shape_mismatch
 from agents.partials import Partial, same_counts
-from agents.stage1 import Handover, PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import Handover, SourceRecord
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,11 @@ import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.changelog import ReplayError, check_range_retained
-from agents.errors import ConfigurationError, StateError
+from agents.errors import AgentError, ConfigurationError, StateError
 from agents.kinds import Aggregator
-from agents.stage1 import DeadLetter, PartitionState
+from agents.stage1 import PartitionState
+from agents.stage1_pipeline import screen_timestamps
+from agents.stage1_records import DeadLetter, Record
 from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY, ReleaserState
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics
 from agents.watermarks import (
@@ -85,12 +88,19 @@ def test_untrusted_timestamp_rules() -> None:
     assert {"timestamp_type", "future_timestamp"} == TIMESTAMP_REASONS
 
 
+def _screen(
+    worker: Worker, st: PartitionState, records: list[ConsumerRecord[Any, Any]]
+) -> tuple[Sequence[Record], list[DeadLetter]]:
+    """The worker's timestamp screen of ``records`` (see :func:`agents.stage1_pipeline.screen_timestamps`)."""
+    return screen_timestamps(st, records, worker.validator, worker.settings.future_tolerance_ms)
+
+
 def test_untrusted_records_are_dead_lettered_and_never_move_the_watermark(worker: Worker) -> None:
     st = _state(worker)
     now = int(time.time() * 1000)
     future = now + 10 * FUTURE_TOLERANCE_MS  # a broker clock jump of ~50 min
     batch = [_rec(0, now - 5_000), _rec(1, future), _rec(2, now - 4_000, ts_type=0), _rec(3, now - 3_000)]
-    source, refused = worker._screen_timestamps(st, batch)
+    source, refused = _screen(worker, st, batch)
     assert [r.offset for r in source] == [0, 3]
     assert all(isinstance(d, DeadLetter) for d in refused)  # stage 1's one dead-letter format
     assert [(d.record.offset, d.reason, d.reports) for d in refused] == [
@@ -103,7 +113,7 @@ def test_untrusted_records_are_dead_lettered_and_never_move_the_watermark(worker
     assert st.watermark_ms == now - 3_000  # the future timestamp did not move w_p
     assert st.rejected_total() == {"future_timestamp": (1, 1), "timestamp_type": (1, 1)}
     # the next valid record is counted, not late (it would be with w_p at the future timestamp)
-    source, refused = worker._screen_timestamps(st, [_rec(4, now - 1_000)])
+    source, refused = _screen(worker, st, [_rec(4, now - 1_000)])
     assert not refused and st.process(source).counted == 1
 
 
@@ -139,13 +149,13 @@ def test_idle_advance_from_an_old_fetch_does_not_make_new_records_late(worker: W
     st = _state(worker)  # idle 5 s, skew 1 s; windows 10 s + grace 2 s
     t_fetch = 1_700_000_020_000  # the last fetch response (caught up) arrived at t_fetch ...
     now = t_fetch + 30_000  # ... and is 30 s old when the idle check runs (a stalled fetcher)
-    st.process(worker._screen_timestamps(st, [_rec(0, t_fetch - 8_000)])[0])
+    st.process(_screen(worker, st, [_rec(0, t_fetch - 8_000)])[0])
     fetch_ms = caught_up_at_fetch(1, 1, t_fetch)
     assert fetch_ms is not None
     st.advance_idle(now, t_fetch - 8_000, True, fetch_ms)
     assert st.watermark_ms == t_fetch - worker.settings.idle.clock_skew_ms  # not now - skew
     # a record appended right after that fetch is counted: with now - skew its window would be closed
-    res = st.process(worker._screen_timestamps(st, [_rec(1, t_fetch + 1)])[0])
+    res = st.process(_screen(worker, st, [_rec(1, t_fetch + 1)])[0])
     assert res.counted == 1 and not res.dead_letters
 
 
@@ -235,7 +245,7 @@ async def test_a_failed_assignment_stops_the_worker(worker: Worker, monkeypatch:
 
     monkeypatch.setattr(worker, "_assign_stage1", fail)
     await worker._assign({TopicPartition(worker.topics.reports, 0)})
-    assert worker._stopping.is_set() and isinstance(worker._failure, ReplayError)
+    assert worker._stopping.is_set() and isinstance(worker.failure, ReplayError)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,7 +262,7 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
     from agents.app import release_builder
     from agents.ledger import MetricLedger
     from agents.partials import Partial
-    from agents.stage1 import Handover
+    from agents.stage1_records import Handover
 
     build = release_builder(SPEC, resolve_protocols(SPEC))
 
@@ -290,30 +300,111 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
 
 
 def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_its_size() -> None:
-    from agents.stage1 import SourceRecord
-    from agents.worker import DEAD_LETTER_OVERHEAD, _dead_letter_record
+    from agents.dead_letters import DEAD_LETTER_OVERHEAD, dead_letter_record
+    from agents.stage1_records import SourceRecord
 
     big = DeadLetter(SourceRecord(41, 1_000, b"k", bytes(2_000_000)), "wire.bad_version", "version 0", 1)
-    value, headers = _dead_letter_record(big, "reports", 3, 1_048_588)
+    value, headers = dead_letter_record(big, "reports", 3, 1_048_588)
     h = dict(headers)
     assert len(value) == 1_048_588 - DEAD_LETTER_OVERHEAD and h["ptel.truncated"] == b"true"
     assert h["ptel.original_bytes"] == b"2000000" and h["ptel.source"] == b"reports/3/41"
     assert h["ptel.reason"] == b"wire.bad_version"
     small = DeadLetter(SourceRecord(1, 1_000, None, b"\x00abc"), "wire.bad_version", "", 1)
-    value, headers = _dead_letter_record(small, "reports", 0, 1_048_588)
+    value, headers = dead_letter_record(small, "reports", 0, 1_048_588)
     assert value == b"\x00abc" and dict(headers)["ptel.truncated"] == b"false"
-    assert _dead_letter_record(big, "reports", 3, 0)[0] == b""  # the retry after a refusal: headers only
+    assert dead_letter_record(big, "reports", 3, 0)[0] == b""  # the retry after a refusal: headers only
 
 
 async def test_a_refused_delivery_fails_the_transaction() -> None:
     from aiokafka.errors import MessageSizeTooLargeError
 
-    from agents.worker import _delivered
+    from agents.changelog import delivered
 
     loop = asyncio.get_running_loop()
     ok, refused = loop.create_future(), loop.create_future()
     ok.set_result(None)
     refused.set_exception(MessageSizeTooLargeError())
-    await _delivered([ok])
+    await delivered([ok])
     with pytest.raises(MessageSizeTooLargeError):
-        await _delivered([ok, refused])
+        await delivered([ok, refused])
+
+
+# ------------------------------------------------------------------------------------------------
+# assignment: new partitions are held until they are positioned
+
+
+@dataclass
+class _PausingConsumer:
+    """What :meth:`Worker._assign` asks the consumer: pause, resume, and the current assignment."""
+
+    assigned: set[TopicPartition]
+    paused: set[TopicPartition] = field(default_factory=set)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused.difference_update(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_assignment_holds_new_partitions_until_they_are_positioned(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    tps = {TopicPartition(worker.topics.reports, 0), TopicPartition(worker.topics.reports, 1)}
+    consumer = _PausingConsumer(assigned=set(tps))
+    monkeypatch.setattr(worker, "_consumer", consumer)
+    held: list[bool] = []
+
+    async def position(tp: TopicPartition) -> None:  # what an assignment does: restore, replay, seek
+        await asyncio.sleep(0)
+        held.append(tp in consumer.paused)
+        if fails and tp.partition == 1:
+            raise AgentError("replay failed")
+
+    monkeypatch.setattr(worker, "_assign_stage1", position)
+    await worker._assign(tps)
+    assert held == [True, True]  # no record of either is taken up (or parsed) before its seek
+    if fails:  # the worker stops, and takes nothing up meanwhile
+        assert consumer.paused == tps and worker._stopping.is_set() and isinstance(worker.failure, AgentError)
+    else:
+        assert not consumer.paused and worker.failure is None
+
+
+# ------------------------------------------------------------------------------------------------
+# aiokafka's process-wide retry backoff is set where the app is built, never by starting a producer
+
+
+def test_the_concurrent_transactions_backoff_is_set_by_build_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiokafka.producer.sender as aiokafka_sender
+
+    from agents.app import build_worker
+    from agents.changelog import CONCURRENT_TRANSACTIONS_BACKOFF_S
+
+    monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)  # aiokafka's own
+    worker = build_worker(SPEC, WorkerSettings("127.0.0.1:1", "unit"))
+    try:
+        assert aiokafka_sender.BACKOFF_OVERRIDE == CONCURRENT_TRANSACTIONS_BACKOFF_S
+    finally:
+        worker._cpu.shutdown(wait=True)
+
+
+async def test_starting_a_transactional_producer_leaves_the_backoff_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiokafka.producer.sender as aiokafka_sender
+
+    from agents.changelog import start_transactional_producer
+
+    class _Producer:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+    monkeypatch.setattr("agents.changelog.AIOKafkaProducer", _Producer)
+    monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)
+    await start_transactional_producer("127.0.0.1:1", "unit.stage1.0")
+    assert aiokafka_sender.BACKOFF_OVERRIDE == 0.02

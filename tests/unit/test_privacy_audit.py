@@ -33,7 +33,8 @@ from agents.app import release_builder
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.release import build_release
-from agents.stage1 import Handover, PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import Handover, SourceRecord
 from agents.stage2 import ReleaserState, is_dataset_key
 from agents.validation import Validator
 from agents.watermarks import IdlePolicy

@@ -21,7 +21,7 @@ from agents.app import release_builder
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
-from agents.stage1 import Handover
+from agents.stage1_records import Handover
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.worker import Worker, WorkerSettings
 from schemas.conformance import resolve_protocols

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from agents.kinds import Aggregator
 from agents.placement import Placement
-from agents.stage1 import PartitionState, SourceRecord
+from agents.stage1 import PartitionState
+from agents.stage1_records import SourceRecord
 from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
 from schemas.conformance import Validator, olh_ranges, resolve_protocols

@@ -1,0 +1,149 @@
+"""The contract of a metric kind's handler in the agents, and what handlers share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agents.ledger import MetricLedger
+from agents.partials import Partial, Shape
+from agents.release_fields import WindowFields
+from mechanisms.rng import RandomSource
+from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
+from schemas.kinds import MetricKind
+from schemas.releases import Release
+from schemas.spec import CollectionSpec
+from schemas.wire_columns import SingleReports
+
+M = TypeVar("M", bound=AnyMetric)
+
+
+@dataclass(frozen=True)
+class Added:
+    """What counting a group did: reports counted, and per accepted record (in order) its reports refused for the
+    partial's key capacity (empty: none refused)."""
+
+    counted: int
+    capacity_refused: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReleaseJob(Generic[M]):
+    """One window's release to build: the merged counts of ``metric`` (shapes checked against the spec), its
+    ledger, the release id ``rid``, the fields every record of the window carries, the metric's local protocol
+    (categorical) and the central noise source."""
+
+    spec: CollectionSpec
+    metric: M
+    merged: Partial
+    ledger: MetricLedger
+    rid: str
+    base: WindowFields
+    protocol: Protocol | None
+    rng: RandomSource | None
+
+
+class KindHandler(ABC, Generic[M]):
+    """What the agents do for metrics of one kind. Stateless: one instance serves every metric of the kind.
+
+    Invariants every handler keeps: :meth:`count` bounds before it counts (a client's reports beyond the
+    spec's contribution bounds go to ``over_bound``, never into the counts), in record order (a replay re-admits
+    the same reports); :meth:`release` charges the ledger before it draws any noise.
+    """
+
+    #: The metric kind handled (the key of this handler in :data:`agents.handlers.registry.HANDLERS`).
+    kind: ClassVar[MetricKind]
+    #: Noise added centrally (stage 2): the release record carries no exact ``n`` / ``over_bound``.
+    central: ClassVar[bool] = False
+    #: The column types of the kind's payloads (a categorical metric has one per local protocol).
+    column_types: ClassVar[tuple[type, ...]]
+    #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
+    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
+    shard_column: ClassVar[str | None] = None
+
+    @abstractmethod
+    def shape(self, metric: M) -> Shape:
+        """The count shapes of ``metric``."""
+
+    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+        """Rows of a table of single reports whose payload fits the spec (``None``: all), as
+        :func:`schemas.conformance._check_columns` would find them one by one."""
+        return None
+
+    def admit(self, partial: Partial, metric: M, pseudonyms: NDArray[np.uint64], accepted: Sequence[Accepted]) -> int:
+        """Only the contribution-bound bookkeeping of :meth:`count` (rebuilding client maps after a restart): the
+        number of reports admitted."""
+        return int(partial.admit(pseudonyms, metric.reports_per_window).sum())
+
+    @abstractmethod
+    def count(
+        self,
+        partial: Partial,
+        metric: M,
+        accepted: Sequence[Accepted],
+        pseudonyms: NDArray[np.uint64],
+        olh_range: int | None,
+    ) -> Added:
+        """Bound and count ``accepted`` (reports of ``metric``, in record order; ``pseudonyms`` theirs, in order)."""
+
+    def local_measurement(self, metric: M, protocol: Protocol | None) -> Any:
+        """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``);
+        ``None`` without local randomization."""
+        return None
+
+    def privacy_unit(self, metric: M) -> Literal["client", "client_value"]:
+        """Whom the release's guarantee protects: a client (default), or a client's value (RAPPOR by name)."""
+        return "client"
+
+    @abstractmethod
+    def mechanism_name(self, metric: M, protocol: Protocol | None) -> str:
+        """The mechanism, as a release record names it."""
+
+    @abstractmethod
+    def release(self, job: ReleaseJob[M]) -> Release:
+        """The release record of one window (raises :class:`~agents.errors.BudgetError`, a
+        :class:`~mechanisms.errors.MechanismError` or :class:`~agents.errors.ReleaseError`: the caller refuses it)."""
+
+
+class BoundedHandler(KindHandler[M]):
+    """A kind counted after the per-client bound of ``reports_per_window`` reports (every kind but keyed)."""
+
+    def count(
+        self,
+        partial: Partial,
+        metric: M,
+        accepted: Sequence[Accepted],
+        pseudonyms: NDArray[np.uint64],
+        olh_range: int | None,
+    ) -> Added:
+        ok = partial.admit(pseudonyms, metric.reports_per_window)
+        counted = int(np.count_nonzero(ok))
+        keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
+        self.add(partial, metric, [a.columns for a in accepted], keep, olh_range)
+        return Added(counted)
+
+    @abstractmethod
+    def add(
+        self,
+        partial: Partial,
+        metric: M,
+        columns: Sequence[Any],
+        keep: NDArray[np.bool_] | slice,
+        olh_range: int | None,
+    ) -> None:
+        """Count the rows ``keep`` of ``columns`` (the admitted reports) into ``partial``."""
+
+
+def concat(arrays: Sequence[NDArray[Any]]) -> NDArray[Any]:
+    """``np.concatenate`` that returns a single array as it is (read-only views stay views: callers never write)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def column(columns: Sequence[Any], name: str, keep: NDArray[np.bool_] | slice) -> NDArray[Any]:
+    """Column ``name`` of every table in ``columns``, concatenated, rows ``keep``."""
+    return concat([getattr(c, name) for c in columns])[keep]

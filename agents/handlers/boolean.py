@@ -1,0 +1,45 @@
+"""Bool metrics: boolean randomized response on the device, counts ``[#0, #1]``, debiased in stage 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.handlers.local import local_release
+from agents.partials import Partial, Shape
+from mechanisms.randomized_response import make_randomized_response_bool
+from schemas.conformance import Protocol
+from schemas.releases import Release
+from schemas.spec import BoolMetric
+from schemas.wire import BoolColumns
+
+
+class BoolHandler(BoundedHandler[BoolMetric]):
+    kind = "bool"
+    column_types: ClassVar[tuple[type, ...]] = (BoolColumns,)
+
+    def shape(self, metric: BoolMetric) -> Shape:
+        return Shape("bool")
+
+    def add(
+        self,
+        partial: Partial,
+        metric: BoolMetric,
+        columns: Sequence[Any],
+        keep: NDArray[np.bool_] | slice,
+        olh_range: int | None,
+    ) -> None:
+        partial.add_bool(column(columns, "bits", keep))
+
+    def local_measurement(self, metric: BoolMetric, protocol: Protocol | None) -> Any:
+        return make_randomized_response_bool(metric.resolved_prob())
+
+    def mechanism_name(self, metric: BoolMetric, protocol: Protocol | None) -> str:
+        return f"boolean randomized response (p={metric.resolved_prob():.6g})"
+
+    def release(self, job: ReleaseJob[BoolMetric]) -> Release:
+        return local_release(self, job, ["true"], job.merged.counts[1:2], fraction=True)

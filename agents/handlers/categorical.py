@@ -1,0 +1,82 @@
+"""Categorical metrics: one of three local protocols on the device (k-RR, OUE, OLH), per category the reports
+*supporting* it (the sufficient statistic of every protocol), debiased in stage 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agents.errors import ConfigurationError
+from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.handlers.local import local_release
+from agents.partials import Partial, Shape
+from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
+from mechanisms.randomized_response import make_randomized_response, make_randomized_response_from_epsilon
+from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
+from schemas.conformance import MetricRules, Protocol
+from schemas.releases import Release
+from schemas.spec import CategoricalMetric
+from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns
+from schemas.wire_columns import SingleReports
+
+
+class CategoricalHandler(BoundedHandler[CategoricalMetric]):
+    kind = "categorical"
+    column_types: ClassVar[tuple[type, ...]] = (CategoryColumns, UnaryColumns, LocalHashColumns)
+
+    def shape(self, metric: CategoricalMetric) -> Shape:
+        return Shape("categorical", categories=metric.k)
+
+    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+        c = table.columns
+        if isinstance(c, CategoryColumns):  # the metric's protocol decides the payload: k-RR, OUE or OLH
+            return c.indices < rules.k
+        if isinstance(c, LocalHashColumns):
+            return c.values < rules.g
+        if isinstance(c, UnaryColumns):
+            return np.full(len(table), c.k == rules.k)
+        return None
+
+    def add(
+        self,
+        partial: Partial,
+        metric: CategoricalMetric,
+        columns: Sequence[Any],
+        keep: NDArray[np.bool_] | slice,
+        olh_range: int | None,
+    ) -> None:
+        first = columns[0]
+        if isinstance(first, CategoryColumns):  # k-RR: the reported category
+            partial.add_categories(column(columns, "indices", keep))
+        elif isinstance(first, UnaryColumns):  # OUE: bit j set
+            packed = column(columns, "bits", keep)
+            partial.add_support_counts(unary_support_counts(packed, first.k), int(packed.shape[0]))
+        else:  # OLH: H_seed(j) = y
+            if olh_range is None:
+                raise ConfigurationError(f"OLH range of {metric.name}", None, "must be resolved for OLH reports")
+            seeds, values = column(columns, "seeds", keep), column(columns, "values", keep)
+            counts = olh_support_counts(seeds, values, metric.k, olh_range)
+            partial.add_support_counts(counts, int(seeds.size))
+
+    def local_measurement(self, metric: CategoricalMetric, protocol: Protocol | None) -> Any:
+        """k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``."""
+        cats = range(metric.k)
+        if protocol == "krr":
+            if metric.prob is not None:
+                return make_randomized_response(cats, float(metric.prob))
+            return make_randomized_response_from_epsilon(cats, float(metric.resolved_epsilon()))
+        if protocol == "oue":
+            return make_optimized_unary_encoding(cats, float(metric.resolved_epsilon()))
+        if protocol == "olh":
+            return make_optimized_local_hashing(cats, float(metric.resolved_epsilon()))
+        raise ConfigurationError(f"protocol of {metric.name}", protocol, "must be one of krr, oue, olh")
+
+    def mechanism_name(self, metric: CategoricalMetric, protocol: Protocol | None) -> str:
+        name = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}.get(protocol or "krr", str(protocol))
+        return f"{name} (k={metric.k}, ε={metric.resolved_epsilon():.6g})"
+
+    def release(self, job: ReleaseJob[CategoricalMetric]) -> Release:
+        return local_release(self, job, job.metric.labels, job.merged.counts)

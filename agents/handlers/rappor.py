@@ -1,0 +1,104 @@
+"""RAPPOR metrics: per cohort the number of reports with each Bloom bit set and the reports per cohort; decoded
+against the candidates in stage 2 (:func:`mechanisms.rappor_estimation.decode`; basic variants:
+:func:`~mechanisms.rappor_estimation.estimate_basic_histogram`), released keys the detected candidates.
+
+Privacy: ``r`` reports of one client in a window cost ``r·ε₁`` per client and ``min(r·ε₁, ε∞)`` per client and
+value (the memoized PRR, :meth:`schemas.spec.RapporMetric.horizon_epsilon`); the ledger is charged so that ``w``
+windows within the horizon total ``horizon_epsilon(w·r)`` -- the spec's load-time rule, charged incrementally.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.partials import Partial, Shape
+from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite
+from schemas.conformance import MetricRules, Protocol
+from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
+from schemas.spec import RapporMetric
+from schemas.wire import RapporColumns
+from schemas.wire_columns import SingleReports
+
+
+class RapporHandler(BoundedHandler[RapporMetric]):
+    kind = "rappor"
+    column_types: ClassVar[tuple[type, ...]] = (RapporColumns,)
+    shard_column = "cohorts"
+
+    def shape(self, metric: RapporMetric) -> Shape:
+        return Shape("rappor", cohorts=metric.m, bits=metric.bits)
+
+    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+        c = cast(RapporColumns, table.columns)  # the payload of the metric's kind (checked before)
+        return (c.cohorts < rules.m) & (c.k == rules.k)
+
+    def add(
+        self,
+        partial: Partial,
+        metric: RapporMetric,
+        columns: Sequence[Any],
+        keep: NDArray[np.bool_] | slice,
+        olh_range: int | None,
+    ) -> None:
+        k = columns[0].k
+        partial.add_rappor(
+            column(columns, "cohorts", keep), np.unpackbits(column(columns, "bits", keep), axis=1, count=k)
+        )
+
+    def privacy_unit(self, metric: RapporMetric) -> Literal["client", "client_value"]:
+        return "client_value" if metric.guarantee == "client_value" else "client"
+
+    def mechanism_name(self, metric: RapporMetric, protocol: Protocol | None) -> str:
+        m = metric
+        return f"RAPPOR {m.variant} (k={m.bits}, h={m.h}, m={m.m}, f={m.f}, p={m.p}, q={m.q})"
+
+    def release(self, job: ReleaseJob[RapporMetric]) -> Release:
+        from mechanisms.rappor_estimation import decode, estimate_basic_histogram
+
+        metric, merged = job.metric, job.merged
+        params = metric.params()
+        eps1 = float(params.epsilon_one)
+        r = metric.reports_per_window
+        # r reports of one client in this window, under the spec's guarantee (RapporMetric.horizon_epsilon): r·ε₁
+        # per client; min(r·ε₁, ε∞) per client and value
+        eps_window = metric.horizon_epsilon(r)
+        # over the horizon, w windows cost horizon_epsilon(w·r) in all -- the spec's load-time rule, charged
+        # incrementally: additive per client, capped by K·ε∞ (basic variants) or ε∞ (per value)
+        entry = job.ledger.charge_horizon(
+            job.rid, merged.window_start_ms, lambda w: metric.horizon_epsilon(w * r), MAX_DIVERGENCE
+        )
+        level = float(job.spec.confidence)
+        candidates = list(metric.candidates)
+        records: list[EstimateRecord]
+        if metric.variant in ("basic", "basic_one_time"):
+            est = estimate_basic_histogram(merged.counts.sum(axis=0), int(merged.cohort_n.sum()), params)
+            records = estimate_records(candidates, est, level)
+            detected = est.significant(level)
+        else:
+            result = decode(merged.counts, merged.cohort_n, candidates, params, level=level)
+            detected = result.detected
+            records = [
+                EstimateRecord(
+                    label=c,
+                    value=finite(result.estimate[i]),
+                    se=None if not math.isfinite(result.se[i]) else float(result.se[i]),
+                    ci_low=None if not math.isfinite(result.ci_low[i]) else float(result.ci_low[i]),
+                    ci_high=None if not math.isfinite(result.ci_high[i]) else float(result.ci_high[i]),
+                    significant=bool(detected[i]),
+                )
+                for i, c in enumerate(candidates)
+            ]
+        released = [KeyRelease(key=r.label, count=r.value) for r, d in zip(records, detected, strict=True) if bool(d)]
+        return job.base.release(
+            estimates=tuple(records),
+            released_keys=tuple(released),
+            mechanism=self.mechanism_name(metric, None),
+            privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
+            ledger=entry,
+        )

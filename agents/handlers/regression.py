@@ -1,0 +1,68 @@
+"""Regression metrics (central DP, trusted sources): a sparse 2-D histogram of the (x, y) reports over the spec's
+bounds, released as DP Theil-Sen (:func:`mechanisms.theil_sen.make_private_theil_sen`) on its points with ``d_in =
+reports_per_window`` (one client changes at most that many rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.partials import Partial, Shape
+from agents.release_fields import finite
+from schemas.conformance import Protocol
+from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
+from schemas.spec import RegressionMetric
+from schemas.wire import RegressionColumns
+
+
+class RegressionHandler(BoundedHandler[RegressionMetric]):
+    kind = "regression"
+    central = True
+    column_types: ClassVar[tuple[type, ...]] = (RegressionColumns,)
+
+    def shape(self, metric: RegressionMetric) -> Shape:
+        return Shape(
+            "regression",
+            x_bounds=(float(metric.x_bounds[0]), float(metric.x_bounds[1])),
+            y_bounds=(float(metric.y_bounds[0]), float(metric.y_bounds[1])),
+        )
+
+    def add(
+        self,
+        partial: Partial,
+        metric: RegressionMetric,
+        columns: Sequence[Any],
+        keep: NDArray[np.bool_] | slice,
+        olh_range: int | None,
+    ) -> None:
+        partial.add_points(column(columns, "x", keep), column(columns, "y", keep), self.shape(metric))
+
+    def mechanism_name(self, metric: RegressionMetric, protocol: Protocol | None) -> str:
+        m = metric
+        return f"DP Theil-Sen (scale={m.scale}, runs={m.runs}, {m.candidates} candidates, {m.measure})"
+
+    def release(self, job: ReleaseJob[RegressionMetric]) -> Release:
+        metric, merged = job.metric, job.merged
+        m = metric.build(job.rng)
+        loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
+        entry: LedgerSummary = job.ledger.charge(job.rid, merged.window_start_ms, loss, str(m.output_measure))
+        x, y = merged.points(self.shape(metric))
+        slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
+        privacy = (
+            PrivacySpent(central_epsilon=loss, central_delta=0.0)
+            if metric.measure == "max_divergence"
+            else PrivacySpent(central_rho=loss, central_delta=0.0)
+        )
+        return job.base.release(
+            estimates=(
+                EstimateRecord(label="slope", value=finite(slope)),
+                EstimateRecord(label="intercept", value=finite(intercept)),
+            ),
+            mechanism=self.mechanism_name(metric, None),
+            privacy=privacy,
+            ledger=entry,
+        )
