@@ -23,27 +23,14 @@ from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMet
 from schemas.wire import (
     WIRE_ERROR_REASONS,
     BatchColumns,
-    BoolColumns,
-    BoolPayload,
-    CategoryColumns,
-    CategoryPayload,
-    KeyedColumns,
-    KeyedPayload,
-    LocalHashColumns,
-    LocalHashPayload,
     Payload,
     PayloadKind,
-    RapporColumns,
-    RapporPayload,
-    RegressionColumns,
-    RegressionPayload,
     Report,
     ReportBatch,
-    UnaryColumns,
-    UnaryPayload,
     WireError,
     decode,
 )
+from schemas.wire.registry import CODEC_OF_COLUMNS, CODEC_OF_PAYLOAD
 
 __all__ = [
     "CONFORMANCE_REASONS",
@@ -278,70 +265,18 @@ class Validator:
 
 
 def _columns_of(report: Report) -> BatchColumns:
-    """One report as one-row columns (same dtypes as a decoded batch)."""
-    p = report.payload
-    if isinstance(p, BoolPayload):
-        return BoolColumns(np.array([p.bit], np.bool_))
-    if isinstance(p, CategoryPayload):
-        return CategoryColumns(np.array([p.index], np.uint16))
-    if isinstance(p, UnaryPayload):
-        return UnaryColumns(p.k, np.frombuffer(p.bits, np.uint8)[None, :])
-    if isinstance(p, LocalHashPayload):
-        return LocalHashColumns(np.array([p.seed], np.uint64), np.array([p.value], np.uint32))
-    if isinstance(p, RapporPayload):
-        return RapporColumns(p.k, np.array([p.cohort], np.uint16), np.frombuffer(p.bits, np.uint8)[None, :])
-    if isinstance(p, KeyedPayload):
-        return KeyedColumns((p.key,), np.array([p.bit], np.bool_))
-    if isinstance(p, RegressionPayload):
-        return RegressionColumns(np.array([p.x]), np.array([p.y]))
-    raise WireError("bad_kind", f"unknown payload {type(p).__name__}")
+    """One report as one-row columns (same dtypes as a decoded batch), by its payload's codec."""
+    columns: BatchColumns = CODEC_OF_PAYLOAD[type(report.payload)].one_row(report.payload)
+    return columns
 
 
 def _check_payload(rules: MetricRules, p: Payload) -> tuple[str, str] | None:
-    """:func:`_check_columns` of one report's payload, field by field (no arrays)."""
-    if isinstance(p, CategoryPayload):
-        if p.index >= rules.k:
-            return "category_out_of_range", f"category index {p.index} >= k = {rules.k}"
-    elif isinstance(p, UnaryPayload):
-        if p.k != rules.k:
-            return "wrong_bit_length", f"{p.k} OUE bits, expected k = {rules.k}"
-    elif isinstance(p, LocalHashPayload):
-        if p.value >= rules.g:
-            return "hash_value_out_of_range", f"OLH value {p.value} >= g = {rules.g}"
-    elif isinstance(p, RapporPayload):
-        if p.k != rules.k:
-            return "wrong_bit_length", f"{p.k} RAPPOR bits, expected k = {rules.k}"
-        if p.cohort >= rules.m:
-            return "cohort_out_of_range", f"cohort {p.cohort} >= m = {rules.m}"
-    elif isinstance(p, KeyedPayload):
-        size = len(p.key.encode("utf-8"))
-        if size > rules.max_key_bytes:
-            return "key_too_long", f"key of {size} bytes > max_key_bytes = {rules.max_key_bytes}"
-    return None
-
-
-def _largest(a: np.ndarray) -> int:
-    """``max(a)`` of a non-empty integer column (a single report's one row without a numpy reduction)."""
-    return int(a[0]) if a.size == 1 else int(a.max())
+    """:func:`_check_columns` of one report's payload, field by field (no arrays), by its codec."""
+    refusal: tuple[str, str] | None = CODEC_OF_PAYLOAD[type(p)].payload_out_of_spec(p, rules)
+    return refusal
 
 
 def _check_columns(rules: MetricRules, c: BatchColumns) -> tuple[str, str] | None:
-    if isinstance(c, CategoryColumns):
-        if c.indices.size and (top := _largest(c.indices)) >= rules.k:
-            return "category_out_of_range", f"category index {top} >= k = {rules.k}"
-    elif isinstance(c, UnaryColumns):
-        if c.k != rules.k:
-            return "wrong_bit_length", f"{c.k} OUE bits, expected k = {rules.k}"
-    elif isinstance(c, LocalHashColumns):
-        if c.values.size and (top := _largest(c.values)) >= rules.g:
-            return "hash_value_out_of_range", f"OLH value {top} >= g = {rules.g}"
-    elif isinstance(c, RapporColumns):
-        if c.k != rules.k:
-            return "wrong_bit_length", f"{c.k} RAPPOR bits, expected k = {rules.k}"
-        if c.cohorts.size and (top := _largest(c.cohorts)) >= rules.m:
-            return "cohort_out_of_range", f"cohort {top} >= m = {rules.m}"
-    elif isinstance(c, KeyedColumns):
-        longest = max((len(key.encode("utf-8")) for key in c.keys), default=0)
-        if longest > rules.max_key_bytes:
-            return "key_too_long", f"key of {longest} bytes > max_key_bytes = {rules.max_key_bytes}"
-    return None
+    """Why some row of ``c`` is outside the metric's bounds (``None``: none is), by its codec."""
+    refusal: tuple[str, str] | None = CODEC_OF_COLUMNS[type(c)].columns_out_of_spec(c, rules)
+    return refusal

@@ -8,12 +8,12 @@ would decode to the same values:
 
 - the header (``_HEADER`` and metric name) was parsed and checked by the general decoder (it is in its header
   cache: a header not seen yet is parsed from the first record that carries it), version 1, message type REPORT;
-- the payload kind has a fixed size for the group (bool, category, local hash, regression; unary and RAPPOR for one
-  bit length ``k`` per group; keyed reports for one key length per group) and the value has exactly the length the
-  layout adds up to;
-- each row's payload passes the checks of the payload's constructor: a bool byte of 0 or 1, a category index
-  below 65535, finite regression floats, ``1 <= k``, zero padding bits after bit ``k``, a key length byte that
-  matches the record's length and an ASCII key.
+- the payload kind's codec parses a table of equal-length messages (``PayloadCodec.single_rows``): bool,
+  category, local hash and regression payloads of their fixed size; unary and RAPPOR for one bit length ``k`` per
+  group; keyed reports for one key length per group;
+- each row's payload passes the checks of the payload's constructor (the codec says which rows do): a bool byte of
+  0 or 1, a category index below 65535, finite regression floats, ``1 <= k``, zero padding bits after bit ``k``, a
+  key length byte that matches the record's length and an ASCII key.
 
 Every other record -- a new header, a batch, a key that is not ASCII, a row that fails a check -- is left to the
 general decoder (``general``), which accepts or rejects it with its reason, so a consumer that uses both gives
@@ -32,25 +32,16 @@ from numpy.typing import NDArray
 from schemas.wire import (
     _HEADERS,
     _LITTLE,
-    _U16,
     BatchColumns,
-    BoolColumns,
-    CategoryColumns,
-    KeyedColumns,
-    LocalHashColumns,
     PayloadKind,
-    RapporColumns,
-    RegressionColumns,
-    UnaryColumns,
     WireError,
     decode,
 )
+from schemas.wire.primitives import table_field
+from schemas.wire.registry import CODEC_OF_COLUMNS, CODECS
 
 __all__ = ["SingleReports", "decode_single_reports"]
 
-# payload bytes of the fixed-size kinds (unary and RAPPOR: 2 or 4 bytes of header, then the packed bits)
-_FIXED = {PayloadKind.BOOL: 1, PayloadKind.CATEGORY: 2, PayloadKind.LOCAL_HASH: 12, PayloadKind.REGRESSION: 16}
-_PACKED_HEAD = {PayloadKind.UNARY: 2, PayloadKind.RAPPOR: 4}
 _COMMON = 12  # pseudonym (uint64) and client_time (uint32)
 
 
@@ -75,85 +66,26 @@ class SingleReports:
 
 
 def take_columns(c: BatchColumns, rows: NDArray[np.intp]) -> BatchColumns:
-    """Columns of the selected ``rows`` (a fixed-size kind's)."""
-    if isinstance(c, BoolColumns):
-        return BoolColumns(c.bits[rows])
-    if isinstance(c, CategoryColumns):
-        return CategoryColumns(c.indices[rows])
-    if isinstance(c, LocalHashColumns):
-        return LocalHashColumns(c.seeds[rows], c.values[rows])
-    if isinstance(c, RegressionColumns):
-        return RegressionColumns(c.x[rows], c.y[rows])
-    if isinstance(c, KeyedColumns):
-        return KeyedColumns(tuple(c.keys[i] for i in rows.tolist()), c.bits[rows])
-    if isinstance(c, UnaryColumns):
-        return UnaryColumns(c.k, c.bits[rows])
-    if isinstance(c, RapporColumns):
-        return RapporColumns(c.k, c.cohorts[rows], c.bits[rows])
-    raise TypeError(f"no fast path for {type(c).__name__}")
-
-
-def _field(table: NDArray[np.uint8], at: int, dtype: str, width: int) -> NDArray[np.generic]:
-    return np.ascontiguousarray(table[:, at : at + width]).view(dtype).reshape(-1)
-
-
-def _padding_ok(bits: NDArray[np.uint8], k: int) -> NDArray[np.bool_]:
-    pad = -k % 8
-    if not pad or bits.shape[1] == 0:
-        return np.ones(bits.shape[0], np.bool_)
-    ok: NDArray[np.bool_] = (bits[:, -1] & np.uint8((1 << pad) - 1)) == 0
-    return ok
+    """Columns of the selected ``rows``, by the codec of their kind."""
+    taken: BatchColumns = CODEC_OF_COLUMNS[type(c)].take(c, rows)
+    return taken
 
 
 def _group(
     head: tuple[int, int, PayloadKind, int, str], at: int, values: list[bytes], index: list[int]
 ) -> tuple[SingleReports | None, NDArray[np.intp]]:
-    """Parse one group's rows; the valid ones as :class:`SingleReports`, the indices of the others."""
+    """Parse one group's rows by its kind's codec; the valid ones as :class:`SingleReports`, the indices of the
+    others (all of them when the kind has no columnar path for this length)."""
     kind = head[2]
     size = len(values[0])
     table = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), size)
     records = np.asarray(index, np.intp)
-    pseudonyms = _field(table, at, "<u8", 8).astype(np.uint64, copy=False)
-    times = _field(table, at + 8, "<u4", 4).astype(np.uint32, copy=False)
-    p = at + _COMMON
-    columns: BatchColumns
-    if kind == PayloadKind.BOOL:
-        byte = table[:, p]
-        ok = byte <= 1
-        columns = BoolColumns(byte == 1)
-    elif kind == PayloadKind.CATEGORY:
-        indices = _field(table, p, "<u2", 2).astype(np.uint16, copy=False)
-        ok = indices < _U16
-        columns = CategoryColumns(indices)
-    elif kind == PayloadKind.LOCAL_HASH:
-        seeds = _field(table, p, "<u8", 8).astype(np.uint64, copy=False)
-        ok = np.ones(len(values), np.bool_)
-        columns = LocalHashColumns(seeds, _field(table, p + 8, "<u4", 4).astype(np.uint32, copy=False))
-    elif kind == PayloadKind.KEYED:  # one key length per group: the record's length fixes it
-        width = size - p - 2
-        key_bytes = np.ascontiguousarray(table[:, p + 1 : p + 1 + width])
-        bit = table[:, p + 1 + width]
-        # a key that is not ASCII is left to the general decoder (it checks its UTF-8); ASCII is UTF-8 and one
-        # character a byte, so the group's keys are one decode and fixed-width slices
-        ok = (table[:, p] == width) & (bit <= 1) & (key_bytes < 0x80).all(axis=1)
-        text = key_bytes.tobytes().decode("latin-1")
-        columns = KeyedColumns(tuple(text[i : i + width] for i in range(0, len(text), width)), bit == 1)
-    elif kind == PayloadKind.REGRESSION:
-        x = _field(table, p, "<f8", 8).astype(np.float64, copy=False)
-        y = _field(table, p + 8, "<f8", 8).astype(np.float64, copy=False)
-        ok = np.isfinite(x) & np.isfinite(y)
-        columns = RegressionColumns(x, y)
-    else:  # unary, RAPPOR: k from the first row; rows of another k are left to the general decoder
-        head_size = _PACKED_HEAD[kind]
-        k_at = p if kind == PayloadKind.UNARY else p + 2
-        ks = _field(table, k_at, "<u2", 2)
-        k = int(ks[0])
-        bits = np.ascontiguousarray(table[:, p + head_size :])
-        ok = (ks == k) & (k >= 1) & (bits.shape[1] == (k + 7) // 8) & _padding_ok(bits, k)
-        if kind == PayloadKind.UNARY:
-            columns = UnaryColumns(k, bits)
-        else:
-            columns = RapporColumns(k, _field(table, p, "<u2", 2).astype(np.uint16, copy=False), bits)
+    parsed = CODECS[kind].single_rows(table, at + _COMMON)
+    if parsed is None:
+        return None, records
+    columns, ok = parsed
+    pseudonyms = table_field(table, at, "<u8", 8).astype(np.uint64, copy=False)
+    times = table_field(table, at + 8, "<u4", 4).astype(np.uint32, copy=False)
     if bool(ok.all()):
         return SingleReports(head[4], head[3], kind, records, pseudonyms, times, columns), np.empty(0, np.intp)
     good = np.flatnonzero(ok)
@@ -206,22 +138,12 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
         g[1].append(i)
         last_prefix, last_size, last_group = prefix, len(v), g
     out: list[SingleReports] = []
-    for (prefix, size), (vals, index) in groups.items():
+    for (prefix, _size), (vals, index) in groups.items():
         head = heads.get(prefix)
         if head is None:  # the cache was cleared meanwhile
             general.extend(index)
             continue
-        kind, at = head[2], len(prefix)
-        fixed = _FIXED.get(kind)
-        if fixed is not None:
-            fits = size == at + _COMMON + fixed
-        elif kind == PayloadKind.KEYED:  # key length byte, 1-255 key bytes, bit byte
-            fits = at + _COMMON + 3 <= size <= at + _COMMON + 257
-        else:
-            fits = kind in _PACKED_HEAD and size >= at + _COMMON + _PACKED_HEAD[kind]
-        if not fits:
-            general.extend(index)
-            continue
+        at = len(prefix)
         rows, rest = _group(head, at, vals, index)
         if rows is not None:
             out.append(rows)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,10 +20,30 @@ from schemas.kinds import PayloadKind
 from schemas.wire.errors import WireError
 from schemas.wire.primitives import Reader
 
-__all__ = ["PayloadCodec"]
+__all__ = ["PayloadCodec", "SpecBounds"]
 
 P = TypeVar("P")
 C = TypeVar("C")
+
+#: Why a payload is outside its metric's bounds: ``(reason, detail)``.
+Refusal = tuple[str, str]
+
+
+class SpecBounds(Protocol):
+    """What a collection spec bounds in one metric's payloads (:class:`schemas.conformance.MetricRules` is one):
+    ``k`` categories or bits, ``m`` RAPPOR cohorts, ``g`` the OLH hash range, ``max_key_bytes`` of a key."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def m(self) -> int: ...
+
+    @property
+    def g(self) -> int: ...
+
+    @property
+    def max_key_bytes(self) -> int: ...
 
 
 class PayloadCodec(ABC, Generic[P, C]):
@@ -106,6 +126,30 @@ class PayloadCodec(ABC, Generic[P, C]):
     @abstractmethod
     def from_payloads(self, payloads: Sequence[P]) -> C:
         """The columns of ``payloads`` (non-empty, all of this kind)."""
+
+    @abstractmethod
+    def one_row(self, p: P) -> C:
+        """One payload as one-row columns, in the dtypes of a decoded batch."""
+
+    # ---- a spec's bounds (schemas.conformance: checks beyond the wire's own)
+
+    def payload_out_of_spec(self, p: P, bounds: SpecBounds) -> Refusal | None:
+        """Why ``p`` is outside ``bounds`` (``None``: inside); the same verdict as :meth:`columns_out_of_spec` of
+        its one row."""
+        return None
+
+    def columns_out_of_spec(self, c: C, bounds: SpecBounds) -> Refusal | None:
+        """Why some row of ``c`` is outside ``bounds`` (``None``: every row is inside)."""
+        return None
+
+    # ---- many single-report messages at once (schemas.wire_columns)
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[C, NDArray[np.bool_]] | None:
+        """The payloads of a table of single-report messages of equal length (one row a message, the payload
+        from byte ``at`` to the end) as columns, and per row whether its payload passes every check of
+        :meth:`decode_payload` (a row that does not is left to the general decoder); ``None`` when the kind has
+        no columnar path for messages of this length."""
+        return None
 
     # ---- partitioning
 

@@ -98,6 +98,25 @@ def check_padding(bits: bytes | NDArray[np.uint8], k: int, what: str) -> None:
             raise WireError("bad_value", f"{what}: padding bits after bit {k} must be zero")
 
 
+def table_field(table: NDArray[np.uint8], at: int, dtype: str, width: int) -> NDArray[Any]:
+    """Column ``[at, at + width)`` of a table of equal-length messages (one row a message), read as ``dtype``."""
+    return np.ascontiguousarray(table[:, at : at + width]).view(dtype).reshape(-1)
+
+
+def rows_padding_ok(bits: NDArray[np.uint8], k: int) -> NDArray[np.bool_]:
+    """Per row of packed ``k``-bit vectors: whether the padding bits after bit ``k`` are zero."""
+    pad = -k % 8
+    if not pad or bits.shape[1] == 0:
+        return np.ones(bits.shape[0], np.bool_)
+    ok: NDArray[np.bool_] = (bits[:, -1] & np.uint8((1 << pad) - 1)) == 0
+    return ok
+
+
+def largest(a: NDArray[Any]) -> int:
+    """``max(a)`` of a non-empty integer column (a single report's one row without a numpy reduction)."""
+    return int(a[0]) if a.size == 1 else int(a.max())
+
+
 def check_bit_length(k: object) -> int:
     """A bit-vector length ``k`` in [1, 65535]."""
     n = check_uint("k", k, U16)

@@ -44,11 +44,24 @@ def test_the_envelope_names_no_payload_kind() -> None:
     kind_names = {c.payload_type.__name__ for c in registry.CODECS.values()}
     kind_names |= {c.columns_type.__name__ for c in registry.CODECS.values()}
     kind_names |= {k.name for k in PayloadKind}
-    for module in ("envelope.py", "primitives.py", "codec.py", "errors.py"):
-        tree = ast.parse((WIRE / module).read_text(encoding="utf-8"))
+    # beside the wire package: the columnar fast path, and the spec checks of the devices' contract
+    modules = [WIRE / m for m in ("envelope.py", "primitives.py", "codec.py", "errors.py")]
+    modules += [WIRE.parent / "wire_columns.py"]
+    for module in modules:
+        tree = ast.parse(module.read_text(encoding="utf-8"))
         named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        assert not named & kind_names, (module, sorted(named & kind_names))
+        assert not named & kind_names, (module.name, sorted(named & kind_names))
+
+
+def test_the_spec_checks_of_reports_name_no_payload_type() -> None:
+    """``schemas.conformance`` checks a payload or its columns against the metric's bounds through the codec of
+    its type (the payload kinds it names are only those a metric kind sends: ``expected_payload``)."""
+    types = {c.payload_type.__name__ for c in registry.CODECS.values()}
+    types |= {c.columns_type.__name__ for c in registry.CODECS.values()}
+    tree = ast.parse((WIRE.parent / "conformance.py").read_text(encoding="utf-8"))
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not named & types, sorted(named & types)
 
 
 def test_no_wire_module_is_over_600_lines() -> None:

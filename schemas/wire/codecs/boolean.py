@@ -106,6 +106,15 @@ class BoolCodec(PayloadCodec[BoolPayload, BoolColumns]):
     def take(self, c: BoolColumns, rows: NDArray[np.int64]) -> BoolColumns:
         return BoolColumns(c.bits[rows])
 
+    def one_row(self, p: BoolPayload) -> BoolColumns:
+        return BoolColumns(np.array([p.bit], np.bool_))
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[BoolColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 1:
+            return None
+        byte = table[:, at]
+        return BoolColumns(byte == 1), byte <= 1
+
     def from_payloads(self, payloads: Sequence[BoolPayload]) -> BoolColumns:
         return BoolColumns(np.fromiter((p.bit for p in payloads), np.bool_, len(payloads)))
 

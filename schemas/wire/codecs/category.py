@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
-from schemas.wire.codec import PayloadCodec
+from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.primitives import (
     U16,
     U16S,
@@ -24,6 +24,8 @@ from schemas.wire.primitives import (
     frozen_array,
     int_array,
     json_get,
+    largest,
+    table_field,
 )
 
 __all__ = ["CODEC", "CategoryColumns", "CategoryPayload"]
@@ -105,6 +107,25 @@ class CategoryCodec(PayloadCodec[CategoryPayload, CategoryColumns]):
 
     def take(self, c: CategoryColumns, rows: NDArray[np.int64]) -> CategoryColumns:
         return CategoryColumns(c.indices[rows])
+
+    def one_row(self, p: CategoryPayload) -> CategoryColumns:
+        return CategoryColumns(np.array([p.index], np.uint16))
+
+    def payload_out_of_spec(self, p: CategoryPayload, bounds: SpecBounds) -> Refusal | None:
+        if p.index >= bounds.k:
+            return "category_out_of_range", f"category index {p.index} >= k = {bounds.k}"
+        return None
+
+    def columns_out_of_spec(self, c: CategoryColumns, bounds: SpecBounds) -> Refusal | None:
+        if c.indices.size and (top := largest(c.indices)) >= bounds.k:
+            return "category_out_of_range", f"category index {top} >= k = {bounds.k}"
+        return None
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[CategoryColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 2:
+            return None
+        indices = table_field(table, at, "<u2", 2).astype(np.uint16, copy=False)
+        return CategoryColumns(indices), indices < U16
 
     def from_payloads(self, payloads: Sequence[CategoryPayload]) -> CategoryColumns:
         return CategoryColumns(np.fromiter((p.index for p in payloads), np.uint16, len(payloads)))

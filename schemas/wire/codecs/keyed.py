@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
-from schemas.wire.codec import PayloadCodec
+from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.errors import WireError
 from schemas.wire.primitives import (
     U8S,
@@ -123,6 +123,34 @@ class KeyedCodec(PayloadCodec[KeyedPayload, KeyedColumns]):
 
     def take(self, c: KeyedColumns, rows: NDArray[np.int64]) -> KeyedColumns:
         return KeyedColumns(tuple(c.keys[i] for i in rows.tolist()), c.bits[rows])
+
+    def one_row(self, p: KeyedPayload) -> KeyedColumns:
+        return KeyedColumns((p.key,), np.array([p.bit], np.bool_))
+
+    def payload_out_of_spec(self, p: KeyedPayload, bounds: SpecBounds) -> Refusal | None:
+        size = len(p.key.encode("utf-8"))
+        if size > bounds.max_key_bytes:
+            return "key_too_long", f"key of {size} bytes > max_key_bytes = {bounds.max_key_bytes}"
+        return None
+
+    def columns_out_of_spec(self, c: KeyedColumns, bounds: SpecBounds) -> Refusal | None:
+        longest = max((len(key.encode("utf-8")) for key in c.keys), default=0)
+        if longest > bounds.max_key_bytes:
+            return "key_too_long", f"key of {longest} bytes > max_key_bytes = {bounds.max_key_bytes}"
+        return None
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[KeyedColumns, NDArray[np.bool_]] | None:
+        # the key length byte, 1-255 key bytes, the bit byte: one key length per table (the messages' length)
+        width = table.shape[1] - at - 2
+        if not 1 <= width <= 255:
+            return None
+        key_bytes = np.ascontiguousarray(table[:, at + 1 : at + 1 + width])
+        bit = table[:, at + 1 + width]
+        # a key that is not ASCII is left to the general decoder (it checks its UTF-8); ASCII is UTF-8 and one
+        # character a byte, so the table's keys are one decode and fixed-width slices
+        ok = (table[:, at] == width) & (bit <= 1) & (key_bytes < 0x80).all(axis=1)
+        text = key_bytes.tobytes().decode("latin-1")
+        return KeyedColumns(tuple(text[i : i + width] for i in range(0, len(text), width)), bit == 1), ok
 
     def from_payloads(self, payloads: Sequence[KeyedPayload]) -> KeyedColumns:
         return KeyedColumns(

@@ -14,8 +14,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
-from schemas.wire.codec import PayloadCodec
-from schemas.wire.primitives import U32, U64, Reader, check_uint, checked, frozen_array, int_array, json_get
+from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
+from schemas.wire.primitives import (
+    U32,
+    U64,
+    Reader,
+    check_uint,
+    checked,
+    frozen_array,
+    int_array,
+    json_get,
+    largest,
+    table_field,
+)
 
 __all__ = ["CODEC", "LocalHashColumns", "LocalHashPayload"]
 
@@ -94,6 +105,26 @@ class LocalHashCodec(PayloadCodec[LocalHashPayload, LocalHashColumns]):
 
     def take(self, c: LocalHashColumns, rows: NDArray[np.int64]) -> LocalHashColumns:
         return LocalHashColumns(c.seeds[rows], c.values[rows])
+
+    def one_row(self, p: LocalHashPayload) -> LocalHashColumns:
+        return LocalHashColumns(np.array([p.seed], np.uint64), np.array([p.value], np.uint32))
+
+    def payload_out_of_spec(self, p: LocalHashPayload, bounds: SpecBounds) -> Refusal | None:
+        if p.value >= bounds.g:
+            return "hash_value_out_of_range", f"OLH value {p.value} >= g = {bounds.g}"
+        return None
+
+    def columns_out_of_spec(self, c: LocalHashColumns, bounds: SpecBounds) -> Refusal | None:
+        if c.values.size and (top := largest(c.values)) >= bounds.g:
+            return "hash_value_out_of_range", f"OLH value {top} >= g = {bounds.g}"
+        return None
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[LocalHashColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 12:
+            return None
+        seeds = table_field(table, at, "<u8", 8).astype(np.uint64, copy=False)
+        values = table_field(table, at + 8, "<u4", 4).astype(np.uint32, copy=False)
+        return LocalHashColumns(seeds, values), np.ones(table.shape[0], np.bool_)
 
     def from_payloads(self, payloads: Sequence[LocalHashPayload]) -> LocalHashColumns:
         return LocalHashColumns(

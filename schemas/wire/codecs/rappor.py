@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
-from schemas.wire.codec import PayloadCodec
+from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.primitives import (
     U16,
     U16S,
@@ -31,7 +31,10 @@ from schemas.wire.primitives import (
     frozen_bit_rows,
     int_array,
     json_get,
+    largest,
     packed_len,
+    rows_padding_ok,
+    table_field,
     unb64,
 )
 
@@ -110,6 +113,34 @@ class RapporCodec(PayloadCodec[RapporPayload, RapporColumns]):
 
     def take(self, c: RapporColumns, rows: NDArray[np.int64]) -> RapporColumns:
         return RapporColumns(c.k, c.cohorts[rows], c.bits[rows])
+
+    def one_row(self, p: RapporPayload) -> RapporColumns:
+        return RapporColumns(p.k, np.array([p.cohort], np.uint16), np.frombuffer(p.bits, np.uint8)[None, :])
+
+    def payload_out_of_spec(self, p: RapporPayload, bounds: SpecBounds) -> Refusal | None:
+        if p.k != bounds.k:
+            return "wrong_bit_length", f"{p.k} RAPPOR bits, expected k = {bounds.k}"
+        if p.cohort >= bounds.m:
+            return "cohort_out_of_range", f"cohort {p.cohort} >= m = {bounds.m}"
+        return None
+
+    def columns_out_of_spec(self, c: RapporColumns, bounds: SpecBounds) -> Refusal | None:
+        if c.k != bounds.k:
+            return "wrong_bit_length", f"{c.k} RAPPOR bits, expected k = {bounds.k}"
+        if c.cohorts.size and (top := largest(c.cohorts)) >= bounds.m:
+            return "cohort_out_of_range", f"cohort {top} >= m = {bounds.m}"
+        return None
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[RapporColumns, NDArray[np.bool_]] | None:
+        # cohort, then k (from the first row: rows of another k are left to the general decoder), then the bits
+        if table.shape[1] < at + 4:
+            return None
+        ks = table_field(table, at + 2, "<u2", 2)
+        k = int(ks[0])
+        bits = np.ascontiguousarray(table[:, at + 4 :])
+        ok = (ks == k) & (k >= 1) & (bits.shape[1] == packed_len(k)) & rows_padding_ok(bits, k)
+        cohorts = table_field(table, at, "<u2", 2).astype(np.uint16, copy=False)
+        return RapporColumns(k, cohorts, bits), ok
 
     def from_payloads(self, payloads: Sequence[RapporPayload]) -> RapporColumns:
         k, bits = bit_rows_of(payloads)

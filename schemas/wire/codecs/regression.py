@@ -15,7 +15,15 @@ from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
 from schemas.wire.codec import PayloadCodec
-from schemas.wire.primitives import Reader, check, check_finite_number, float_array, frozen_array, json_get
+from schemas.wire.primitives import (
+    Reader,
+    check,
+    check_finite_number,
+    float_array,
+    frozen_array,
+    json_get,
+    table_field,
+)
 
 __all__ = ["CODEC", "RegressionColumns", "RegressionPayload"]
 
@@ -91,6 +99,16 @@ class RegressionCodec(PayloadCodec[RegressionPayload, RegressionColumns]):
 
     def take(self, c: RegressionColumns, rows: NDArray[np.int64]) -> RegressionColumns:
         return RegressionColumns(c.x[rows], c.y[rows])
+
+    def one_row(self, p: RegressionPayload) -> RegressionColumns:
+        return RegressionColumns(np.array([p.x]), np.array([p.y]))
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[RegressionColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 16:
+            return None
+        x = table_field(table, at, "<f8", 8).astype(np.float64, copy=False)
+        y = table_field(table, at + 8, "<f8", 8).astype(np.float64, copy=False)
+        return RegressionColumns(x, y), np.isfinite(x) & np.isfinite(y)
 
     def from_payloads(self, payloads: Sequence[RegressionPayload]) -> RegressionColumns:
         return RegressionColumns(

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.kinds import PayloadKind
-from schemas.wire.codec import PayloadCodec
+from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.primitives import (
     U16S,
     Reader,
@@ -26,6 +26,8 @@ from schemas.wire.primitives import (
     frozen_bit_rows,
     json_get,
     packed_len,
+    rows_padding_ok,
+    table_field,
     unb64,
 )
 
@@ -97,6 +99,29 @@ class UnaryCodec(PayloadCodec[UnaryPayload, UnaryColumns]):
 
     def take(self, c: UnaryColumns, rows: NDArray[np.int64]) -> UnaryColumns:
         return UnaryColumns(c.k, c.bits[rows])
+
+    def one_row(self, p: UnaryPayload) -> UnaryColumns:
+        return UnaryColumns(p.k, np.frombuffer(p.bits, np.uint8)[None, :])
+
+    def payload_out_of_spec(self, p: UnaryPayload, bounds: SpecBounds) -> Refusal | None:
+        if p.k != bounds.k:
+            return "wrong_bit_length", f"{p.k} OUE bits, expected k = {bounds.k}"
+        return None
+
+    def columns_out_of_spec(self, c: UnaryColumns, bounds: SpecBounds) -> Refusal | None:
+        if c.k != bounds.k:
+            return "wrong_bit_length", f"{c.k} OUE bits, expected k = {bounds.k}"
+        return None
+
+    def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[UnaryColumns, NDArray[np.bool_]] | None:
+        # k from the first row: rows of another k are left to the general decoder
+        if table.shape[1] < at + 2:
+            return None
+        ks = table_field(table, at, "<u2", 2)
+        k = int(ks[0])
+        bits = np.ascontiguousarray(table[:, at + 2 :])
+        ok = (ks == k) & (k >= 1) & (bits.shape[1] == packed_len(k)) & rows_padding_ok(bits, k)
+        return UnaryColumns(k, bits), ok
 
     def from_payloads(self, payloads: Sequence[UnaryPayload]) -> UnaryColumns:
         k, bits = bit_rows_of(payloads)
