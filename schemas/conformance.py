@@ -134,15 +134,8 @@ class Accepted:
 
 def expected_payload(metric: AnyMetric, protocol: Protocol | None) -> PayloadKind:
     """The payload kind a device sends for ``metric`` (categorical: by its resolved protocol)."""
-    if isinstance(metric, BoolMetric):
-        return PayloadKind.BOOL
-    if isinstance(metric, CategoricalMetric):
-        return {"krr": PayloadKind.CATEGORY, "oue": PayloadKind.UNARY, "olh": PayloadKind.LOCAL_HASH}[protocol or "krr"]
-    if isinstance(metric, RapporMetric):
-        return PayloadKind.RAPPOR
-    if isinstance(metric, KeyedMetric):
-        return PayloadKind.KEYED
-    return PayloadKind.REGRESSION
+    kind: PayloadKind = metric.payload_kind(protocol)
+    return kind
 
 
 @dataclass(frozen=True)
@@ -178,19 +171,16 @@ class Validator:
             g = (olh_range or {}).get(metric.name, 0)
             if protocol == "olh" and g < 2:
                 raise ConformanceError(f"olh range g of {metric.name} ({g!r}) must be an integer in [2, ∞)")
+            k, m, max_key_bytes = metric.payload_bounds()
             self.rules[metric.name] = MetricRules(
                 metric=metric,
                 fingerprint=metric.fingerprint,
                 payload=expected_payload(metric, protocol),
                 protocol=protocol,
-                k=metric.k
-                if isinstance(metric, CategoricalMetric)
-                else metric.bits
-                if isinstance(metric, RapporMetric)
-                else 0,
-                m=metric.m if isinstance(metric, RapporMetric) else 0,
+                k=k,
+                m=m,
                 g=g,
-                max_key_bytes=metric.max_key_bytes if isinstance(metric, KeyedMetric) else 0,
+                max_key_bytes=max_key_bytes,
             )
 
     @classmethod

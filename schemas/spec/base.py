@@ -30,6 +30,7 @@ from mechanisms.randomized_response import (
 )
 from schemas.errors import SchemaError
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 
 #: Version of the spec format this module reads.
 SPEC_VERSION = 1
@@ -246,6 +247,16 @@ class _MetricBase(_Frozen):
     reports_per_window: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1
     #: Budget over the retention horizon (central releases; for local kinds, the longitudinal local loss).
     budget: BudgetSpec | None = None
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        """The payload kind a device sends for this metric (a categorical metric: by its resolved local
+        ``protocol``)."""
+        raise NotImplementedError(f"{type(self).__name__} names no payload kind")
+
+    def payload_bounds(self) -> tuple[int, int, int]:
+        """What the spec bounds in this metric's payloads: ``(k, m, max_key_bytes)`` -- categories or bits,
+        RAPPOR cohorts, a key's bytes; 0 where the kind has no such bound (:class:`schemas.wire.codec.SpecBounds`)."""
+        return 0, 0, 0
 
     @property
     def fingerprint(self) -> int:

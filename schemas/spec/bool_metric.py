@@ -16,6 +16,7 @@ from mechanisms.randomized_response import (
     randomized_response_epsilon,
 )
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     Real,
     _bool_prob,
@@ -30,6 +31,9 @@ class BoolMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("prob", "epsilon")
 
     kind: Literal["bool"]
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        return PayloadKind.BOOL
     prob: Real | None = None
     epsilon: Real | None = None
 

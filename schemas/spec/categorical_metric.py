@@ -20,6 +20,7 @@ from mechanisms.randomized_response import (
     randomized_response_epsilon,
 )
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     Real,
     SpecFieldError,
@@ -61,6 +62,12 @@ class CategoricalMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("categories", "bins", "protocol", "prob", "epsilon")
 
     kind: Literal["categorical"]
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        return {"krr": PayloadKind.CATEGORY, "oue": PayloadKind.UNARY, "olh": PayloadKind.LOCAL_HASH}[protocol or "krr"]
+
+    def payload_bounds(self) -> tuple[int, int, int]:
+        return self.k, 0, 0
     categories: tuple[StrictStr, ...] | None = None
     bins: BinsSpec | None = None
     protocol: Literal["auto", "krr", "oue", "olh"] = "auto"

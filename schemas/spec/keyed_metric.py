@@ -20,6 +20,7 @@ from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.rng import RandomSource
 from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     KEYED_PARTIAL_KEY_BYTES,
     RandomizedResponseSpec,
@@ -94,6 +95,12 @@ class KeyedMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("value", "max_key_bytes")
 
     kind: Literal["keyed"]
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        return PayloadKind.KEYED
+
+    def payload_bounds(self) -> tuple[int, int, int]:
+        return 0, 0, self.max_key_bytes
     #: Contribution bound Δ0: distinct keys per client pseudonym per window that the agents count.
     keys_per_window: Annotated[StrictInt, Field(ge=1, le=10_000)]
     #: Longest key in UTF-8 bytes (longer keys are rejected on the device).

@@ -18,6 +18,7 @@ from mechanisms.directed import mul_up
 from mechanisms.errors import ParameterError
 from mechanisms.rappor import RapporParams, RapporVariant
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     Real,
     SpecFieldError,
@@ -37,6 +38,12 @@ class RapporMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("variant", "k", "h", "m", "f", "p", "q", "candidates")
 
     kind: Literal["rappor"]
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        return PayloadKind.RAPPOR
+
+    def payload_bounds(self) -> tuple[int, int, int]:
+        return self.bits, self.m, 0
     variant: Literal["standard", "one_time", "basic", "basic_one_time"] = "standard"
     k: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None  # num_bloombits
     h: Annotated[StrictInt, Field(ge=1, le=64)] = 2  # num_hashes

@@ -20,6 +20,7 @@ from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.rng import RandomSource
 from mechanisms.theil_sen import make_private_theil_sen
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
+from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     Real,
     SpecFieldError,
@@ -33,6 +34,9 @@ class RegressionMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     kind: Literal["regression"]
+
+    def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
+        return PayloadKind.REGRESSION
     x_bounds: tuple[Real, Real]
     y_bounds: tuple[Real, Real]
     #: Noise scale of each private median (the quantile mechanism's ``scale``).
