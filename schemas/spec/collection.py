@@ -114,7 +114,14 @@ class CollectionSpec(_Frozen):
             other = "rho" if unit == "epsilon" else "epsilon"
             raise SpecFieldError(f"metrics[{i}].budget.{other}", f"this release spends {unit}: give budget.{unit}")
         windows = self.window.windows_per_horizon
-        total, total_delta = mul_up(windows, first), mul_up(windows, delta)  # toward the larger loss
+        try:
+            total, total_delta = mul_up(windows, first), mul_up(windows, delta)  # toward the larger loss
+        except (MechanismError, ArithmeticError):  # the horizon's loss is past the largest float
+            raise SpecFieldError(
+                f"metrics[{i}].budget.{unit}",
+                f"{windows} releases over the retention horizon spend {unit} = {windows} x {first:.4g} (per window), "
+                f"beyond any budget: raise the release's scale",
+            ) from None
         if total > given:
             raise SpecFieldError(
                 f"metrics[{i}].budget.{unit}",
