@@ -1,17 +1,31 @@
-"""The partials' state format (``PTP1``): records of every kind, and stage 2's conflict sentinel, restore and encode
-back to the same bytes, and partials built now encode to the bytes pinned here (the compacted state topics and the
-hand-overs between stages keep records of older versions)."""
+"""The partials' state format (``PTP1``) is one for every partial type: records written before the typed partials
+(issue 16, item 2) restore to their kind's type and encode back to the same bytes, and partials built now encode to
+the bytes the single ``Partial`` class wrote."""
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import pytest
 
-from agents.partials import Partial, Shape, merge, same_counts
+from agents.handlers.registry import HANDLERS, PARTIAL_TYPES
+from agents.partials import (
+    CONFLICT_SHAPE,
+    CellCounts,
+    CohortCounts,
+    Conflicted,
+    DenseCounts,
+    KeyedCounts,
+    Partial,
+    Shape,
+    merge,
+    same_counts,
+)
 from agents.stage2 import conflicted
-from schemas.kinds import METRIC_KINDS
+from schemas.kinds import METRIC_KINDS, MetricKind
 
-#: ``Partial.to_bytes()`` of :func:`_partials`, written by the single ``Partial`` class.
+#: ``Partial.to_bytes()`` of :func:`_partials`, written by the single ``Partial`` class (commit 1dd7c34).
 ENCODED: dict[str, str] = {
     "bool": (
         "50545031000000b57b226d6574726963223a2263726173686564222c226b696e64223a22626f6f6c222c2277696e646f775f"
@@ -121,30 +135,30 @@ REGRESSION = Shape("regression", x_bounds=(0.0, 10.0), y_bounds=(0.0, 100.0))
 
 
 def _partials() -> dict[str, Partial]:
-    """The partials of :data:`ENCODED`."""
+    """The partials of :data:`ENCODED`, built through the typed API (the same calls the fixtures were made with)."""
     out: dict[str, Partial] = {}
-    b = Partial.empty("crashed", Shape("bool"), 10_000)
+    b = DenseCounts.empty("crashed", Shape("bool"), 10_000)
     b.add_bool([1, 0, 1, 1])
     b.over_bound, b.first_offset = 2, 17
     out["bool"] = b
-    c = Partial.empty("theme", Shape("categorical", categories=4), 0)
+    c = DenseCounts.empty("theme", Shape("categorical", categories=4), 0)
     c.add_categories([0, 3, 3, 2])
     c.first_offset = 3
     out["categorical"] = c
-    r = Partial.empty("homepage", Shape("rappor", cohorts=3, bits=4), 20_000)
+    r = CohortCounts.empty("homepage", Shape("rappor", cohorts=3, bits=4), 20_000)
     bits = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 1], [1, 0, 1, 0]], np.uint8)
     r.add_rappor(np.array([2, 0, 2, 2]), bits)
     out["rappor"] = r
-    k = Partial.empty("errors", Shape("keyed"), 30_000)
+    k = KeyedCounts.empty("errors", Shape("keyed"), 30_000)
     k.add_keyed(["b", "a", "\u00e9\"\\\x01", "b"], [1, 0, 1, 1])
     k.max_partition_keys, k.over_bound = 3, 1
     out["keyed"] = k
-    g = Partial.empty("lat", REGRESSION, 40_000)
+    g = CellCounts.empty("lat", REGRESSION, 40_000)
     g.add_points([0.0, 5.0, 5.0, 20.0, 9.9], [0.0, 50.0, 50.0, -3.0, 99.0], REGRESSION)
     out["regression"] = g
-    out["bool_empty"] = Partial.empty("crashed", Shape("bool"), 0)
-    out["keyed_empty"] = Partial.empty("errors", Shape("keyed"), 0)
-    out["regression_empty"] = Partial.empty("lat", REGRESSION, 0)
+    out["bool_empty"] = DenseCounts.empty("crashed", Shape("bool"), 0)
+    out["keyed_empty"] = KeyedCounts.empty("errors", Shape("keyed"), 0)
+    out["regression_empty"] = CellCounts.empty("lat", REGRESSION, 0)
     out["rappor_merged"] = merge([r, r])
     out["keyed_handed"] = k.counts_only()
     for kind in METRIC_KINDS:
@@ -158,17 +172,48 @@ def test_the_fixtures_cover_every_kind_and_the_conflict_sentinel() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(ENCODED))
-def test_records_restore_and_encode_back_byte_identically(name: str) -> None:
+def test_records_of_the_single_partial_class_restore_and_encode_back_byte_identically(name: str) -> None:
     data = bytes.fromhex(ENCODED[name])
     p = Partial.from_bytes(data)
     kind = name.split("_")[-1] if name.startswith("conflicted") else name.split("_")[0]
     assert p.kind == kind
+    expected = Conflicted if name.startswith("conflicted") else PARTIAL_TYPES[kind]
+    assert type(p) is expected
     assert p.to_bytes() == data
     assert Partial.from_bytes(p.counts_only().to_bytes()).to_bytes() == p.counts_only().to_bytes()
 
 
 @pytest.mark.parametrize("name", sorted(ENCODED))
-def test_partials_encode_as_pinned(name: str) -> None:
+def test_partials_built_through_the_typed_api_encode_as_before(name: str) -> None:
     built = _partials()[name]
     assert built.to_bytes().hex() == ENCODED[name]
     assert same_counts(Partial.from_bytes(built.to_bytes()), built)
+
+
+def test_the_conflict_sentinel_keeps_its_shape_and_refuses_merges() -> None:
+    for kind in METRIC_KINDS:
+        sentinel = Partial.from_bytes(bytes.fromhex(ENCODED[f"conflicted_{kind}"]))
+        assert sentinel.array_shapes() == (CONFLICT_SHAPE, (0,)) and sentinel.is_empty()
+        assert type(merge([sentinel, sentinel])) is Conflicted
+        with pytest.raises(Exception, match="count shapes"):
+            merge([sentinel, Partial.from_bytes(bytes.fromhex(ENCODED[kind]))])
+
+
+def test_every_kind_has_a_partial_type_of_its_handler() -> None:
+    assert tuple(PARTIAL_TYPES) == METRIC_KINDS
+    for kind, handler in HANDLERS.items():
+        assert PARTIAL_TYPES[kind] is handler.partial_type and issubclass(handler.partial_type, Partial)
+
+
+@pytest.mark.parametrize(
+    ("kind", "foreign"),
+    [("bool", "keyed"), ("categorical", "regression"), ("keyed", "bool"), ("regression", "rappor")],
+)
+def test_a_record_whose_sections_are_not_its_kinds_layout_is_refused(kind: str, foreign: str) -> None:
+    from agents.errors import StateError
+
+    donor = Partial.from_bytes(bytes.fromhex(ENCODED[foreign]))
+    forged = PARTIAL_TYPES[cast(MetricKind, foreign)](metric="m", kind=cast(MetricKind, kind), window_start_ms=0)
+    forged.load(donor.sections())
+    with pytest.raises(StateError, match="cannot hold"):
+        Partial.from_bytes(forged.to_bytes())
