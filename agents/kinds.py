@@ -52,10 +52,11 @@ def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
     Both stages use it: stage 1 does not add reports to a restored partial of another shape
     (``spec_changed``), stage 2 refuses to release a window of another shape.
     """
-    shape = shape_of(metric)
+    handler = handler_of(metric)
+    shape = handler.shape(metric)
     if partial.kind != shape.kind:
         return f"the window's counts are {partial.kind}, the spec's {metric.name} is {shape.kind}"
-    want_counts, want_cohorts = shape.dense_shapes()
+    want_counts, want_cohorts = handler.partial_type.dense_shapes(shape)
     got_counts, got_cohorts = partial.array_shapes()
     if got_counts != want_counts or got_cohorts != want_cohorts:
         got = f"{got_counts}/{got_cohorts}"

@@ -24,7 +24,7 @@ class BoolHandler(BoundedHandler[BoolMetric, DenseCounts]):
     column_types: ClassVar[tuple[type, ...]] = (BoolColumns,)
 
     def shape(self, metric: BoolMetric) -> Shape:
-        return Shape("bool")
+        return Shape("bool", categories=2)  # [#0, #1]
 
     def add(
         self,

@@ -39,7 +39,9 @@ def zeros(shape: tuple[int, ...] = (0,)) -> NDArray[np.int64]:
 
 @dataclass(frozen=True)
 class Shape:
-    """The dense shapes of a metric's counts: ``categories`` (k) for categorical, ``(cohorts, bits)`` for RAPPOR."""
+    """The shapes of a metric's counts, as its kind's handler gives them: ``categories`` the length of a dense count
+    vector (bool 2, categorical k), ``(cohorts, bits)`` RAPPOR's, the bounds of a regression's histogram. The
+    partial type of the kind reads what it needs (:meth:`Partial.dense_shapes`)."""
 
     kind: MetricKind
     categories: int = 0
@@ -47,16 +49,6 @@ class Shape:
     bits: int = 0
     x_bounds: tuple[float, float] = (0.0, 1.0)
     y_bounds: tuple[float, float] = (0.0, 1.0)
-
-    def dense_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The shapes of a partial's dense arrays ``counts`` and ``cohort_n``: bool ``(2,)``, categorical ``(k,)``,
-        RAPPOR ``(m, k)`` and ``(m,)``; ``(0,)`` where the kind keeps no dense counts."""
-        dense: dict[str, tuple[int, ...]] = {
-            "bool": (2,),
-            "categorical": (self.categories,),
-            "rappor": (self.cohorts, self.bits),
-        }
-        return dense.get(self.kind, (0,)), ((self.cohorts,) if self.kind == "rappor" else (0,))
 
 
 class Sections(NamedTuple):
@@ -112,6 +104,12 @@ class Partial(ABC):
     def add_counts(self, other: Self) -> None:
         """Add ``other``'s counts (same layout and shapes, checked by :func:`merge`) to this partial's."""
 
+    @classmethod
+    def dense_shapes(cls, shape: Shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of the dense arrays ``counts`` and ``cohort_n`` of this type's partials of ``shape`` (``(0,)``
+        where the layout keeps none)."""
+        return (0,), (0,)
+
     def keys_held(self) -> int:
         """Distinct keys this partial counts (0 but for keyed counts)."""
         return 0
@@ -123,12 +121,12 @@ class Partial(ABC):
     def empty(cls, metric: str, shape: Shape, window_start_ms: int) -> Self:
         """A zero partial with the dense shapes of ``shape``."""
         out = cls(metric=metric, kind=shape.kind, window_start_ms=int(window_start_ms))
-        counts, cohort_n = shape.dense_shapes()
+        counts, cohort_n = cls.dense_shapes(shape)
         out.load(Sections(zeros(counts), zeros(cohort_n), {}, {}))
         return out
 
     def array_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The shapes of the dense arrays ``counts`` and ``cohort_n`` (what :meth:`Shape.dense_shapes` predicts)."""
+        """The shapes of the dense arrays ``counts`` and ``cohort_n`` (what :meth:`dense_shapes` predicts)."""
         return self.sections().shapes()
 
     # ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agents.partials.base import Partial, Sections, zeros
+from agents.partials.base import Partial, Sections, Shape, zeros
 
 
 @dataclass
@@ -20,6 +20,10 @@ class CohortCounts(Partial):
     counts: NDArray[np.int64] = field(default_factory=lambda: zeros((0, 0)))
     #: Reports per cohort (m,).
     cohort_n: NDArray[np.int64] = field(default_factory=zeros)
+
+    @classmethod
+    def dense_shapes(cls, shape: Shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (shape.cohorts, shape.bits), (shape.cohorts,)
 
     def sections(self) -> Sections:
         return Sections(self.counts, self.cohort_n, {}, {})

@@ -10,7 +10,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agents.partials.base import Partial, Sections, zeros
+from agents.partials.base import Partial, Sections, Shape, zeros
 
 
 @dataclass
@@ -19,6 +19,10 @@ class DenseCounts(Partial):
 
     #: bool (2,), categorical (k,).
     counts: NDArray[np.int64] = field(default_factory=zeros)
+
+    @classmethod
+    def dense_shapes(cls, shape: Shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (shape.categories,), (0,)
 
     def sections(self) -> Sections:
         return Sections(self.counts, zeros(), {}, {})

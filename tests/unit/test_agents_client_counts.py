@@ -33,7 +33,7 @@ def _reference(batches: list[np.ndarray], bound: int) -> tuple[list[list[bool]],
 
 def _check(batches: list[np.ndarray], bound: int) -> None:
     expected, counts = _reference(batches, bound)
-    p = DenseCounts.empty("crashed", Shape("bool"), 0)
+    p = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     for batch, want in zip(batches, expected, strict=True):
         assert p.admit(batch, bound).tolist() == want
     assert p.clients.as_dict() == counts

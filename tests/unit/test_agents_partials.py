@@ -22,7 +22,7 @@ from agents.partials import (
 
 
 def test_bool_and_categorical_counts() -> None:
-    b = DenseCounts.empty("crashed", Shape("bool"), 10_000)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 10_000)
     b.add_bool([1, 0, 1, 1])
     assert b.counts.tolist() == [1, 3] and b.n == 4
     c = DenseCounts.empty("theme", Shape("categorical", categories=4), 0)
@@ -54,7 +54,7 @@ def test_keyed_counts_and_contribution_bounds() -> None:
 
 
 def test_report_bound_is_vectorized_and_ordered() -> None:
-    b = DenseCounts.empty("crashed", Shape("bool"), 0)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     ok = b.admit(np.array([7, 8, 7, 7, 9, 8], np.uint64), reports_per_window=2)
     assert ok.tolist() == [True, True, True, False, True, True]
     ok = b.admit(np.array([7, 9, 9], np.uint64), reports_per_window=2)
@@ -76,7 +76,7 @@ def test_regression_histogram_round_trip() -> None:
 
 def _random_partial(rng: np.random.Generator, kind: str) -> Partial:
     shape = {
-        "bool": Shape("bool"),
+        "bool": Shape("bool", categories=2),
         "categorical": Shape("categorical", categories=5),
         "rappor": Shape("rappor", cohorts=2, bits=8),
         "keyed": Shape("keyed"),
@@ -129,9 +129,9 @@ def test_garbage_state_raises_state_error(data: bytes) -> None:
 
 
 def test_merge_refuses_mismatch() -> None:
-    a = DenseCounts.empty("m", Shape("bool"), 0)
+    a = DenseCounts.empty("m", Shape("bool", categories=2), 0)
     with pytest.raises(StateError):
-        merge([a, DenseCounts.empty("m", Shape("bool"), 10_000)])
+        merge([a, DenseCounts.empty("m", Shape("bool", categories=2), 10_000)])
     with pytest.raises(StateError):
         merge(
             [
@@ -144,7 +144,7 @@ def test_merge_refuses_mismatch() -> None:
 
 
 def test_report_bound_fast_path_agrees_with_the_general_rule() -> None:
-    b = DenseCounts.empty("crashed", Shape("bool"), 0)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     assert b.admit(np.array([3, 1, 2], np.uint64), reports_per_window=2).tolist() == [True, True, True]
     assert b.admit(np.array([1, 4], np.uint64), reports_per_window=2).tolist() == [True, True]
     assert b.admit(np.array([1, 5], np.uint64), reports_per_window=2).tolist() == [False, True]  # 1 is full

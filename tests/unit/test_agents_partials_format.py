@@ -137,7 +137,7 @@ REGRESSION = Shape("regression", x_bounds=(0.0, 10.0), y_bounds=(0.0, 100.0))
 def _partials() -> dict[str, Partial]:
     """The partials of :data:`ENCODED`, built through the typed API (the same calls the fixtures were made with)."""
     out: dict[str, Partial] = {}
-    b = DenseCounts.empty("crashed", Shape("bool"), 10_000)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 10_000)
     b.add_bool([1, 0, 1, 1])
     b.over_bound, b.first_offset = 2, 17
     out["bool"] = b
@@ -156,7 +156,7 @@ def _partials() -> dict[str, Partial]:
     g = CellCounts.empty("lat", REGRESSION, 40_000)
     g.add_points([0.0, 5.0, 5.0, 20.0, 9.9], [0.0, 50.0, 50.0, -3.0, 99.0], REGRESSION)
     out["regression"] = g
-    out["bool_empty"] = DenseCounts.empty("crashed", Shape("bool"), 0)
+    out["bool_empty"] = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     out["keyed_empty"] = KeyedCounts.empty("errors", Shape("keyed"), 0)
     out["regression_empty"] = CellCounts.empty("lat", REGRESSION, 0)
     out["rappor_merged"] = merge([r, r])
