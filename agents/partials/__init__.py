@@ -3,14 +3,13 @@
 Tables hold counts, never events. A partial is of the type of its kind's count layout -- its kind's handler names
 it (:attr:`agents.handlers.base.KindHandler.partial_type`):
 
-==================  ==============  ====================================================================
-:class:`DenseCounts`  bool          ``counts[2]``: reports answering 0 / 1 (after randomized response)
-..                    categorical   ``counts[k]``: per category, the reports *supporting* it (k-RR: the reported
-                                    category; OUE: bit ``j`` set; OLH: ``H_seed(j) = y``)
-:class:`CohortCounts` rappor        ``counts[m, k]``: per cohort, the reports with Bloom bit ``j`` set; ``cohort_n[m]``
-:class:`KeyedCounts`  keyed         per key: ``[reports, reports whose RR value is 1]``
-:class:`CellCounts`   regression    a sparse 2-D histogram of (x, y) on a ``GRID × GRID`` lattice over the bounds
-==================  ==============  ====================================================================
+- :class:`DenseCounts` (bool, categorical): bool ``counts[2]``, the reports answering 0 / 1 (after randomized
+  response); categorical ``counts[k]``, per category the reports *supporting* it (k-RR: the reported category; OUE:
+  bit ``j`` set; OLH: ``H_seed(j) = y``);
+- :class:`CohortCounts` (rappor): ``counts[m, k]``, per cohort the reports with Bloom bit ``j`` set, and
+  ``cohort_n[m]``;
+- :class:`KeyedCounts` (keyed): per key ``[reports, reports whose RR value is 1]``;
+- :class:`CellCounts` (regression): a sparse 2-D histogram of (x, y) on a ``GRID × GRID`` lattice over the bounds;
 
 plus, in the base :class:`Partial`, ``n`` (reports counted) and ``over_bound`` (valid reports beyond the contribution
 bounds), and the state format every layout shares (:meth:`Partial.to_bytes` / :meth:`Partial.from_bytes`, which
