@@ -52,12 +52,14 @@ def shape_mismatch(metric: AnyMetric, partial: Partial) -> str | None:
     Both stages use it: stage 1 does not add reports to a restored partial of another shape
     (``spec_changed``), stage 2 refuses to release a window of another shape.
     """
-    shape = shape_of(metric)
+    handler = handler_of(metric)
+    shape = handler.shape(metric)
     if partial.kind != shape.kind:
         return f"the window's counts are {partial.kind}, the spec's {metric.name} is {shape.kind}"
-    want_counts, want_cohorts = shape.dense_shapes()
-    if partial.counts.shape != want_counts or partial.cohort_n.shape != want_cohorts:
-        got = f"{partial.counts.shape}/{partial.cohort_n.shape}"
+    want_counts, want_cohorts = handler.partial_type.dense_shapes(shape)
+    got_counts, got_cohorts = partial.array_shapes()
+    if got_counts != want_counts or got_cohorts != want_cohorts:
+        got = f"{got_counts}/{got_cohorts}"
         return f"the window's count shape {got} does not match the spec's {want_counts}/{want_cohorts}"
     return None
 
@@ -68,13 +70,14 @@ class Aggregator:
 
     def __init__(self, spec: CollectionSpec, olh_range: dict[str, int] | None = None) -> None:
         self.metrics: dict[str, AnyMetric] = {m.name: m for m in spec.metrics}
-        self.handlers: dict[str, KindHandler[Any]] = {name: handler_of(m) for name, m in self.metrics.items()}
+        self.handlers: dict[str, KindHandler[Any, Any]] = {name: handler_of(m) for name, m in self.metrics.items()}
         self.shapes = {name: self.handlers[name].shape(m) for name, m in self.metrics.items()}
         self.olh_range = dict(olh_range or {})
 
     def empty(self, metric: str, window_start_ms: int) -> Partial:
         """A zero partial of ``metric`` for the window starting at ``window_start_ms``."""
-        return Partial.empty(metric, self.shapes[metric], window_start_ms)
+        partial: Partial = self.handlers[metric].empty(metric, self.shapes[metric], window_start_ms)
+        return partial
 
     def mismatch(self, partial: Partial) -> str | None:
         """:func:`shape_mismatch` of ``partial`` against its metric in this spec (a metric no longer in the
@@ -88,7 +91,8 @@ class Aggregator:
         """Only the contribution-bound bookkeeping of :meth:`add` (rebuilding client maps after a restart)."""
         pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
         metric = self.metrics[partial.metric]
-        return self.handlers[metric.name].admit(partial, metric, pseudonyms, accepted)
+        handler = self.handlers[metric.name]
+        return handler.admit(handler.own(partial), metric, pseudonyms, accepted)
 
     def add(self, partial: Partial, accepted: Sequence[Accepted]) -> int:
         """Bound and count ``accepted`` (all of ``partial``'s metric, in record order); the number counted."""
@@ -103,7 +107,7 @@ class Aggregator:
         if payload not in handler.column_types:
             raise ConfigurationError(f"kind of {metric.name}", metric.kind, f"does not take {payload.__name__} reports")
         pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
-        return handler.count(partial, metric, accepted, pseudonyms, self.olh_range.get(metric.name))
+        return handler.count(handler.own(partial), metric, accepted, pseudonyms, self.olh_range.get(metric.name))
 
 
 def columns_fit(rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:

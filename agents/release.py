@@ -82,7 +82,7 @@ def build_release(
     )
     rid = release_key(metric.name, merged.window_start_ms)
     try:
-        job = ReleaseJob(spec, metric, merged, ledger, rid, base, protocols.get(metric.name), rng)
+        job = ReleaseJob(spec, metric, handler.own(merged), ledger, rid, base, protocols.get(metric.name), rng)
         return _marked(handler.release(job))
     except BudgetError as err:
         reason = f"budget exhausted: {err}"

@@ -84,14 +84,6 @@ def _by_window(
     return [(w, a, r) for w, (a, r) in out.items()]
 
 
-def _handed_over(partial: Partial) -> Partial:
-    """What stage 2 receives of a closed partial: its counts, and its key count as one partition's
-    (:attr:`Partial.max_partition_keys`, the capacity test's statistic)."""
-    out = partial.counts_only()
-    out.max_partition_keys = len(out.keyed)
-    return out
-
-
 class PartitionState:
     """Stage-1 state of one source partition and the pure logic that evolves it."""
 
@@ -343,7 +335,7 @@ class PartitionState:
             if refused:
                 detail = (
                     f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
-                    f"which already holds its {len(partial.keyed)} keys on partition {self.partition}"
+                    f"which already holds its {partial.keys_held()} keys on partition {self.partition}"
                 )
                 self._reject(out, rec, "key_capacity", detail, refused)
                 refused_any = True
@@ -492,7 +484,7 @@ class PartitionState:
         closed = sorted(k for k in self.partials if k[1] < cb)
         if not closed and self._last_handover_cb == cb:
             return None
-        partials = tuple(_handed_over(self.partials.pop(k)) for k in closed)
+        partials = tuple(self.partials.pop(k).handed_over() for k in closed)
         for k in closed:
             self._dirty.discard(k)
             self._removed.add(k)

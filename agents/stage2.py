@@ -42,11 +42,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
-
 from agents.errors import StateError
 from agents.ledger import MetricLedger
-from agents.partials import Partial, merge
+from agents.partials import Conflicted, Partial, merge
 from agents.release import too_large
 from agents.stage1_records import Handover
 from agents.watermarks import ReleaseFrontier
@@ -94,16 +92,10 @@ class ApplyResult:
     conflicts: int = 0
 
 
-#: Count shape of a window whose partials came from two spec versions: it matches no metric of any spec
-#: (bool (2,), categorical (k,), RAPPOR (m, k), keyed/regression (0,)), so the release refuses it.
-CONFLICT_SHAPE = (0, 0)
-
-
 def conflicted(partial: Partial) -> Partial:
-    """The pending counts of a window whose partials cannot be merged: nothing of either is ever released."""
-    out = Partial(metric=partial.metric, kind=partial.kind, window_start_ms=partial.window_start_ms)
-    out.counts = np.zeros(CONFLICT_SHAPE, np.int64)
-    return out
+    """The pending counts of a window whose partials cannot be merged: nothing of either is ever released (counts of
+    :data:`agents.partials.CONFLICT_SHAPE`, which matches no metric of any spec, so the release refuses the window)."""
+    return Conflicted.of(partial)
 
 
 def _wall_ms() -> int:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Partial, Shape
 from agents.release_fields import WindowFields
@@ -21,6 +22,8 @@ from schemas.spec import CollectionSpec
 from schemas.wire_columns import SingleReports
 
 M = TypeVar("M", bound=AnyMetric)
+#: The partial type of a kind (its count layout, :mod:`agents.partials`).
+P = TypeVar("P", bound=Partial)
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,14 @@ class Added:
 
 
 @dataclass(frozen=True)
-class ReleaseJob(Generic[M]):
+class ReleaseJob(Generic[M, P]):
     """One window's release to build: the merged counts of ``metric`` (shapes checked against the spec), its
     ledger, the release id ``rid``, the fields every record of the window carries, the metric's local protocol
     (categorical) and the central noise source."""
 
     spec: CollectionSpec
     metric: M
-    merged: Partial
+    merged: P
     ledger: MetricLedger
     rid: str
     base: WindowFields
@@ -48,7 +51,7 @@ class ReleaseJob(Generic[M]):
     rng: RandomSource | None
 
 
-class KindHandler(ABC, Generic[M]):
+class KindHandler(ABC, Generic[M, P]):
     """What the agents do for metrics of one kind. Stateless: one instance serves every metric of the kind.
 
     Invariants every handler keeps: :meth:`count` bounds before it counts (a client's reports beyond the
@@ -65,17 +68,32 @@ class KindHandler(ABC, Generic[M]):
     #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
     #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
     shard_column: ClassVar[str | None] = None
+    #: The type of the kind's partials (its count layout); :meth:`agents.partials.Partial.from_bytes` restores a
+    #: record of the kind as one (:data:`agents.handlers.registry.PARTIAL_TYPES`).
+    partial_type: type[P]
 
     @abstractmethod
     def shape(self, metric: M) -> Shape:
         """The count shapes of ``metric``."""
+
+    def empty(self, name: str, shape: Shape, window_start_ms: int) -> P:
+        """A zero partial of metric ``name`` (count shapes ``shape``: :meth:`shape`) for the window at
+        ``window_start_ms``."""
+        return self.partial_type.empty(name, shape, window_start_ms)
+
+    def own(self, partial: Partial) -> P:
+        """``partial`` as this kind's partial type (once per group or window; :class:`StateError` if it is not one --
+        callers refuse partials of another kind or shape before, :func:`agents.kinds.shape_mismatch`)."""
+        if not isinstance(partial, self.partial_type):
+            raise StateError(f"{partial.metric}: {type(partial).__name__} is not a {self.partial_type.__name__}")
+        return partial
 
     def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
         """Rows of a table of single reports whose payload fits the spec (``None``: all), as
         :func:`schemas.conformance._check_columns` would find them one by one."""
         return None
 
-    def admit(self, partial: Partial, metric: M, pseudonyms: NDArray[np.uint64], accepted: Sequence[Accepted]) -> int:
+    def admit(self, partial: P, metric: M, pseudonyms: NDArray[np.uint64], accepted: Sequence[Accepted]) -> int:
         """Only the contribution-bound bookkeeping of :meth:`count` (rebuilding client maps after a restart): the
         number of reports admitted."""
         return int(partial.admit(pseudonyms, metric.reports_per_window).sum())
@@ -83,7 +101,7 @@ class KindHandler(ABC, Generic[M]):
     @abstractmethod
     def count(
         self,
-        partial: Partial,
+        partial: P,
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
@@ -105,17 +123,17 @@ class KindHandler(ABC, Generic[M]):
         """The mechanism, as a release record names it."""
 
     @abstractmethod
-    def release(self, job: ReleaseJob[M]) -> Release:
+    def release(self, job: ReleaseJob[M, P]) -> Release:
         """The release record of one window (raises :class:`~agents.errors.BudgetError`, a
         :class:`~mechanisms.errors.MechanismError` or :class:`~agents.errors.ReleaseError`: the caller refuses it)."""
 
 
-class BoundedHandler(KindHandler[M]):
+class BoundedHandler(KindHandler[M, P]):
     """A kind counted after the per-client bound of ``reports_per_window`` reports (every kind but keyed)."""
 
     def count(
         self,
-        partial: Partial,
+        partial: P,
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
@@ -130,7 +148,7 @@ class BoundedHandler(KindHandler[M]):
     @abstractmethod
     def add(
         self,
-        partial: Partial,
+        partial: P,
         metric: M,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,

@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
-from agents.partials import Partial, Shape
+from agents.partials import DenseCounts, Shape
 from mechanisms.randomized_response import make_randomized_response_bool
 from schemas.conformance import Protocol
 from schemas.releases import Release
@@ -18,16 +18,17 @@ from schemas.spec import BoolMetric
 from schemas.wire import BoolColumns
 
 
-class BoolHandler(BoundedHandler[BoolMetric]):
+class BoolHandler(BoundedHandler[BoolMetric, DenseCounts]):
     kind = "bool"
+    partial_type = DenseCounts
     column_types: ClassVar[tuple[type, ...]] = (BoolColumns,)
 
     def shape(self, metric: BoolMetric) -> Shape:
-        return Shape("bool")
+        return Shape("bool", categories=2)  # [#0, #1]
 
     def add(
         self,
-        partial: Partial,
+        partial: DenseCounts,
         metric: BoolMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
@@ -41,5 +42,5 @@ class BoolHandler(BoundedHandler[BoolMetric]):
     def mechanism_name(self, metric: BoolMetric, protocol: Protocol | None) -> str:
         return f"boolean randomized response (p={metric.resolved_prob():.6g})"
 
-    def release(self, job: ReleaseJob[BoolMetric]) -> Release:
+    def release(self, job: ReleaseJob[BoolMetric, DenseCounts]) -> Release:
         return local_release(self, job, ["true"], job.merged.counts[1:2], fraction=True)

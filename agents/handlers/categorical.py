@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from agents.errors import ConfigurationError
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
-from agents.partials import Partial, Shape
+from agents.partials import DenseCounts, Shape
 from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
 from mechanisms.randomized_response import make_randomized_response, make_randomized_response_from_epsilon
 from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
@@ -23,8 +23,9 @@ from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns
 from schemas.wire_columns import SingleReports
 
 
-class CategoricalHandler(BoundedHandler[CategoricalMetric]):
+class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
     kind = "categorical"
+    partial_type = DenseCounts
     column_types: ClassVar[tuple[type, ...]] = (CategoryColumns, UnaryColumns, LocalHashColumns)
 
     def shape(self, metric: CategoricalMetric) -> Shape:
@@ -42,7 +43,7 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric]):
 
     def add(
         self,
-        partial: Partial,
+        partial: DenseCounts,
         metric: CategoricalMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
@@ -78,5 +79,5 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric]):
         name = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}.get(protocol or "krr", str(protocol))
         return f"{name} (k={metric.k}, ε={metric.resolved_epsilon():.6g})"
 
-    def release(self, job: ReleaseJob[CategoricalMetric]) -> Release:
+    def release(self, job: ReleaseJob[CategoricalMetric, DenseCounts]) -> Release:
         return local_release(self, job, job.metric.labels, job.merged.counts)

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
-from agents.partials import Partial, Shape
+from agents.partials import KeyedCounts, Shape
 from agents.release_fields import estimate_records
 from mechanisms.estimates import Estimate
 from mechanisms.randomized_response import make_randomized_response_bool
@@ -30,8 +30,9 @@ from schemas.wire import KeyedColumns
 from schemas.wire_columns import SingleReports
 
 
-class KeyedHandler(KindHandler[KeyedMetric]):
+class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
     kind = "keyed"
+    partial_type = KeyedCounts
     central = True
     column_types: ClassVar[tuple[type, ...]] = (KeyedColumns,)
 
@@ -43,14 +44,14 @@ class KeyedHandler(KindHandler[KeyedMetric]):
         return np.full(len(table), len(c.keys[0]) <= rules.max_key_bytes)
 
     def admit(
-        self, partial: Partial, metric: KeyedMetric, pseudonyms: NDArray[np.uint64], accepted: Sequence[Accepted]
+        self, partial: KeyedCounts, metric: KeyedMetric, pseudonyms: NDArray[np.uint64], accepted: Sequence[Accepted]
     ) -> int:
         keys = [k for a in accepted for k in cast(KeyedColumns, a.columns).keys]
         return int(partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window).sum())
 
     def count(
         self,
-        partial: Partial,
+        partial: KeyedCounts,
         metric: KeyedMetric,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
@@ -84,7 +85,7 @@ class KeyedHandler(KindHandler[KeyedMetric]):
         cells = f"scale={r.scale}, τ={r.threshold}, Δ0={metric.keys_per_window}"
         return f"thresholded {r.mechanism} on (key, RR bit) cells ({cells})"
 
-    def release(self, job: ReleaseJob[KeyedMetric]) -> Release:
+    def release(self, job: ReleaseJob[KeyedMetric, KeyedCounts]) -> Release:
         metric, merged, rng = job.metric, job.merged, job.rng
         rel = metric.release
         m = rel.build(rng)

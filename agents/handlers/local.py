@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agents.handlers.base import KindHandler, M, ReleaseJob
+from agents.handlers.base import KindHandler, M, P, ReleaseJob
 from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
 from schemas.releases import KeyRelease, PrivacySpent, Release
 
 
 def local_release(
-    handler: KindHandler[M], job: ReleaseJob[M], labels: Sequence[str], support: Any, *, fraction: bool = False
+    handler: KindHandler[M, P], job: ReleaseJob[M, P], labels: Sequence[str], support: Any, *, fraction: bool = False
 ) -> Release:
     """The release of ``support`` (one count per label) of ``job``'s window; ``fraction``: also the first label's
     share of the reports (``<label>_fraction``, for ``n > 0``)."""

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
-from agents.partials import Partial, Shape
+from agents.partials import CohortCounts, Shape
 from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite
 from schemas.conformance import MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
@@ -26,8 +26,9 @@ from schemas.wire import RapporColumns
 from schemas.wire_columns import SingleReports
 
 
-class RapporHandler(BoundedHandler[RapporMetric]):
+class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
     kind = "rappor"
+    partial_type = CohortCounts
     column_types: ClassVar[tuple[type, ...]] = (RapporColumns,)
     shard_column = "cohorts"
 
@@ -40,7 +41,7 @@ class RapporHandler(BoundedHandler[RapporMetric]):
 
     def add(
         self,
-        partial: Partial,
+        partial: CohortCounts,
         metric: RapporMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
@@ -58,7 +59,7 @@ class RapporHandler(BoundedHandler[RapporMetric]):
         m = metric
         return f"RAPPOR {m.variant} (k={m.bits}, h={m.h}, m={m.m}, f={m.f}, p={m.p}, q={m.q})"
 
-    def release(self, job: ReleaseJob[RapporMetric]) -> Release:
+    def release(self, job: ReleaseJob[RapporMetric, CohortCounts]) -> Release:
         from mechanisms.rappor_estimation import decode, estimate_basic_histogram
 
         metric, merged = job.metric, job.merged

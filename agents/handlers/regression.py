@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
-from agents.partials import Partial, Shape
+from agents.partials import CellCounts, Shape
 from agents.release_fields import finite
 from schemas.conformance import Protocol
 from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
@@ -19,8 +19,9 @@ from schemas.spec import RegressionMetric
 from schemas.wire import RegressionColumns
 
 
-class RegressionHandler(BoundedHandler[RegressionMetric]):
+class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
     kind = "regression"
+    partial_type = CellCounts
     central = True
     column_types: ClassVar[tuple[type, ...]] = (RegressionColumns,)
 
@@ -33,7 +34,7 @@ class RegressionHandler(BoundedHandler[RegressionMetric]):
 
     def add(
         self,
-        partial: Partial,
+        partial: CellCounts,
         metric: RegressionMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
@@ -45,7 +46,7 @@ class RegressionHandler(BoundedHandler[RegressionMetric]):
         m = metric
         return f"DP Theil-Sen (scale={m.scale}, runs={m.runs}, {m.candidates} candidates, {m.measure})"
 
-    def release(self, job: ReleaseJob[RegressionMetric]) -> Release:
+    def release(self, job: ReleaseJob[RegressionMetric, CellCounts]) -> Release:
         metric, merged = job.metric, job.merged
         m = metric.build(job.rng)
         loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.partials import Partial, Shape, argsort_pseudonyms, sort_pseudonyms
+from agents.partials import DenseCounts, Shape, argsort_pseudonyms, sort_pseudonyms
 
 
 def _reference(batches: list[np.ndarray], bound: int) -> tuple[list[list[bool]], dict[int, int]]:
@@ -33,7 +33,7 @@ def _reference(batches: list[np.ndarray], bound: int) -> tuple[list[list[bool]],
 
 def _check(batches: list[np.ndarray], bound: int) -> None:
     expected, counts = _reference(batches, bound)
-    p = Partial.empty("crashed", Shape("bool"), 0)
+    p = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     for batch, want in zip(batches, expected, strict=True):
         assert p.admit(batch, bound).tolist() == want
     assert p.clients.as_dict() == counts

@@ -8,21 +8,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.errors import StateError
-from agents.partials import GRID, Partial, Shape, merge, same_counts
+from agents.partials import (
+    GRID,
+    CellCounts,
+    CohortCounts,
+    DenseCounts,
+    KeyedCounts,
+    Partial,
+    Shape,
+    merge,
+    same_counts,
+)
 
 
 def test_bool_and_categorical_counts() -> None:
-    b = Partial.empty("crashed", Shape("bool"), 10_000)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 10_000)
     b.add_bool([1, 0, 1, 1])
     assert b.counts.tolist() == [1, 3] and b.n == 4
-    c = Partial.empty("theme", Shape("categorical", categories=4), 0)
+    c = DenseCounts.empty("theme", Shape("categorical", categories=4), 0)
     c.add_categories([0, 3, 3, 2])
     c.add_support(np.array([[1, 0, 0, 1], [0, 0, 0, 1]], np.uint8))
     assert c.counts.tolist() == [2, 0, 1, 4] and c.n == 6
 
 
 def test_rappor_counts_per_cohort() -> None:
-    r = Partial.empty("homepage", Shape("rappor", cohorts=3, bits=4), 0)
+    r = CohortCounts.empty("homepage", Shape("rappor", cohorts=3, bits=4), 0)
     cohorts = np.array([2, 0, 2, 2])
     bits = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 1], [1, 0, 1, 0]], np.uint8)
     r.add_rappor(cohorts, bits)
@@ -32,7 +42,7 @@ def test_rappor_counts_per_cohort() -> None:
 
 
 def test_keyed_counts_and_contribution_bounds() -> None:
-    k = Partial.empty("errors", Shape("keyed"), 0)
+    k = KeyedCounts.empty("errors", Shape("keyed"), 0)
     ok = k.admit_keyed([1, 1, 1, 1, 2], ["a", "a", "b", "c", "a"], reports_per_window=3, keys_per_window=2)
     # Δ∞ = 1: the second "a" of client 1 is dropped; Δ0 = 2: its third distinct key "c" too
     assert ok.tolist() == [True, False, True, False, True]
@@ -44,7 +54,7 @@ def test_keyed_counts_and_contribution_bounds() -> None:
 
 
 def test_report_bound_is_vectorized_and_ordered() -> None:
-    b = Partial.empty("crashed", Shape("bool"), 0)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     ok = b.admit(np.array([7, 8, 7, 7, 9, 8], np.uint64), reports_per_window=2)
     assert ok.tolist() == [True, True, True, False, True, True]
     ok = b.admit(np.array([7, 9, 9], np.uint64), reports_per_window=2)
@@ -56,7 +66,7 @@ def test_report_bound_is_vectorized_and_ordered() -> None:
 
 def test_regression_histogram_round_trip() -> None:
     shape = Shape("regression", x_bounds=(0.0, 10.0), y_bounds=(0.0, 100.0))
-    p = Partial.empty("lat", shape, 0)
+    p = CellCounts.empty("lat", shape, 0)
     p.add_points([0.0, 5.0, 5.0, 20.0], [0.0, 50.0, 50.0, -3.0], shape)
     x, y = p.points(shape)
     assert p.n == 4 and sum(p.cells.values()) == 4
@@ -66,24 +76,29 @@ def test_regression_histogram_round_trip() -> None:
 
 def _random_partial(rng: np.random.Generator, kind: str) -> Partial:
     shape = {
-        "bool": Shape("bool"),
+        "bool": Shape("bool", categories=2),
         "categorical": Shape("categorical", categories=5),
         "rappor": Shape("rappor", cohorts=2, bits=8),
         "keyed": Shape("keyed"),
         "regression": Shape("regression", x_bounds=(0, 1), y_bounds=(0, 1)),
     }[kind]
-    p = Partial.empty("m", shape, 20_000)
     n = int(rng.integers(0, 30))
+    p: Partial
     if kind == "bool":
-        p.add_bool(rng.integers(0, 2, n))
+        p = d = DenseCounts.empty("m", shape, 20_000)
+        d.add_bool(rng.integers(0, 2, n))
     elif kind == "categorical":
-        p.add_categories(rng.integers(0, 5, n))
+        p = d = DenseCounts.empty("m", shape, 20_000)
+        d.add_categories(rng.integers(0, 5, n))
     elif kind == "rappor":
-        p.add_rappor(rng.integers(0, 2, n), rng.integers(0, 2, (n, 8)))
+        p = r = CohortCounts.empty("m", shape, 20_000)
+        r.add_rappor(rng.integers(0, 2, n), rng.integers(0, 2, (n, 8)))
     elif kind == "keyed":
-        p.add_keyed([f"k{i}" for i in rng.integers(0, 4, n)], rng.integers(0, 2, n))
+        p = k = KeyedCounts.empty("m", shape, 20_000)
+        k.add_keyed([f"k{i}" for i in rng.integers(0, 4, n)], rng.integers(0, 2, n))
     else:
-        p.add_points(rng.random(n), rng.random(n), shape)
+        p = c = CellCounts.empty("m", shape, 20_000)
+        c.add_points(rng.random(n), rng.random(n), shape)
     p.admit([1, 2, 2], 1)
     return p
 
@@ -96,7 +111,8 @@ def test_serialization_round_trip_and_merge_order(kind: str, seed: int) -> None:
     for p in parts:
         q = Partial.from_bytes(p.to_bytes())
         assert same_counts(p, q)
-        assert not q.clients.as_dict() and not q.client_keys  # counts records never carry client maps
+        # counts records never carry client maps
+        assert not q.clients.as_dict() and not (isinstance(q, KeyedCounts) and q.client_keys)
         assert q.first_offset == p.first_offset
     forward = merge(parts)
     backward = merge(reversed(parts))
@@ -113,14 +129,14 @@ def test_garbage_state_raises_state_error(data: bytes) -> None:
 
 
 def test_merge_refuses_mismatch() -> None:
-    a = Partial.empty("m", Shape("bool"), 0)
+    a = DenseCounts.empty("m", Shape("bool", categories=2), 0)
     with pytest.raises(StateError):
-        merge([a, Partial.empty("m", Shape("bool"), 10_000)])
+        merge([a, DenseCounts.empty("m", Shape("bool", categories=2), 10_000)])
     with pytest.raises(StateError):
         merge(
             [
-                Partial.empty("m", Shape("categorical", categories=3), 0),
-                Partial.empty("m", Shape("categorical", categories=4), 0),
+                DenseCounts.empty("m", Shape("categorical", categories=3), 0),
+                DenseCounts.empty("m", Shape("categorical", categories=4), 0),
             ]
         )
     with pytest.raises(StateError):
@@ -128,7 +144,7 @@ def test_merge_refuses_mismatch() -> None:
 
 
 def test_report_bound_fast_path_agrees_with_the_general_rule() -> None:
-    b = Partial.empty("crashed", Shape("bool"), 0)
+    b = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
     assert b.admit(np.array([3, 1, 2], np.uint64), reports_per_window=2).tolist() == [True, True, True]
     assert b.admit(np.array([1, 4], np.uint64), reports_per_window=2).tolist() == [True, True]
     assert b.admit(np.array([1, 5], np.uint64), reports_per_window=2).tolist() == [False, True]  # 1 is full
@@ -137,9 +153,9 @@ def test_report_bound_fast_path_agrees_with_the_general_rule() -> None:
 
 def test_regression_points_do_not_depend_on_merge_order() -> None:
     shape = Shape("regression", x_bounds=(0.0, 1.0), y_bounds=(0.0, 1.0))
-    a = Partial.empty("lat", shape, 0)
+    a = CellCounts.empty("lat", shape, 0)
     a.add_points([0.9, 0.1], [0.2, 0.3], shape)
-    b = Partial.empty("lat", shape, 0)
+    b = CellCounts.empty("lat", shape, 0)
     b.add_points([0.5], [0.7], shape)
     xa, ya = merge([a, b]).points(shape)
     xb, yb = merge([b, a]).points(shape)

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from agents.errors import AgentError
 from agents.kinds import Aggregator
+from agents.partials import DenseCounts
 from agents.stage1 import PartitionState, PreparedBatch
 from agents.stage1_pipeline import PIPELINE_DEPTH, Stage1Pipeline, now_ms
 from agents.stage1_records import Handover, SourceRecord, watermark_key
@@ -324,6 +325,7 @@ def _totals(handovers: Sequence[Handover], st: PartitionState) -> dict[tuple[str
     partials = [p for h in handovers for p in h.partials] + list(st.partials.values())
     for p in partials:
         key = (p.metric, p.window_start_ms)
+        assert isinstance(p, DenseCounts)
         if key in out:
             raise AssertionError(f"window {key} handed over twice")
         out[key] = (p.n, p.over_bound, [int(c) for c in p.counts])

@@ -8,7 +8,7 @@ import pytest
 from agents.errors import StateError
 from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
-from agents.partials import Partial, merge
+from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, Partial, merge
 from agents.release import build_release
 from agents.stage1_records import Handover
 from agents.stage2 import ReleaserState
@@ -79,6 +79,11 @@ def _ledger(name: str) -> MetricLedger:
     return MetricLedger(name, SPEC.metric(name).budget, SPEC.window.retention_s * 1000)
 
 
+def _dense(p: Partial) -> DenseCounts:
+    assert isinstance(p, DenseCounts), type(p)
+    return p
+
+
 def _release(p: Partial, seed: int = 1, ledger: MetricLedger | None = None) -> Release:
     return build_release(
         SPEC, p, ledger or _ledger(p.metric), partitions=4, protocols=PROTOCOLS, rng=SeededRandom(seed)
@@ -100,7 +105,7 @@ def test_bool_release_covers_truth() -> None:
     n = 20_000
     truth = np.asarray(rng.uniform(n) < 0.23)
     reported = local_measurement(SPEC.metric("crashed"), None).randomize(truth, rng=rng)
-    p = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 10_000)
+    p = DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 10_000)
     p.add_bool(reported)
     rel = _release(p)
     assert rel.key == "crashed|10000" and rel.window_end_ms == 20_000 and rel.n == n
@@ -122,7 +127,7 @@ def test_categorical_release_covers_truth(name: str) -> None:
     probs /= probs.sum()
     truth = np.searchsorted(np.cumsum(probs), rng.uniform(n), side="right").clip(0, k - 1)
     m = local_measurement(metric, PROTOCOLS[name])
-    p = Partial.empty(name, shape_of(metric), 0)
+    p = DenseCounts.empty(name, shape_of(metric), 0)
     agg = Aggregator(SPEC, olh_range={"olh": getattr(m, "g", 0)})
     if PROTOCOLS[name] == "krr":
         p.add_categories(m.randomize_indices(truth, rng=rng))
@@ -154,7 +159,7 @@ def test_rappor_release_detects_candidates() -> None:
     secrets = [rng.bytes(32) for _ in range(n)]
     cohorts = rng.integers_below(4, n)
     packed = encode_batch_packed(params, secrets, list(values), cohorts, rng=rng)
-    p = Partial.empty("home", shape_of(metric), 0)
+    p = CohortCounts.empty("home", shape_of(metric), 0)
     p.add_rappor(cohorts, np.unpackbits(packed, axis=1, count=16))
     rel = _release(p)
     assert {r.key for r in rel.released_keys} >= {"u1", "u2"}
@@ -163,7 +168,7 @@ def test_rappor_release_detects_candidates() -> None:
 
 
 def test_keyed_release_thresholds_and_budget() -> None:
-    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
+    p = KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), 0)
     # 400 reports of "big" (300 with RR bit 1), 5 of "rare": "rare" stays below τ = 30 (δ-style guarantee)
     p.add_keyed(["big"] * 400 + ["rare"] * 5, [1] * 300 + [0] * 100 + [1] * 5)
     # a tighter budget than the spec's (the spec refuses to load a budget its horizon would exceed): each window
@@ -177,12 +182,12 @@ def test_keyed_release_thresholds_and_budget() -> None:
     assert rel.privacy.central_epsilon == pytest.approx(1.0)  # Δ1 / scale = 2 / 2
     assert rel.privacy.central_delta is not None and 0 < rel.privacy.central_delta < 1e-4
     # budget (ε = 2.5 over 30 s): two windows fit, the third is refused, the fourth (after the horizon) fits again
-    second = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 10_000), ledger=ledger)
-    third = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 20_000), ledger=ledger)
+    second = _release(KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), 10_000), ledger=ledger)
+    third = _release(KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), 20_000), ledger=ledger)
     assert second.refused is None and third.refused is not None and not third.released_keys
     assert third.ledger.spent_epsilon == pytest.approx(2.1)
     assert rel.privacy.capacity_test_epsilon == pytest.approx(0.05)
-    fourth = _release(Partial.empty("errors", shape_of(SPEC.metric("errors")), 40_000), ledger=ledger)
+    fourth = _release(KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), 40_000), ledger=ledger)
     assert fourth.refused is None
 
 
@@ -191,7 +196,7 @@ def test_regression_release() -> None:
     rng = np.random.default_rng(3)
     x = rng.uniform(0, 10, 5_000)
     y = 5 * x + 20 + rng.normal(0, 2, x.size)
-    p = Partial.empty("lat", shape_of(metric), 0)
+    p = CellCounts.empty("lat", shape_of(metric), 0)
     p.add_points(x, y, shape_of(metric))
     rel = _release(p)
     assert abs(rel.estimate("slope").value - 5) < 1.5
@@ -224,9 +229,9 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
     ledgers = {m.name: _ledger(m.name) for m in SPEC.metrics}
     st = _stage2(2, ledgers, 30_000)
     st.restore([])
-    a = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    a = DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
     a.add_bool([1, 1, 0])
-    b = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    b = DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
     b.add_bool([0, 0])
     calls: list[Partial] = []
 
@@ -244,7 +249,7 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
     assert sorted(r.metric for r in releases) == sorted(m.name for m in SPEC.metrics)
     assert all(r.key.endswith("|0") and r.group == "g" for r in releases)
     rel = _only(releases, "crashed")
-    assert rel.n == 5 and [c.counts.tolist() for c in calls if c.metric == "crashed"] == [[3, 2]]
+    assert rel.n == 5 and [_dense(c).counts.tolist() for c in calls if c.metric == "crashed"] == [[3, 2]]
     assert _only(releases, "theme").n == 0  # an empty window: a record from zero counts
     assert st.release(build) == []
     records += st.state_records()
@@ -269,7 +274,7 @@ def test_mechanism_failure_becomes_a_refused_record(monkeypatch: pytest.MonkeyPa
 
     # ThresholdReleaseSpec.build looks the constructor up in its own module
     monkeypatch.setattr(schemas.spec.keyed_metric, "make_laplace_threshold", broken)
-    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), 0)
+    p = KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), 0)
     p.add_keyed(["a"], [1])
     rel = _release(p)
     assert rel.refused is not None and rel.refused.startswith("mechanism failed")
@@ -282,6 +287,7 @@ def test_central_releases_publish_no_exact_counts() -> None:
     aggregator = Aggregator(SPEC)
     for with_target in (False, True):
         p = aggregator.empty("errors", 0)
+        assert isinstance(p, KeyedCounts)
         keys = ["common"] * 500 + (["rare-secret"] if with_target else [])
         pseudonyms = list(range(500)) + ([10**6] if with_target else [])
         ok = p.admit_keyed(pseudonyms, keys, 2, 2)
@@ -289,18 +295,18 @@ def test_central_releases_publish_no_exact_counts() -> None:
         rel = _release(p)
         assert rel.refused is None and rel.n is None and rel.over_bound is None
         assert b'"n":null' in rel.to_bytes() and b'"over_bound":null' in rel.to_bytes()
-    lat = Partial.empty("lat", shape_of(SPEC.metric("lat")), 0)
+    lat = CellCounts.empty("lat", shape_of(SPEC.metric("lat")), 0)
     lat.add_points(np.array([1.0, 2.0]), np.array([3.0, 4.0]), shape_of(SPEC.metric("lat")))
     rel = _release(lat)
     assert rel.n is None and rel.over_bound is None
     # the local kinds keep their exact n: each report is private on its own, the count is public
-    b = Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
+    b = DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 0)
     b.add_bool([1, 0, 1])
     assert _release(b).n == 3 and _release(b).over_bound == 0
 
 
 def _keyed_window(start: int) -> Partial:
-    p = Partial.empty("errors", shape_of(SPEC.metric("errors")), start)
+    p = KeyedCounts.empty("errors", shape_of(SPEC.metric("errors")), start)
     keys = [f"k{i:02d}" for i in range(20) for _ in range(400)]
     p.add_keyed(keys, [i % 2 for i in range(len(keys))])
     return p
@@ -348,7 +354,7 @@ def test_seeded_noise_is_marked_insecure() -> None:
     rel = seeded(_keyed_window(0), _ledger("errors"))
     assert rel.insecure_noise and "INSECURE" in rel.mechanism
     assert rel.to_bytes() == seeded(_keyed_window(0), _ledger("errors")).to_bytes()
-    local = seeded(Partial.empty("crashed", shape_of(SPEC.metric("crashed")), 0), _ledger("crashed"))
+    local = seeded(DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 0), _ledger("crashed"))
     assert not local.insecure_noise and "INSECURE" not in local.mechanism  # the devices' noise, not ours
     assert Release.from_bytes(rel.to_bytes()) == rel
 
@@ -397,7 +403,7 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
     """Stage-2 state written under spec v1 (theme with 3 categories), restored under v2 (4 categories / theme
     removed): the open window becomes a refused record, old and new counts are never merged."""
     v1 = _spec_v(["a", "b", "c"])
-    old = Aggregator(v1).empty("theme", 0)
+    old = _dense(Aggregator(v1).empty("theme", 0))
     old.add_categories([0, 1, 2, 2])
     st = _stage2(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v1.metrics}, 600_000, v1)
     st.restore([])
@@ -408,7 +414,7 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
         restored = _stage2(2, {m.name: MetricLedger(m.name, None, 600_000) for m in v2.metrics}, 600_000, v2)
         restored.restore(records)
         restored.state_records()  # the noise key was written with the state
-        new = [Aggregator(v2).empty("theme", 0)] if categories else []
+        new = [_dense(Aggregator(v2).empty("theme", 0))] if categories else []
         if new:
             new[0].add_categories([3])
         result = restored.apply(Handover(1, 10_000, tuple(new)))
@@ -434,7 +440,7 @@ def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: p
         raise IndexError("index 3 is out of bounds")
 
     monkeypatch.setattr(agents.release_fields, "estimate_counts", broken)
-    p = Partial.empty("theme", shape_of(SPEC.metric("theme")), 0)
+    p = DenseCounts.empty("theme", shape_of(SPEC.metric("theme")), 0)
     p.add_categories([0, 1])
     rel = _release(p)
     assert rel.refused is not None and rel.refused.startswith("release failed: IndexError")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.kinds import Aggregator, shape_mismatch
-from agents.partials import Partial, same_counts
+from agents.partials import CohortCounts, DenseCounts, KeyedCounts, Partial, same_counts
 from agents.stage1 import PartitionState
 from agents.stage1_records import Handover, SourceRecord
 from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
@@ -55,6 +55,22 @@ SPEC = parse_spec(
 )
 FP = {m.name: m.fingerprint for m in SPEC.metrics}
 
+P = TypeVar("P", bound=Partial)
+
+
+def _of(partial: Partial, partial_type: type[P]) -> P:
+    """``partial`` as its kind's partial type (what the handlers see)."""
+    assert isinstance(partial, partial_type), type(partial)
+    return partial
+
+
+def _dense(partial: Partial) -> DenseCounts:
+    return _of(partial, DenseCounts)
+
+
+def _keyed(partial: Partial) -> KeyedCounts:
+    return _of(partial, KeyedCounts)
+
 
 def _state(partition: int = 0) -> PartitionState:
     protocols = resolve_protocols(SPEC)
@@ -87,7 +103,7 @@ def test_counts_close_and_hand_over() -> None:
     st.process([_rec(9, 12_000, _bool(100, True, t=12))])
     h = st.take_closed()
     assert h is not None and h.closed_before_ms == 10_000
-    (p,) = h.partials
+    (p,) = map(_dense, h.partials)
     assert (p.metric, p.window_start_ms, p.n, p.counts.tolist()) == ("crashed", 0, 9, [6, 3])
     assert not len(p.clients)  # client maps never leave stage 1
     round_trip = Handover.from_bytes(h.to_bytes())
@@ -151,7 +167,7 @@ def test_contribution_bound_per_client_and_window() -> None:
     )
     res = st.process([_rec(0, 1_000, encode_batch(batch)), _rec(1, 2_000, _bool(5, True))])
     assert res.counted == 3  # client 5 twice (reports_per_window = 2), client 6 once
-    p = st.partials[("crashed", 0)]
+    p = _dense(st.partials[("crashed", 0)])
     assert p.over_bound == 2 and p.counts.tolist() == [1, 2]
     # a new window resets the bound (pseudonyms are per window anyway)
     assert st.process([_rec(2, 11_000, _bool(5, True, t=11))]).counted == 1
@@ -175,10 +191,10 @@ def test_every_kind_is_counted() -> None:
     ]
     res = st.process([_rec(i, 1_000, v) for i, v in enumerate(values)])
     assert res.counted == 1 + 1 + 1 + 2
-    assert st.partials[("theme", 0)].counts.tolist() == [0, 0, 1]
-    home = st.partials[("home", 0)]
+    assert _dense(st.partials[("theme", 0)]).counts.tolist() == [0, 0, 1]
+    home = _of(st.partials[("home", 0)], CohortCounts)
     assert home.cohort_n.tolist() == [0, 0, 0, 1] and home.counts[3].tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
-    assert st.partials[("errors", 0)].keyed == {"a": [1, 1], "b": [1, 0]}
+    assert _keyed(st.partials[("errors", 0)]).keyed == {"a": [1, 1], "b": [1, 0]}
     assert st.partials[("lat", 0)].n == 1
 
 
@@ -241,7 +257,7 @@ def test_report_bound_matches_a_reference_count(clients: list[int], bound: int) 
     for c in clients:
         expected.append(seen.get(c, 0) < bound)
         seen[c] = seen.get(c, 0) + (1 if expected[-1] else 0)
-    p = Partial.empty("crashed", Aggregator(SPEC).shapes["crashed"], 0)
+    p = DenseCounts.empty("crashed", Aggregator(SPEC).shapes["crashed"], 0)
     half = len(clients) // 2
     got = (
         p.admit(np.array(clients[:half], np.uint64), bound).tolist()
@@ -304,7 +320,7 @@ def test_reports_straddling_a_window_boundary_count_in_their_pseudonyms_window()
     res = st.process(records)
     assert res.dead_letters == [] and res.counted == 4
     for start in (0, 10_000):
-        p = st.partials[("errors", start)]
+        p = _keyed(st.partials[("errors", start)])
         assert {k: v[0] for k, v in p.keyed.items()} == {"k0": 1, "k1": 1} and p.over_bound == 0  # v[1]: RR value
         assert len(p.client_keys) == 1  # one pseudonym per window: one quota per device and window
     assert st.partials[("errors", 0)].first_offset == 0
@@ -312,7 +328,7 @@ def test_reports_straddling_a_window_boundary_count_in_their_pseudonyms_window()
     restored = _state()
     restored.restore(st.state_records())
     assert restored.rebuild_clients(records) == 4
-    assert restored.partials[("errors", 0)].client_keys == st.partials[("errors", 0)].client_keys
+    assert _keyed(restored.partials[("errors", 0)]).client_keys == _keyed(st.partials[("errors", 0)]).client_keys
 
 
 def test_a_report_delayed_beyond_the_grace_is_late_and_one_within_it_counts() -> None:
@@ -322,7 +338,7 @@ def test_a_report_delayed_beyond_the_grace_is_late_and_one_within_it_counts() ->
     values = _keyed_reports([5, 5], ["k0", "k1"])
     res = st.process([_rec(0, 10_000 + grace_ms - 1, values[0]), _rec(1, 10_000 + grace_ms, values[1])])
     assert res.counted == 1 and [(d.reason, d.reports) for d in res.dead_letters] == [("late", 1)]
-    assert set(st.partials[("errors", 0)].keyed) == {"k0"}
+    assert set(_keyed(st.partials[("errors", 0)]).keyed) == {"k0"}
     assert st.rejected_total() == {"late": (1, 1)}
 
 
@@ -332,7 +348,7 @@ def test_a_buffered_flush_counts_only_the_matching_window() -> None:
     values = _keyed_reports([10 * w for w in range(100, 130)], ["k0"] * 30)
     res = st.process([_rec(i, 1_000_000 + i, v) for i, v in enumerate(values)])
     assert res.counted == 1
-    assert st.partials[("errors", 1_000_000)].keyed["k0"][0] == 1  # Δ∞ = 1 holds
+    assert _keyed(st.partials[("errors", 1_000_000)]).keyed["k0"][0] == 1  # Δ∞ = 1 holds
     assert [d.record.offset for d in res.dead_letters] == [i for i in range(30) if i != 0]
     assert {d.reason for d in res.dead_letters} == {"window_mismatch"}
 
@@ -354,7 +370,7 @@ def test_mismatched_rows_of_a_batch_are_dead_lettered_and_the_rest_counted() -> 
     late, ahead = res.dead_letters
     assert (late.reason, late.reports, late.record.value) == ("late", 1, rec.value)  # original bytes
     assert (ahead.reason, ahead.reports, ahead.record.value) == ("window_mismatch", 1, rec.value)
-    p = st.partials[("crashed", 10_000)]
+    p = _dense(st.partials[("crashed", 10_000)])
     assert p.counts.tolist() == [2, 2] and p.clients.as_dict() == {1: 1, 2: 1, 3: 1, 5: 1}
     # after a restart, the client maps are rebuilt from exactly the rows that were counted
     restored = _state()
@@ -422,13 +438,13 @@ def test_a_restored_partial_of_an_old_spec_shape_gets_no_new_reports() -> None:
     ]
     assert "counted under another spec" in res.dead_letters[0].detail
     assert res.counted == 2  # crashed (same shape) and theme in the new window
-    assert st.partials[("theme", 10_000)].counts.tolist() == [0, 0, 0, 1]
+    assert _dense(st.partials[("theme", 10_000)]).counts.tolist() == [0, 0, 0, 1]
     assert st.rejected_total() == {"spec_changed": (2, 3)}
     st.process([_rec(6, 22_000, encode_report(Report("crashed", fp["crashed"], 3, 22, BoolPayload(True))))])
     h = st.take_closed()
     assert h is not None
     handed = {p.metric: p for p in h.partials if p.window_start_ms == 0}
-    assert handed["theme"].counts.tolist() == [0, 0, 1] and handed["theme"].n == 1  # the old partial, unchanged
+    assert _dense(handed["theme"]).counts.tolist() == [0, 0, 1] and handed["theme"].n == 1  # the old partial, unchanged
     assert handed["crashed"].n == 2
     # stage 2 refuses the old-shape window by the same check
     assert shape_mismatch(new_spec.metric("theme"), handed["theme"]) is not None
@@ -493,7 +509,7 @@ def test_key_capacity_refuses_new_keys_and_counts_known_ones() -> None:
         (4, "key_capacity", 1),
     ]
     assert res.dead_letters[0].record.value == _key_flood()[1].value  # the original bytes
-    p = st.partials[("errors", 0)]
+    p = _keyed(st.partials[("errors", 0)])
     assert p.keyed == {"a": [2, 2], "b": [2, 2], "c": [2, 2]}
     assert (res.counted, p.n, p.over_bound) == (6, 6, 1)  # 11 in-window rows: 6 counted, 1 over, 4 refused
     assert st.rejected_total()["key_capacity"] == (3, 4)
@@ -510,7 +526,7 @@ def test_key_capacity_restore_and_replay_rebuild_the_same_partial() -> None:
     restored = _capped_state(3)
     restored.restore(st.state_records())
     assert restored.rebuild_clients(flood) == 10  # the rows within the bounds: 6 counted + 4 key_capacity
-    before, after = st.partials[("errors", 0)], restored.partials[("errors", 0)]
+    before, after = _keyed(st.partials[("errors", 0)]), _keyed(restored.partials[("errors", 0)])
     assert after.client_keys == before.client_keys and same_counts(after, before)
     # the same next batch gives the same counts and dead letters on both
     nxt = [_rec(5, 1_500, _keyed_batch([(3, "a"), (3, "b"), (11, "b"), (11, "q"), (12, "r")]))]
@@ -520,7 +536,7 @@ def test_key_capacity_restore_and_replay_rebuild_the_same_partial() -> None:
     assert a.counted == b.counted == 1 and [(d.reason, d.reports) for d in a.dead_letters] == [("key_capacity", 2)]
     assert st.partials[("errors", 0)].over_bound == 1 + 2
     assert same_counts(st.partials[("errors", 0)], restored.partials[("errors", 0)])
-    assert restored.partials[("errors", 0)].client_keys == st.partials[("errors", 0)].client_keys
+    assert _keyed(restored.partials[("errors", 0)]).client_keys == _keyed(st.partials[("errors", 0)]).client_keys
 
 
 @pytest.mark.parametrize("max_key_bytes", [8, 64, 255])
@@ -529,7 +545,7 @@ def test_a_full_partial_of_worst_case_keys_fits_a_state_record(max_key_bytes: in
     from schemas.spec import KEYED_PARTIAL_KEY_BYTES, default_max_keys_per_partition
 
     cap = default_max_keys_per_partition(max_key_bytes)
-    p = Partial(metric="m" * 63, kind="keyed", window_start_ms=2**62, n=2**62, over_bound=2**62, first_offset=2**62)
+    p = KeyedCounts(metric="m" * 63, kind="keyed", window_start_ms=2**62, n=2**62, over_bound=2**62, first_offset=2**62)
     for i in range(cap):  # control bytes (each a 6-character JSON escape), counts of 19 digits
         key = "".join(chr(14 + int(d)) for d in f"{i:06d}").ljust(max_key_bytes, "\x01")  # 0x0e-0x17: \u00XX
         p.keyed[key] = [2**63 - 1, 2**63 - 1]

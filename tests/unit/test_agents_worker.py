@@ -261,7 +261,7 @@ def test_releases_topic_takes_records_as_large_as_the_producer_sends() -> None:
 def test_a_release_too_large_for_the_topic_is_refused() -> None:
     from agents.app import release_builder
     from agents.ledger import MetricLedger
-    from agents.partials import Partial
+    from agents.partials import DenseCounts
     from agents.stage1_records import Handover
 
     build = release_builder(SPEC, resolve_protocols(SPEC))
@@ -277,7 +277,7 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
             clock=lambda: 0,
         )
         st.restore([])
-        p = Partial(metric="crashed", kind="bool", window_start_ms=0)
+        p = DenseCounts(metric="crashed", kind="bool", window_start_ms=0)
         p.counts = np.array([300, 700], np.int64)
         p.n = 1_000
         st.apply(Handover(0, SPEC.window.size_s * 1000, (p,)))

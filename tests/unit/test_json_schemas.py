@@ -38,12 +38,12 @@ def test_the_demo_spec_names_and_passes_its_schema() -> None:
 
 def test_a_release_record_passes_the_release_schema() -> None:
     from agents.ledger import MetricLedger
-    from agents.partials import Partial
+    from agents.partials import DenseCounts
     from agents.release import build_release
     from schemas.conformance import resolve_protocols
 
     spec = load_spec(DEMO)
-    p = Partial(metric="crashed_today", kind="bool", window_start_ms=0)
+    p = DenseCounts(metric="crashed_today", kind="bool", window_start_ms=0)
     p.counts = np.array([700, 300], np.int64)
     p.n = 1000
     rel = build_release(

@@ -20,7 +20,7 @@ import pytest
 from agents.app import release_builder
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
-from agents.partials import Partial
+from agents.partials import KeyedCounts, Partial
 from agents.stage1_records import Handover
 from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.worker import Worker, WorkerSettings
@@ -71,6 +71,7 @@ def _handover_all(st: ReleaserState, closed_before: int, partials: tuple[Partial
 def _keyed(keys: list[str], start: int = 0) -> Partial:
     """One partition's closed keyed partial, as stage 1 hands it over (its key count is the test's statistic)."""
     p = Aggregator(SPEC).empty("errors", start)
+    assert isinstance(p, KeyedCounts)
     p.add_keyed(keys, [1] * len(keys))
     out = p.counts_only()
     out.max_partition_keys = len(out.keyed)

@@ -1,0 +1,316 @@
+"""What every partial shares, whatever its kind's count layout: the window it counts (metric, kind, window start),
+``n`` and ``over_bound``, stage 1's client table and replay offset, the keyed capacity statistic, the state format
+(``to_bytes`` / ``from_bytes``), merging and comparing.
+
+The state format (``PTP1``) is one for all layouts: a JSON header with the common fields and four sections --
+the dense arrays ``counts`` and ``cohort_n`` (their bytes after the header), the ``keyed`` map and the ``cells``
+list -- of which a layout fills the ones it keeps (:class:`Sections`; the others are empty). ``from_bytes`` reads
+the header's kind and hands the sections to that kind's partial type (the table
+:data:`agents.handlers.registry.PARTIAL_TYPES`, from the handlers), which refuses sections it does not keep: every
+record it accepts encodes back to the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Self, TypeVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from agents.errors import StateError
+from agents.partials.clients import ClientCounts
+from schemas.kinds import METRIC_KINDS, MetricKind
+
+_MAGIC = b"PTP1"
+
+#: Count shape of a window whose partials came from two spec versions (:class:`Conflicted`): it matches no metric of
+#: any spec (bool (2,), categorical (k,), RAPPOR (m, k), keyed/regression (0,)), so the release refuses it.
+CONFLICT_SHAPE = (0, 0)
+
+
+def zeros(shape: tuple[int, ...] = (0,)) -> NDArray[np.int64]:
+    return np.zeros(shape, np.int64)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shapes of a metric's counts, as its kind's handler gives them: ``categories`` the length of a dense count
+    vector (bool 2, categorical k), ``(cohorts, bits)`` RAPPOR's, the bounds of a regression's histogram. The
+    partial type of the kind reads what it needs (:meth:`Partial.dense_shapes`)."""
+
+    kind: MetricKind
+    categories: int = 0
+    cohorts: int = 0
+    bits: int = 0
+    x_bounds: tuple[float, float] = (0.0, 1.0)
+    y_bounds: tuple[float, float] = (0.0, 1.0)
+
+
+class Sections(NamedTuple):
+    """The count sections of the state format; a layout keeps some of them, the others stay empty."""
+
+    counts: NDArray[np.int64]
+    cohort_n: NDArray[np.int64]
+    keyed: dict[str, list[int]]
+    cells: dict[int, int]
+
+    def copy(self) -> Sections:
+        return Sections(
+            self.counts.copy(), self.cohort_n.copy(), {k: list(v) for k, v in self.keyed.items()}, dict(self.cells)
+        )
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(self.counts.shape), tuple(self.cohort_n.shape)
+
+
+@dataclass
+class Partial(ABC):
+    """Counts of one metric in one window, from one partition (stage 1) or merged (stage 2); one subclass per
+    count layout (its kind's handler names it: :attr:`agents.handlers.base.KindHandler.partial_type`)."""
+
+    metric: str
+    kind: MetricKind
+    window_start_ms: int
+    n: int = 0
+    over_bound: int = 0
+    #: Stage-1 only: reports counted per client pseudonym (never merged, never handed over).
+    clients: ClientCounts = field(default_factory=ClientCounts)
+    #: Stage-1 only: offset of the first source record of this window on its partition. The client maps
+    #: are not persisted: after a restart they are rebuilt by replaying the source partition from here
+    #: (:meth:`agents.stage1.PartitionState.rebuild_clients`), so a batch writes O(windows), not O(clients).
+    first_offset: int = -1
+    #: Keyed metrics: the most distinct keys any one source partition's partial of this window held (a stage-1
+    #: partial's own key count once handed over; the maximum over partitions once merged). The statistic of the
+    #: window's private capacity test (:mod:`mechanisms.capacity_test`). Written for every layout (0 but keyed).
+    max_partition_keys: int = 0
+
+    # ------------------------------------------------------------------------------------------
+    # the layout's part
+
+    @abstractmethod
+    def sections(self) -> Sections:
+        """This partial's counts as the state format's sections (no copies: callers do not write)."""
+
+    @abstractmethod
+    def load(self, sections: Sections) -> None:
+        """Take ``sections`` as this partial's counts; :class:`StateError` if they are not of this layout."""
+
+    @abstractmethod
+    def add_counts(self, other: Self) -> None:
+        """Add ``other``'s counts (same layout and shapes, checked by :func:`merge`) to this partial's."""
+
+    @classmethod
+    def dense_shapes(cls, shape: Shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of the dense arrays ``counts`` and ``cohort_n`` of this type's partials of ``shape`` (``(0,)``
+        where the layout keeps none)."""
+        return (0,), (0,)
+
+    def keys_held(self) -> int:
+        """Distinct keys this partial counts (0 but for keyed counts)."""
+        return 0
+
+    # ------------------------------------------------------------------------------------------
+    # construction
+
+    @classmethod
+    def empty(cls, metric: str, shape: Shape, window_start_ms: int) -> Self:
+        """A zero partial with the dense shapes of ``shape``."""
+        out = cls(metric=metric, kind=shape.kind, window_start_ms=int(window_start_ms))
+        counts, cohort_n = cls.dense_shapes(shape)
+        out.load(Sections(zeros(counts), zeros(cohort_n), {}, {}))
+        return out
+
+    def array_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of the dense arrays ``counts`` and ``cohort_n`` (what :meth:`dense_shapes` predicts)."""
+        return self.sections().shapes()
+
+    # ------------------------------------------------------------------------------------------
+    # contribution bounds (stage 1)
+
+    def admit(self, pseudonyms: ArrayLike, reports_per_window: int) -> NDArray[np.bool_]:
+        """Mask of the reports within the bound of ``reports_per_window`` per client and window.
+
+        Reports are admitted in order: the ``j``-th report (0-based) of a client in this window is
+        admitted iff ``j < reports_per_window``. Admitted reports are counted against their client;
+        the others are counted in ``over_bound``.
+        """
+        pse = np.asarray(pseudonyms, dtype=np.uint64).ravel()
+        ok = self.clients.admit(pse, reports_per_window)
+        self.over_bound += int(pse.size - np.count_nonzero(ok))
+        return ok
+
+    # ------------------------------------------------------------------------------------------
+    # merging and hand-over
+
+    def counts_only(self) -> Self:
+        """A copy without the per-client contribution maps (what stage 1 hands to stage 2)."""
+        out = type(self)(
+            metric=self.metric,
+            kind=self.kind,
+            window_start_ms=self.window_start_ms,
+            n=self.n,
+            over_bound=self.over_bound,
+            max_partition_keys=self.max_partition_keys,
+        )
+        out.load(self.sections().copy())
+        return out
+
+    def handed_over(self) -> Self:
+        """What stage 2 receives of a closed stage-1 partial: its counts, and its key count as one partition's
+        (:attr:`max_partition_keys`, the capacity test's statistic)."""
+        out = self.counts_only()
+        out.max_partition_keys = self.keys_held()
+        return out
+
+    def is_empty(self) -> bool:
+        """No report (counted or over the bound) reached this partial."""
+        return self.n == 0 and self.over_bound == 0
+
+    def to_bytes(self) -> bytes:
+        """Binary form: ``PTP1``, a 4-byte header length, a JSON header, then the dense arrays' bytes."""
+        s = self.sections()
+        arrays = {"counts": s.counts, "cohort_n": s.cohort_n}
+        header: dict[str, Any] = {
+            "metric": self.metric,
+            "kind": self.kind,
+            "window_start_ms": self.window_start_ms,
+            "n": self.n,
+            "over_bound": self.over_bound,
+            "arrays": {name: list(a.shape) for name, a in arrays.items()},
+            "keyed": s.keyed,
+            "cells": [[c, v] for c, v in s.cells.items()],
+            "first_offset": self.first_offset,
+            "max_partition_keys": self.max_partition_keys,
+        }
+        head = json.dumps(header, separators=(",", ":")).encode()
+        body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
+        return _MAGIC + struct.pack(">I", len(head)) + head + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Partial:
+        """Inverse of :meth:`to_bytes`, a partial of the type of its kind (:class:`Conflicted` for counts of
+        :data:`CONFLICT_SHAPE`); raises :class:`StateError` on anything malformed."""
+        from agents.handlers.registry import PARTIAL_TYPES  # the handlers name their partial types: they import us
+
+        try:
+            if data[:4] != _MAGIC:
+                raise StateError("partial: bad magic")
+            (hlen,) = struct.unpack(">I", data[4:8])
+            header = json.loads(data[8 : 8 + hlen])
+            body = memoryview(data)[8 + hlen :]
+            arrays: dict[str, NDArray[np.int64]] = {}
+            offset = 0
+            for name, shape in header["arrays"].items():
+                size = int(np.prod(shape)) if shape else 1
+                arr = np.frombuffer(body[offset : offset + 8 * size], dtype="<i8").astype(np.int64)
+                if arr.size != size:
+                    raise StateError(f"partial: array {name} truncated")
+                arrays[name] = arr.reshape(shape)
+                offset += 8 * size
+            if offset != len(body):
+                raise StateError("partial: trailing bytes")
+            kind = header["kind"]
+            if kind not in METRIC_KINDS:
+                raise StateError(f"partial: unknown kind {kind!r}")
+            sections = Sections(
+                arrays["counts"],
+                arrays["cohort_n"],
+                {str(k): [int(v[0]), int(v[1])] for k, v in header["keyed"].items()},
+                {int(c): int(v) for c, v in header["cells"]},
+            )
+            layout = Conflicted if sections.counts.shape == CONFLICT_SHAPE else PARTIAL_TYPES[kind]
+            out = layout(
+                metric=str(header["metric"]),
+                kind=kind,
+                window_start_ms=int(header["window_start_ms"]),
+                n=int(header["n"]),
+                over_bound=int(header["over_bound"]),
+                first_offset=int(header.get("first_offset", -1)),
+                # absent in records of older versions: a hand-over's partial is one partition's (its key count
+                # is exact); a merged one's key count is the union's, at least the maximum (the safe side)
+                max_partition_keys=int(header.get("max_partition_keys", len(header["keyed"]))),
+            )
+            out.load(sections)
+            return out
+        except StateError:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as err:
+            raise StateError(f"partial: cannot decode ({err})") from err
+
+    def _refuse_unless(self, ok: bool, sections: Sections) -> None:
+        """:meth:`load`'s refusal: ``sections`` that are not of this layout."""
+        if not ok:
+            counts, cohort_n = sections.shapes()
+            raise StateError(
+                f"partial: {self.kind} counts of {self.metric} as {type(self).__name__} cannot hold arrays "
+                f"{counts}/{cohort_n}, {len(sections.keyed)} keys and {len(sections.cells)} cells"
+            )
+
+
+@dataclass
+class Conflicted(Partial):
+    """Stage 2's pending counts of a window whose partials cannot be merged (two spec versions): no counts, dense
+    ``counts`` of :data:`CONFLICT_SHAPE` under the window's kind, so nothing of either is ever released
+    (:func:`agents.stage2.conflicted`)."""
+
+    @classmethod
+    def of(cls, partial: Partial) -> Conflicted:
+        return cls(metric=partial.metric, kind=partial.kind, window_start_ms=partial.window_start_ms)
+
+    def sections(self) -> Sections:
+        return Sections(zeros(CONFLICT_SHAPE), zeros(), {}, {})
+
+    def load(self, sections: Sections) -> None:
+        s = sections
+        self._refuse_unless(s.shapes() == (CONFLICT_SHAPE, (0,)) and not s.keyed and not s.cells, s)
+
+    def add_counts(self, other: Self) -> None:
+        return None
+
+
+P = TypeVar("P", bound=Partial)
+
+
+def merge(partials: Iterable[P]) -> P:
+    """Sum of partials of one (metric, window): every count added element-wise (client maps dropped)."""
+    it = iter(partials)
+    try:
+        first = next(it)
+    except StopIteration:
+        raise StateError("merge of no partials") from None
+    out = first.counts_only()
+    for p in it:
+        if (p.metric, p.kind, p.window_start_ms) != (out.metric, out.kind, out.window_start_ms):
+            raise StateError(
+                f"cannot merge {p.metric}@{p.window_start_ms} ({p.kind}) into "
+                f"{out.metric}@{out.window_start_ms} ({out.kind})"
+            )
+        if type(p) is not type(out) or p.array_shapes() != out.array_shapes():
+            raise StateError(
+                f"cannot merge {p.metric}: count shapes {p.array_shapes()[0]} and {out.array_shapes()[0]} differ"
+            )
+        out.n += p.n
+        out.over_bound += p.over_bound
+        out.max_partition_keys = max(out.max_partition_keys, p.max_partition_keys)
+        out.add_counts(p)
+    return out
+
+
+def same_counts(a: Partial, b: Partial) -> bool:
+    """Whether two partials hold identical counts (client maps ignored)."""
+    if type(a) is not type(b):
+        return False
+    sa, sb = a.sections(), b.sections()
+    return (
+        (a.metric, a.kind, a.window_start_ms, a.n, a.over_bound)
+        == (b.metric, b.kind, b.window_start_ms, b.n, b.over_bound)
+        and np.array_equal(sa.counts, sb.counts)
+        and np.array_equal(sa.cohort_n, sb.cohort_n)
+        and sa.keyed == sb.keyed
+        and sa.cells == sb.cells
+    )
