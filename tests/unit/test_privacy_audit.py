@@ -87,6 +87,21 @@ def _records(spec: CollectionSpec, sends: Sequence[tuple[str, object, ClientSecr
     return out
 
 
+def _neighbours(
+    spec: CollectionSpec,
+    before: Sequence[tuple[str, object, ClientSecret, int]],
+    target: tuple[str, object, ClientSecret, int],
+    after: Sequence[tuple[str, object, ClientSecret, int]] = (),
+) -> tuple[list[SourceRecord], list[SourceRecord]]:
+    """Neighbouring streams, with and without ``target``'s report between ``before`` and ``after``: every report is
+    privatized once, so the two streams differ in the target's record only (privatizing the others twice would
+    draw their randomized response twice, and the streams would differ in more than one client)."""
+    records = _records(spec, [*before, target, *after])
+    at = len(before)
+    without = [SourceRecord(i, r.timestamp, r.key, r.value) for i, r in enumerate(records[:at] + records[at + 1 :])]
+    return records, without
+
+
 def stage1(spec: CollectionSpec, records: list[SourceRecord]) -> list[Handover]:
     """One source partition's stage 1 over ``records``, then idle until every window closed: its hand-overs."""
     protocols = resolve_protocols(spec)
@@ -184,8 +199,8 @@ def test_a_target_key_in_a_full_window_changes_nothing_else() -> None:
     base += [("errors", ("b", True), secrets[30 + i], t) for i in range(30)]
     popular = [("errors", ("popular", True), secrets[60 + i], t) for i in range(500)]
     target = [("errors", ("target", True), secrets[560], t)]
-    without = stage1(spec, _records(spec, base + popular))
-    with_target = stage1(spec, _records(spec, base + target + popular))
+    records_with, records_without = _neighbours(spec, base, target[0], popular)
+    without, with_target = stage1(spec, records_without), stage1(spec, records_with)
 
     def released(handovers: list[Handover]) -> Callable[[], bool]:
         def run() -> bool:
@@ -285,8 +300,8 @@ def test_a_second_group_never_releases_a_window_again() -> None:
     spec = _spec([{**KEYED, "value": {"prob": 0.999}}])
     t = T0_S + 1
     sends = [("errors", ("k", True), ClientSecret.generate(), t) for _ in range(100)]
-    without = stage1(spec, _records(spec, sends))
-    with_target = stage1(spec, _records(spec, [*sends, ("errors", ("k", True), ClientSecret.generate(), t)]))
+    records_with, records_without = _neighbours(spec, sends, ("errors", ("k", True), ClientSecret.generate(), t))
+    without, with_target = stage1(spec, records_without), stage1(spec, records_with)
 
     def all_copies_high(handovers: list[Handover]) -> Callable[[], bool]:
         def run() -> bool:
