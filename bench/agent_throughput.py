@@ -518,6 +518,16 @@ def single_messages(n: int) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def summary_line(label: str, result: dict[str, Any], repeat: int) -> str:
+    """One throughput phase's summary: bare and worker reports/s and their ratio (median, range)."""
+    return (
+        f"{label + ':':7} bare {result['bare_reports_per_s']:,.0f} reports/s "
+        f"({result['bare_messages_per_s']:,.0f} msg/s); worker {result['worker_reports_per_s']:,.0f} reports/s; "
+        f"ratio {result['ratio_reports_per_s']:.2f} (median of {repeat}, range {result['ratio_min']:.2f}-"
+        f"{result['ratio_max']:.2f})"
+    )
+
+
 async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     phases = {p.strip() for p in args.phases.split(",")}
     out: dict[str, Any] = {}
@@ -548,44 +558,24 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         batch = out["batch"] = await throughput(
             bootstrap, "batch", messages, args.batches * args.batch_size, args.repeat, args.stage1_threads
         )
-        print(
-            f"batch:  bare {batch['bare_reports_per_s']:,.0f} reports/s ({batch['bare_messages_per_s']:,.0f} msg/s); "
-            f"worker {batch['worker_reports_per_s']:,.0f} reports/s; ratio {batch['ratio_reports_per_s']:.2f} "
-            f"(median of {args.repeat}, range {batch['ratio_min']:.2f}-{batch['ratio_max']:.2f})",
-            flush=True,
-        )
+        print(summary_line("batch", batch, args.repeat), flush=True)
     if "single" in phases:
         print(f"preloading {args.singles} single-report messages ...", flush=True)
         single = out["single"] = await throughput(
             bootstrap, "single", single_messages(args.singles), args.singles, args.repeat, args.stage1_threads
         )
-        print(
-            f"single: bare {single['bare_reports_per_s']:,.0f} reports/s; worker "
-            f"{single['worker_reports_per_s']:,.0f} reports/s; ratio {single['ratio_reports_per_s']:.2f} "
-            f"(median of {args.repeat}, range {single['ratio_min']:.2f}-{single['ratio_max']:.2f})",
-            flush=True,
-        )
+        print(summary_line("single", single, args.repeat), flush=True)
     if "mixed" in phases:
         messages, reports = mixed_messages(args.singles, 100)
         print(f"preloading {len(messages)} messages: 90 % single reports, 10 % batches of 100 ...", flush=True)
         mixed = out["mixed"] = await throughput(bootstrap, "mixed", messages, reports, args.repeat, args.stage1_threads)
-        print(
-            f"mixed:  bare {mixed['bare_reports_per_s']:,.0f} reports/s; worker "
-            f"{mixed['worker_reports_per_s']:,.0f} reports/s; ratio {mixed['ratio_reports_per_s']:.2f} "
-            f"(median of {args.repeat}, range {mixed['ratio_min']:.2f}-{mixed['ratio_max']:.2f})",
-            flush=True,
-        )
+        print(summary_line("mixed", mixed, args.repeat), flush=True)
     if "keyed" in phases:
         print(f"preloading {args.singles} single keyed reports, 1,000 distinct keys ...", flush=True)
         keyed = out["keyed"] = await throughput(
             bootstrap, "keyed", keyed_messages(args.singles), args.singles, args.repeat, args.stage1_threads
         )
-        print(
-            f"keyed:  bare {keyed['bare_reports_per_s']:,.0f} reports/s; worker "
-            f"{keyed['worker_reports_per_s']:,.0f} reports/s; ratio {keyed['ratio_reports_per_s']:.2f} "
-            f"(median of {args.repeat}, range {keyed['ratio_min']:.2f}-{keyed['ratio_max']:.2f})",
-            flush=True,
-        )
+        print(summary_line("keyed", keyed, args.repeat), flush=True)
     if "latency" in phases:
         print(f"latency: producing {args.rate} reports/s of {args.metrics} metrics for {args.live} s ...", flush=True)
         lat = out["latency"] = await latency(bootstrap, args.live, args.metrics, args.rate)
