@@ -41,7 +41,16 @@ from agents.validation import Accepted
 from agents.windows import WindowSpec
 from schemas.wire_columns import take_columns
 
-__all__ = ["BrokerTimes", "Chunk", "ReportsChunk", "broker_times", "chunk_runs", "one_per_record", "records_at"]
+__all__ = [
+    "BrokerTimes",
+    "Chunk",
+    "ReportsChunk",
+    "broker_times",
+    "chunk_runs",
+    "one_per_record",
+    "records_at",
+    "refused_by_record",
+]
 
 #: Stands for "no mark yet" (``None``) in the int64 arrays: below every broker time, so never makes a record late.
 NO_MARK = np.iinfo(np.int64).min
@@ -138,11 +147,13 @@ def chunk_runs(
 
 @dataclass(frozen=True, eq=False)
 class ReportsChunk(Accepted):
-    """Reports of consecutive single-report records of one (metric, window), decoded together: row ``i`` is the one
-    report of ``records[i]``. It stands in a group for all its records (the group's record list holds the first);
-    the rare paths that handle records one by one split it first (:func:`one_per_record`)."""
+    """Reports of consecutive records of one (metric, window), decoded together: record ``records[j]`` holds the
+    ``per_record`` rows from ``j * per_record`` (one for single reports, ``n`` for batches of ``n``). It stands in a
+    group for all its records (the group's record list holds the first); the rare paths that handle records one by
+    one split it first (:func:`one_per_record`), and dead letters name its records (:func:`refused_by_record`)."""
 
     records: tuple[Record, ...] = ()
+    per_record: int = 1
 
 
 def one_per_record(
@@ -161,8 +172,9 @@ def one_per_record(
             out_r.append(rec)
             out_f.append(floor)
             continue
+        m = verdict.per_record
         for j, one in enumerate(verdict.records):
-            row = np.arange(j, j + 1)
+            row = np.arange(j * m, (j + 1) * m)
             out_a.append(
                 Accepted(
                     verdict.metric,
@@ -174,6 +186,23 @@ def one_per_record(
             out_r.append(one)
             out_f.append(floor)
     return out_a, out_r, (out_f if floors is not None else None)
+
+
+def refused_by_record(
+    accepted: Sequence[Accepted], records: Sequence[Record], refused: NDArray[np.bool_]
+) -> list[tuple[Record, int, int]]:
+    """``(record, reports refused, reports)`` of each record of a group's entries with some of its rows
+    ``refused`` (one flag a row of the group, in order), in order; a chunk's records one by one."""
+    out: list[tuple[Record, int, int]] = []
+    at = 0
+    for verdict, rec in zip(accepted, records, strict=True):
+        ones = zip(verdict.records, itertools.repeat(verdict.per_record)) if isinstance(verdict, ReportsChunk) else None
+        for one, size in ones or [(rec, verdict.reports)]:
+            n = int(np.count_nonzero(refused[at : at + size]))
+            at += size
+            if n:
+                out.append((one, n, size))
+    return out
 
 
 def records_at(records: Sequence[Record], positions: NDArray[np.intp]) -> tuple[Record, ...]:

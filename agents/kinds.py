@@ -24,7 +24,7 @@ from agents.handlers.registry import HANDLERS, handler_of
 from agents.partials import Partial, Shape
 from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.spec import CollectionSpec
-from schemas.wire_columns import SingleReports
+from schemas.wire_columns import RecordColumns
 
 __all__ = [
     "Added",
@@ -110,7 +110,7 @@ class Aggregator:
         return handler.count(handler.own(partial), metric, accepted, pseudonyms, self.olh_range.get(metric.name))
 
 
-def columns_fit(rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+def columns_fit(rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
     """Rows of ``table`` whose payload fits the spec (``None``: all), as :func:`schemas.conformance._check_columns`
     would find them one by one."""
     ok = HANDLERS[rules.metric.kind].columns_fit(rules, table)

@@ -15,14 +15,21 @@ metric and pseudonym, or RAPPOR cohort), never of the message key a sender chose
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from aiokafka.partitioner import murmur2
+from numpy.typing import NDArray
 
 from agents.handlers.registry import HANDLERS
 from agents.validation import Accepted
 from schemas.wire import DEFAULT_SHARDS, partition_key
 
 __all__ = ["Placement"]
+
+
+#: Most shards (RAPPOR cohorts) looked up through a table (one ``murmur2`` each, once); more take ``np.unique``.
+_TABLE_SHARDS = 4096
 
 
 class Placement:
@@ -34,7 +41,11 @@ class Placement:
         self.partitions = partitions
         self.shards = shards
         self._of: dict[tuple[str, int], int] = {}
+        #: Per (metric, partition): ``away[s]`` whether shard ``s`` belongs to another partition.
+        self._away: dict[tuple[str, int], NDArray[np.bool_]] = {}
         self._mask = np.uint64(shards - 1) if shards & (shards - 1) == 0 else None
+        #: Shards in a pseudonym's low byte (a power of two up to 256): read as a uint8 view, little-endian hosts.
+        self._low_byte = self._mask is not None and shards <= 256 and sys.byteorder == "little"
 
     def partition_of(self, metric: str, shard: int) -> int:
         """Kafka's default partitioner on ``partition_key(metric, shard)``."""
@@ -44,9 +55,19 @@ class Placement:
             cached = self._of[(metric, shard)] = (murmur2(key) & 0x7FFFFFFF) % self.partitions
         return cached
 
+    def away(self, metric: str, partition: int, shards: int) -> NDArray[np.bool_]:
+        """Per shard ``s < shards`` (at least): whether reports of shard ``s`` of ``metric`` belong to a partition
+        other than ``partition`` (a table grown on demand, kept per (metric, partition))."""
+        table = self._away.get((metric, partition))
+        if table is None or table.size < shards:
+            size = max(shards, 0 if table is None else 2 * table.size)
+            homes = np.fromiter((self.partition_of(metric, s) for s in range(size)), np.int64, size)
+            table = self._away[(metric, partition)] = homes != partition
+        return table
+
     def misplaced(self, accepted: Accepted, partition: int) -> np.ndarray | None:
         """Mask of the rows of ``accepted`` whose partition is not ``partition``; ``None`` when every row is home (the
-        usual case, checked without an array for a single report)."""
+        usual case, checked without an array for a single report). One table lookup a row: no loop, no sort."""
         if self.partitions == 1:
             return None
         name = accepted.metric.name
@@ -58,16 +79,20 @@ class Placement:
                 home = self.partition_of(name, int(accepted.pseudonyms[0]) % self.shards)
             return None if home == partition else np.ones(1, np.bool_)
         shards: np.ndarray
+        pse = accepted.pseudonyms
         if by is not None:
-            shards = getattr(accepted.columns, by).astype(np.int64)
+            shards = getattr(accepted.columns, by)
+            size = int(shards.max()) + 1
+        elif self._low_byte and pse.dtype == np.uint64 and pse.flags.c_contiguous:
+            shards, size = pse.view(np.uint8)[::8] & np.uint8(self.shards - 1), self.shards
         elif self._mask is not None:  # a power of two: one AND per row
-            shards = accepted.pseudonyms & self._mask
+            shards, size = pse & self._mask, self.shards
         else:
-            shards = accepted.pseudonyms % np.uint64(self.shards)
-        first = int(shards[0])
-        if bool((shards == shards[0]).all()):  # the usual batch: one shard (producers batch by key)
-            return None if self.partition_of(name, first) == partition else np.ones(accepted.reports, np.bool_)
-        unique, inverse = np.unique(shards, return_inverse=True)
-        homes = np.array([self.partition_of(name, int(s)) for s in unique.tolist()], np.int64)
-        wrong = homes[inverse] != partition
+            shards, size = pse % np.uint64(self.shards), self.shards
+        if size > _TABLE_SHARDS:
+            unique, inverse = np.unique(shards, return_inverse=True)
+            homes = np.array([self.partition_of(name, int(s)) for s in unique.tolist()], np.int64)
+            wrong = homes[inverse] != partition
+        else:
+            wrong = self.away(name, partition, size)[shards]
         return wrong if bool(wrong.any()) else None

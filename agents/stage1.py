@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.batch_layout import NO_MARK, BrokerTimes, ReportsChunk, broker_times, chunk_runs, one_per_record, records_at
+from agents.batch_layout import (
+    NO_MARK,
+    BrokerTimes,
+    ReportsChunk,
+    broker_times,
+    chunk_runs,
+    one_per_record,
+    records_at,
+    refused_by_record,
+)
 from agents.kinds import Aggregator, columns_fit, concat
 from agents.partials import Partial
 from agents.placement import Placement
@@ -35,7 +44,7 @@ from agents.stage1_records import DeadLetter, Handover, MarkRecord, Record, part
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
-from schemas.wire_columns import SingleReports, decode_single_reports
+from schemas.wire_columns import RecordColumns, decode_records
 
 
 @dataclass
@@ -133,11 +142,12 @@ class PartitionState:
         Nothing is counted until :meth:`aggregate`; call the two in order, once per batch (a worker overlaps one
         partition's ``prepare`` with another's ``aggregate``).
 
-        The batch is laid out as columns: single-report records are decoded and checked together
-        (:meth:`_fast_rows`), every record's window, mark, lateness and floor come from one pass over the broker
-        times (:func:`agents.batch_layout.broker_times`), and the rows that need no further decision are cut into
-        chunks (:func:`agents.batch_layout.chunk_runs`). Only the other records -- batches, records the columns
-        do not cover, and rows refused here -- are taken one by one, in record order. Both give the verdicts, the
+        The batch is laid out as columns: its records -- single reports and batch messages -- are decoded and
+        checked together (:meth:`_fast_rows`), every record's window, mark, lateness and floor come from one pass
+        over the broker times (:func:`agents.batch_layout.broker_times`), and the records that need no further
+        decision are cut into chunks (:func:`agents.batch_layout.chunk_runs`). Only the other records -- records
+        the columns do not cover, batches with rows of another partition, and records refused here -- are taken
+        one by one, in record order. Both give the verdicts, the
         dead letters (in record order) and the groups of deciding record by record.
         """
         out = BatchResult()
@@ -170,7 +180,8 @@ class PartitionState:
             table = tables[c.table]
             pse, client_times, columns = table.take(c.rows)
             recs = records_at(records, c.positions)
-            chunk = ReportsChunk(self.validator.rules[table.metric].metric, pse, columns, client_times, recs)
+            metric = self.validator.rules[table.metric].metric
+            chunk = ReportsChunk(metric, pse, columns, client_times, recs, table.per_record)
             entries.setdefault((c.metric, c.start), []).append((int(c.positions[0]), chunk, recs[0], c.floor))
         for key, group in sorted(entries.items(), key=lambda kv: min(e[0] for e in kv[1])):
             group.sort(key=lambda e: e[0])
@@ -186,7 +197,7 @@ class PartitionState:
         records: Sequence[Record],
         positions: list[int],
         times: BrokerTimes,
-        tables: list[SingleReports],
+        tables: list[RecordColumns],
         table_of: NDArray[np.intp],
         row_of: NDArray[np.intp],
         wrong: NDArray[np.bool_],
@@ -204,22 +215,21 @@ class PartitionState:
             rec = records[i]
             start, mark = int(starts[i]), int(marks[i])
             t = int(table_of[i])
-            if t >= 0:  # a single report decoded with its table, refused here: placement, late or spec_changed
-                name = tables[t].metric
-                if wrong[i]:
+            if t >= 0:  # a record decoded with its table, refused here: placement, late or spec_changed
+                name, reports = tables[t].metric, tables[t].per_record
+                if wrong[i]:  # a single report (a batch with rows elsewhere is decided alone: not in a table)
                     detail = (
                         f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
                         f"elsewhere): a copy here would count beside the original"
                     )
                     self._reject(out, rec, "wrong_partition", detail, 1)
                 elif mark != NO_MARK and start < mark:
-                    self._reject(
-                        out, rec, "late", f"window {start} closed on partition {partition} (open from {mark})", 1
-                    )
+                    detail = f"window {start} closed on partition {partition} (open from {mark})"
+                    self._reject(out, rec, "late", detail, reports)
                 else:
                     stale = self._stale(changed, name, start)
                     detail = f"window {start} of {name!r} was counted under another spec: {stale}"
-                    self._reject(out, rec, "spec_changed", detail, 1)
+                    self._reject(out, rec, "spec_changed", detail, reports)
                 continue
             verdict: Accepted | Rejection | None = check(rec.value)
             if placement is not None and isinstance(verdict, Accepted):
@@ -242,47 +252,47 @@ class PartitionState:
                 entries.setdefault(key, []).append((i, verdict, rec, int(floors[i])))
                 breaks.setdefault(key, []).append(i)
 
-    #: Fewest single-report records in a batch for the columnar path (below, decoding one by one is as fast).
+    #: Fewest records in a batch for the columnar path (below, decoding one by one is as fast).
     FAST_PATH_MIN_RECORDS = 16
 
     def _fast_rows(
         self, records: Sequence[Record]
-    ) -> tuple[list[SingleReports], NDArray[np.intp], NDArray[np.intp], NDArray[np.bool_]]:
-        """The single-report records of the batch decoded as columns and checked against the spec and the placement
-        rule all at once: the tables, and per record its table (``-1``: decode it alone), its row there, and
-        whether it belongs to another partition.
+    ) -> tuple[list[RecordColumns], NDArray[np.intp], NDArray[np.intp], NDArray[np.bool_]]:
+        """The records of the batch decoded as columns (:func:`schemas.wire_columns.decode_records`) and checked
+        against the spec and the placement rule all at once: the tables, and per record its table (``-1``: decide
+        it alone), its position there, and whether it (a single report) belongs to another partition.
 
-        A table whose metric, fingerprint or kind does not fit the spec, and a row whose payload does not (a
-        category ``>= k``, an OLH value ``>= g``, a bit vector of another length, a cohort ``>= m``), is left to the
-        record-by-record path, which dead-letters it with its exact reason."""
+        A table whose metric, fingerprint or kind does not fit the spec, a record with a row whose payload does not
+        (a category ``>= k``, an OLH value ``>= g``, a bit vector of another length, a cohort ``>= m``) and a batch
+        with rows of another partition are left to the record-by-record path, which dead-letters what it must with
+        its exact reason (a batch's rows elsewhere, and counts the others)."""
         n = len(records)
         table_of = np.full(n, -1, np.intp)
         row_of = np.zeros(n, np.intp)
         wrong = np.zeros(n, np.bool_)
-        tables: list[SingleReports] = []
+        tables: list[RecordColumns] = []
         if n < self.FAST_PATH_MIN_RECORDS:
             return tables, table_of, row_of, wrong
-        decoded, _ = decode_single_reports([rec.value for rec in records])
+        decoded, _ = decode_records([rec.value for rec in records])
         for table in decoded:
             rules = self.validator.rules.get(table.metric)
             if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
                 continue
-            ok = columns_fit(rules, table)
+            ok = columns_fit(rules, table)  # a batch fits if every row does (else it is refused whole)
             if ok is not None:
-                rows = np.flatnonzero(ok)
-                if rows.size == 0:
+                entries = np.flatnonzero(table.per_record_all(ok))
+                if entries.size == 0:
                     continue
-                pse, client_times, columns = table.take(rows)
-                table = SingleReports(
-                    table.metric, table.fingerprint, table.kind, table.records[rows], pse, client_times, columns
-                )
+                table = table.subset(entries)
             table_of[table.records] = len(tables)
-            row_of[table.records] = np.arange(len(table))
+            row_of[table.records] = np.arange(table.records.size)
             if self.placement is not None:
                 whole = Accepted(rules.metric, table.pseudonyms, table.columns, table.client_times)
                 mask = self.placement.misplaced(whole, self.partition)
-                if mask is not None:
+                if mask is not None and table.per_record == 1:
                     wrong[table.records] = mask
+                elif mask is not None:  # a batch with rows of another partition: decided alone (counts the rest)
+                    table_of[table.records[~table.per_record_all(~mask)]] = -1
             tables.append(table)
         return tables, table_of, row_of, wrong
 
@@ -330,16 +340,15 @@ class PartitionState:
         added = self.aggregator.add_bounded(partial, accepted)
         out.counted += added.counted
         self._dirty.add((name, start))
-        refused_any = False
-        for rec, verdict, refused in zip(recs, accepted, added.capacity_refused, strict=False):
-            if refused:
-                detail = (
-                    f"{refused} of {verdict.reports} reports bring keys new to window {start} of {name!r}, "
-                    f"which already holds its {partial.keys_held()} keys on partition {self.partition}"
-                )
-                self._reject(out, rec, "key_capacity", detail, refused)
-                refused_any = True
-        return refused_any
+        if added.capacity_refused is None:
+            return False
+        for rec, refused, size in refused_by_record(accepted, recs, added.capacity_refused):
+            detail = (
+                f"{refused} of {size} reports bring keys new to window {start} of {name!r}, "
+                f"which already holds its {partial.keys_held()} keys on partition {self.partition}"
+            )
+            self._reject(out, rec, "key_capacity", detail, refused)
+        return True
 
     def _stale(self, changed: dict[tuple[str, int], str | None], metric: str, start_ms: int) -> str | None:
         """Why the open partial of (``metric``, window) -- restored from the state topic -- has another kind or

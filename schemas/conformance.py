@@ -59,6 +59,7 @@ CONFORMANCE_REASONS = frozenset(
         "wrong_bit_length",  # OUE / RAPPOR bit vector of the wrong length k
         "category_out_of_range",  # k-RR index >= k
         "hash_value_out_of_range",  # OLH value >= g
+        "hash_seed_out_of_range",  # OLH seed outside the hash family (a·2^32 + b, a, b < 2^31 - 1)
         "cohort_out_of_range",  # RAPPOR cohort >= m
         "key_too_long",  # keyed metric key longer than max_key_bytes
     }

@@ -1,23 +1,27 @@
-"""Many single-report records decoded at once, as columns: the consumer's fast path for one-report messages.
+"""Many records decoded at once, as columns: the consumer's fast path for one-report and batch messages.
 
-A Kafka fetch of one-report messages holds thousands of records with a handful of distinct headers (one per
-metric). :func:`decode_single_reports` groups the records by header and length and parses each group with numpy
--- ``b"".join`` of the values, one ``frombuffer``, one strided view per field -- instead of one Python decode per
-record. It takes exactly the records that :func:`schemas.wire.decode` would accept through its own fast path and
-would decode to the same values:
+A Kafka fetch holds thousands of one-report records, or hundreds of batches, with a handful of distinct headers
+(one per metric). :func:`decode_records` groups the records by header and length and parses each group with
+numpy -- ``b"".join`` of the values, one ``frombuffer`` as a table of one row a message, one strided view per
+field -- instead of one Python decode per record. It takes exactly the records that :func:`schemas.wire.decode`
+would accept through its own fast path and would decode to the same values:
 
 - the header (``_HEADER`` and metric name) was parsed and checked by the general decoder (it is in its header
-  cache: a header not seen yet is parsed from the first record that carries it), version 1, message type REPORT;
-- the payload kind's codec parses a table of equal-length messages (``PayloadCodec.single_rows``): bool,
-  category, local hash and regression payloads of their fixed size; unary and RAPPOR for one bit length ``k`` per
-  group; keyed reports for one key length per group;
-- each row's payload passes the checks of the payload's constructor (the codec says which rows do): a bool byte of
-  0 or 1, a category index below 65535, finite regression floats, ``1 <= k``, zero padding bits after bit ``k``, a
-  key length byte that matches the record's length and an ASCII key.
+  cache: a header not seen yet is parsed from the first record that carries it), version 1;
+- for a single report (message type REPORT), the payload kind's codec parses a table of equal-length messages
+  (``PayloadCodec.single_rows``): bool, category, local hash and regression payloads of their fixed size; unary
+  and RAPPOR for one bit length ``k`` per group; keyed reports for one key length per group;
+- for a batch (message type BATCH), every message of the group holds the same count ``n`` (``1 <= n <=
+  MAX_BATCH_REPORTS``) and its kind's codec parses the columns of all of them (``PayloadCodec.batch_rows``):
+  bool, category, local hash and regression columns, unary and RAPPOR for one ``k`` per group, each ending
+  exactly at the end of its message (keyed batches, whose keys vary in length, take the general decoder);
+- each row passes the checks of the payload's constructor or of the batch's columns (the codec says which rows
+  do): a bool byte of 0 or 1, a category index below 65535, finite regression floats, ``1 <= k``, zero padding
+  bits after bit ``k``, a key length byte that matches the record's length and an ASCII key.
 
-Every other record -- a new header, a batch, a key that is not ASCII, a row that fails a check -- is left to the
-general decoder (``general``), which accepts or rejects it with its reason, so a consumer that uses both gives
-exactly the verdicts of decoding every record alone (property-tested in ``tests/unit/test_stage1_columnar.py``).
+Every other record -- a new header, a key that is not ASCII, a row that fails a check -- is left to the general
+decoder (``general``), which accepts or rejects it with its reason, so a consumer that uses both gives exactly
+the verdicts of decoding every record alone (property-tested in ``tests/unit/test_stage1_columnar.py``).
 """
 
 from __future__ import annotations
@@ -32,37 +36,68 @@ from numpy.typing import NDArray
 from schemas.wire import (
     _HEADERS,
     _LITTLE,
+    MAX_BATCH_REPORTS,
+    MAX_MESSAGE_BYTES,
     BatchColumns,
     PayloadKind,
     WireError,
     decode,
 )
-from schemas.wire.primitives import table_field
+from schemas.wire.primitives import rows_all, table_field
 from schemas.wire.registry import CODEC_OF_COLUMNS, CODECS
 
-__all__ = ["SingleReports", "decode_single_reports"]
+__all__ = ["RecordColumns", "decode_records"]
 
 _COMMON = 12  # pseudonym (uint64) and client_time (uint32)
+_REPORT, _BATCH = 1, 2  # message types (schemas.wire.MessageType)
 
 
 @dataclass(frozen=True, eq=False)
-class SingleReports:
-    """Rows decoded from single-report records of one header: row ``i`` is record ``records[i]`` of the input."""
+class RecordColumns:
+    """The reports of records of one header, as columns: record ``records[j]`` of the input holds the
+    ``per_record`` consecutive rows from ``j * per_record`` (1 for single reports, ``n`` for batches of ``n``)."""
 
     metric: str
     fingerprint: int
     kind: PayloadKind
     records: NDArray[np.intp]
+    per_record: int
     pseudonyms: NDArray[np.uint64]
     client_times: NDArray[np.uint32]
     columns: BatchColumns
 
     def __len__(self) -> int:
-        return int(self.records.shape[0])
+        """The number of reports (rows)."""
+        return int(self.pseudonyms.shape[0])
 
-    def take(self, rows: NDArray[np.intp]) -> tuple[NDArray[np.uint64], NDArray[np.uint32], BatchColumns]:
-        """The pseudonyms, client times and columns of ``rows`` (in that order)."""
+    def rows_of(self, entries: NDArray[np.intp]) -> NDArray[np.intp] | slice:
+        """The rows of the records at positions ``entries`` of :attr:`records` (ascending), in order: a slice
+        when they are consecutive."""
+        first, last, m = int(entries[0]), int(entries[-1]), self.per_record
+        if last - first + 1 == entries.size:
+            return slice(first * m, (last + 1) * m)
+        if m == 1:
+            return entries
+        return (entries[:, None] * m + np.arange(m)).reshape(-1)
+
+    def take(self, entries: NDArray[np.intp]) -> tuple[NDArray[np.uint64], NDArray[np.uint32], BatchColumns]:
+        """The pseudonyms, client times and columns of the records at positions ``entries`` (not empty,
+        ascending) of :attr:`records`."""
+        rows = self.rows_of(entries)
+        if isinstance(rows, slice):
+            return self.pseudonyms[rows], self.client_times[rows], slice_columns(self.columns, rows)
         return self.pseudonyms[rows], self.client_times[rows], take_columns(self.columns, rows)
+
+    def subset(self, entries: NDArray[np.intp]) -> RecordColumns:
+        """The table of the records at positions ``entries`` (not empty, ascending) only."""
+        pse, client_times, columns = self.take(entries)
+        return RecordColumns(
+            self.metric, self.fingerprint, self.kind, self.records[entries], self.per_record, pse, client_times, columns
+        )
+
+    def per_record_all(self, ok: NDArray[np.bool_]) -> NDArray[np.bool_]:
+        """Per record, whether all its rows are ``ok`` (one flag a row)."""
+        return ok if self.per_record == 1 else rows_all(ok, self.per_record)
 
 
 def take_columns(c: BatchColumns, rows: NDArray[np.intp]) -> BatchColumns:
@@ -71,36 +106,53 @@ def take_columns(c: BatchColumns, rows: NDArray[np.intp]) -> BatchColumns:
     return taken
 
 
+def slice_columns(c: BatchColumns, rows: slice) -> BatchColumns:
+    """Columns of the rows in ``rows`` (a slice: views, no copy), by the codec of their kind."""
+    taken: BatchColumns = CODEC_OF_COLUMNS[type(c)].slice(c, rows)
+    return taken
+
+
 def _group(
     head: tuple[int, int, PayloadKind, int, str], at: int, values: list[bytes], index: list[int]
-) -> tuple[SingleReports | None, NDArray[np.intp]]:
-    """Parse one group's rows by its kind's codec; the valid ones as :class:`SingleReports`, the indices of the
-    others (all of them when the kind has no columnar path for this length)."""
+) -> tuple[RecordColumns | None, NDArray[np.intp]]:
+    """Parse one group's records by its kind's codec; the valid ones as :class:`RecordColumns`, the indices of the
+    others (all of them when the kind has no columnar path for these messages)."""
     kind = head[2]
     size = len(values[0])
     table = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), size)
     records = np.asarray(index, np.intp)
-    parsed = CODECS[kind].single_rows(table, at + _COMMON)
+    if head[1] == _REPORT:
+        per_record = 1
+        parsed = CODECS[kind].single_rows(table, at + _COMMON)
+        counts_ok: NDArray[np.bool_] | bool = True
+    else:
+        if size < at + 4:
+            return None, records
+        counts = table_field(table, at, "<u4", 4)
+        per_record = int(counts[0])  # messages of another count are left to the general decoder
+        if not 1 <= per_record <= MAX_BATCH_REPORTS or size < at + 4 + _COMMON * per_record:
+            return None, records
+        counts_ok = counts == per_record
+        at += 4
+        parsed = CODECS[kind].batch_rows(table, at + _COMMON * per_record, per_record)
     if parsed is None:
         return None, records
     columns, ok = parsed
-    pseudonyms = table_field(table, at, "<u8", 8).astype(np.uint64, copy=False)
-    times = table_field(table, at + 8, "<u4", 4).astype(np.uint32, copy=False)
+    ok = np.logical_and(ok, counts_ok)
+    pseudonyms = table_field(table, at, "<u8", 8 * per_record).astype(np.uint64, copy=False)
+    times = table_field(table, at + 8 * per_record, "<u4", 4 * per_record).astype(np.uint32, copy=False)
+    decoded = RecordColumns(head[4], head[3], kind, records, per_record, pseudonyms, times, columns)
     if bool(ok.all()):
-        return SingleReports(head[4], head[3], kind, records, pseudonyms, times, columns), np.empty(0, np.intp)
+        return decoded, np.empty(0, np.intp)
     good = np.flatnonzero(ok)
     rest = records[~ok]
-    if good.size == 0:
-        return None, rest
-    kept = SingleReports(
-        head[4], head[3], kind, records[good], pseudonyms[good], times[good], take_columns(columns, good)
-    )
-    return kept, rest
+    return (decoded.subset(good) if good.size else None), rest
 
 
-def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleReports], list[int]]:
-    """The single-report records among ``values`` decoded as columns, one :class:`SingleReports` per header (rows in
-    input order), and the indices of the records left to the general decoder, in order."""
+def decode_records(values: Sequence[bytes | None]) -> tuple[list[RecordColumns], list[int]]:
+    """The records among ``values`` decoded as columns, one :class:`RecordColumns` per (header, message length;
+    for batches, count), records in input order, and the indices of the records left to the general decoder, in
+    order."""
     general: list[int] = []
     groups: dict[tuple[bytes, int], tuple[list[bytes], list[int]]] = {}
     heads = _HEADERS
@@ -115,7 +167,7 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
             last_group[0].append(v)
             last_group[1].append(i)
             continue
-        if v is None or len(v) <= 9:
+        if v is None or len(v) <= 9 or len(v) > MAX_MESSAGE_BYTES:  # the decoder refuses those before parsing
             general.append(i)
             continue
         prefix = v[: 9 + v[8]]
@@ -128,23 +180,25 @@ def decode_single_reports(values: Sequence[bytes | None]) -> tuple[list[SingleRe
             with contextlib.suppress(WireError):
                 decode(v)
             head = heads.get(prefix)
-        if head is None or head[1] != 1 or head[0] != 1:
+        if head is None or head[0] != 1 or head[1] not in (_REPORT, _BATCH):
             general.append(i)
             continue
+        if head[1] == _BATCH:  # batches by count as well: a bad count in one message leaves only it to the decoder
+            prefix = v[: len(prefix) + 4]
         g = groups.get((prefix, len(v)))
         if g is None:
             g = groups[(prefix, len(v))] = ([], [])
         g[0].append(v)
         g[1].append(i)
         last_prefix, last_size, last_group = prefix, len(v), g
-    out: list[SingleReports] = []
+    out: list[RecordColumns] = []
     for (prefix, _size), (vals, index) in groups.items():
-        head = heads.get(prefix)
+        header = prefix[: 9 + prefix[8]]  # a batch's group prefix holds its count after the header
+        head = heads.get(header)
         if head is None:  # the cache was cleared meanwhile
             general.extend(index)
             continue
-        at = len(prefix)
-        rows, rest = _group(head, at, vals, index)
+        rows, rest = _group(head, len(header), vals, index)
         if rows is not None:
             out.append(rows)
         general.extend(rest.tolist())

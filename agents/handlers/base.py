@@ -19,7 +19,7 @@ from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
-from schemas.wire_columns import SingleReports
+from schemas.wire_columns import RecordColumns
 
 M = TypeVar("M", bound=AnyMetric)
 #: The partial type of a kind (its count layout, :mod:`agents.partials`).
@@ -28,11 +28,11 @@ P = TypeVar("P", bound=Partial)
 
 @dataclass(frozen=True)
 class Added:
-    """What counting a group did: reports counted, and per accepted record (in order) its reports refused for the
-    partial's key capacity (empty: none refused)."""
+    """What counting a group did: reports counted, and which of its reports (one flag a report, in order) the
+    partial's key capacity refused (``None``: none)."""
 
     counted: int
-    capacity_refused: tuple[int, ...] = ()
+    capacity_refused: NDArray[np.bool_] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ class KindHandler(ABC, Generic[M, P]):
             raise StateError(f"{partial.metric}: {type(partial).__name__} is not a {self.partial_type.__name__}")
         return partial
 
-    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
-        """Rows of a table of single reports whose payload fits the spec (``None``: all), as
+    def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
+        """Rows of a table of decoded records whose payload fits the spec (``None``: all), as
         :func:`schemas.conformance._check_columns` would find them one by one."""
         return None
 

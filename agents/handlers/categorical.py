@@ -19,8 +19,8 @@ from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_suppo
 from schemas.conformance import MetricRules, Protocol
 from schemas.releases import Release
 from schemas.spec import CategoricalMetric
-from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns
-from schemas.wire_columns import SingleReports
+from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns, olh_seeds_in_family
+from schemas.wire_columns import RecordColumns
 
 
 class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
@@ -31,12 +31,12 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
     def shape(self, metric: CategoricalMetric) -> Shape:
         return Shape("categorical", categories=metric.k)
 
-    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+    def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
         c = table.columns
         if isinstance(c, CategoryColumns):  # the metric's protocol decides the payload: k-RR, OUE or OLH
             return c.indices < rules.k
         if isinstance(c, LocalHashColumns):
-            return c.values < rules.g
+            return (c.values < rules.g) & olh_seeds_in_family(c.seeds)
         if isinstance(c, UnaryColumns):
             return np.full(len(table), c.k == rules.k)
         return None

@@ -27,7 +27,7 @@ from schemas.conformance import Accepted, MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import KeyedMetric
 from schemas.wire import KeyedColumns
-from schemas.wire_columns import SingleReports
+from schemas.wire_columns import RecordColumns
 
 
 class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
@@ -39,7 +39,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
     def shape(self, metric: KeyedMetric) -> Shape:
         return Shape("keyed")
 
-    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+    def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
         c = cast(KeyedColumns, table.columns)  # one ASCII key length per table (a byte a character)
         return np.full(len(table), len(c.keys[0]) <= rules.max_key_bytes)
 
@@ -70,11 +70,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         refused = admitted & ~ok
         if not refused.any():  # the usual case: the partial had room for every new key
             return Added(int(ok.sum()))
-        per_record, start = [], 0
-        for a in accepted:
-            per_record.append(int(np.count_nonzero(refused[start : start + a.reports])))
-            start += a.reports
-        return Added(int(ok.sum()), tuple(per_record))
+        return Added(int(ok.sum()), refused)
 
     def local_measurement(self, metric: KeyedMetric, protocol: Protocol | None) -> Any:
         """The boolean RR of the value."""

@@ -23,7 +23,7 @@ from schemas.conformance import MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import RapporMetric
 from schemas.wire import RapporColumns
-from schemas.wire_columns import SingleReports
+from schemas.wire_columns import RecordColumns
 
 
 class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
@@ -35,7 +35,7 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
     def shape(self, metric: RapporMetric) -> Shape:
         return Shape("rappor", cohorts=metric.m, bits=metric.bits)
 
-    def columns_fit(self, rules: MetricRules, table: SingleReports) -> NDArray[np.bool_] | None:
+    def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
         c = cast(RapporColumns, table.columns)  # the payload of the metric's kind (checked before)
         return (c.cohorts < rules.m) & (c.k == rules.k)
 

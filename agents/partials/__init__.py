@@ -25,7 +25,7 @@ partials does not depend on how partitions were spread over workers.
 
 from agents.partials.base import CONFLICT_SHAPE, Conflicted, Partial, Sections, Shape, merge, same_counts
 from agents.partials.cells import GRID, CellCounts
-from agents.partials.clients import ClientCounts, argsort_pseudonyms, sort_pseudonyms
+from agents.partials.clients import ClientCounts, argsort_pseudonyms
 from agents.partials.cohorts import CohortCounts
 from agents.partials.dense import DenseCounts
 from agents.partials.keyed import KeyedCounts
@@ -45,5 +45,4 @@ __all__ = [
     "argsort_pseudonyms",
     "merge",
     "same_counts",
-    "sort_pseudonyms",
 ]

@@ -47,7 +47,7 @@ from schemas.wire import primitives as _primitives
 from schemas.wire.codecs.boolean import BoolColumns, BoolPayload
 from schemas.wire.codecs.category import CategoryColumns, CategoryPayload
 from schemas.wire.codecs.keyed import KeyedColumns, KeyedPayload
-from schemas.wire.codecs.local_hash import LocalHashColumns, LocalHashPayload
+from schemas.wire.codecs.local_hash import LocalHashColumns, LocalHashPayload, olh_seeds_in_family
 from schemas.wire.codecs.rappor import RapporColumns, RapporPayload
 from schemas.wire.codecs.regression import RegressionColumns, RegressionPayload
 from schemas.wire.codecs.unary import UnaryColumns, UnaryPayload
@@ -113,6 +113,7 @@ __all__ = [
     "encode_batch",
     "encode_report",
     "encode_rows",
+    "olh_seeds_in_family",
     "partition_key",
     "reports_of",
     "shard_of",

@@ -9,9 +9,10 @@ payloads and columns (header, pseudonyms, client times) and finds the codec of a
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -123,6 +124,13 @@ class PayloadCodec(ABC, Generic[P, C]):
     def take(self, c: C, rows: NDArray[np.int64]) -> C:
         """The columns of the selected ``rows``, in that order."""
 
+    def slice(self, c: C, rows: slice) -> C:
+        """The columns of the rows in ``rows``: every per-row field (an array or a tuple) sliced, views of the
+        arrays, no copy; the other fields (a bit length ``k``) as they are."""
+        values = {f.name: getattr(c, f.name) for f in dataclasses.fields(cast(Any, c))}
+        per_row = {name: v[rows] for name, v in values.items() if isinstance(v, (np.ndarray, tuple))}
+        return cast(C, dataclasses.replace(cast(Any, c), **per_row))
+
     @abstractmethod
     def from_payloads(self, payloads: Sequence[P]) -> C:
         """The columns of ``payloads`` (non-empty, all of this kind)."""
@@ -149,6 +157,14 @@ class PayloadCodec(ABC, Generic[P, C]):
         from byte ``at`` to the end) as columns, and per row whether its payload passes every check of
         :meth:`decode_payload` (a row that does not is left to the general decoder); ``None`` when the kind has
         no columnar path for messages of this length."""
+        return None
+
+    def batch_rows(self, table: NDArray[np.uint8], at: int, n: int) -> tuple[C, NDArray[np.bool_]] | None:
+        """The columns of a table of batch messages of equal length that each hold ``n`` reports (one row a
+        message, its columns from byte ``at`` to the end) as the columns of all ``rows x n`` reports, message by
+        message, and per message whether its columns pass every check of :meth:`decode_columns` and end exactly
+        at the end of the message (a message that does not is left to the general decoder); ``None`` when the
+        kind has no columnar path for these messages."""
         return None
 
     # ---- partitioning

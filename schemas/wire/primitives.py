@@ -112,6 +112,11 @@ def rows_padding_ok(bits: NDArray[np.uint8], k: int) -> NDArray[np.bool_]:
     return ok
 
 
+def rows_all(ok: NDArray[np.bool_], n: int) -> NDArray[np.bool_]:
+    """Per message of ``n`` consecutive rows (a table of batches): whether ``ok`` holds for each of its rows."""
+    return np.asarray(ok.reshape(-1, n).all(axis=1), np.bool_)
+
+
 def largest(a: NDArray[Any]) -> int:
     """``max(a)`` of a non-empty integer column (a single report's one row without a numpy reduction)."""
     return int(a[0]) if a.size == 1 else int(a.max())

@@ -1,8 +1,10 @@
-"""Single-report records decoded together, as columns, give exactly the verdicts of decoding them one by one.
+"""Records decoded together, as columns, give exactly the verdicts of decoding them one by one.
 
-A property test over mixed batches -- valid single reports of every kind, payloads out of the spec's range,
-non-finite floats, wrong fingerprints, unknown metrics, batches, garbage, tombstones, reports of other windows and
-of other partitions, timestamps that close windows mid-batch -- runs one :class:`PartitionState` with the columnar
+A property test over mixed batches -- valid single reports and batch messages of every kind, payloads out of the
+spec's range (in a single report, or in one row of a batch), non-finite floats, padding bits set, wrong
+fingerprints, unknown metrics, garbage, tombstones, reports of other windows and of other partitions (a batch
+with some rows elsewhere), keys refused for a partial's key capacity, timestamps that close windows mid-batch --
+runs one :class:`PartitionState` with the columnar
 path and one without it on the same batches and compares everything they produce: the dead letters (record,
 reason, detail, reports, in order), the reports counted, the partials' counts and the watermark. Hypothesis'
 examples are deterministic (derandomized): no false failures.
@@ -14,6 +16,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,11 +38,12 @@ from schemas.wire import (
     Report,
     ReportBatch,
     UnaryPayload,
+    WireError,
     decode,
     encode_batch,
     encode_report,
 )
-from schemas.wire_columns import decode_single_reports
+from schemas.wire_columns import decode_records
 
 SPEC = parse_spec(
     {
@@ -56,6 +60,8 @@ SPEC = parse_spec(
             {"name": "errors", "kind": "keyed", "keys_per_window": 2, "reports_per_window": 3, "max_key_bytes": 8,
              "value": {"prob": 0.75}, "release": {"scale": 1.0, "threshold": 5}},
             {"name": "lat", "kind": "regression", "x_bounds": [0, 1], "y_bounds": [0, 1], "scale": 1.0},
+            {"name": "tags", "kind": "keyed", "keys_per_window": 2, "reports_per_window": 2, "max_key_bytes": 8,
+             "max_keys_per_partition": 3, "value": {"prob": 0.75}, "release": {"scale": 1.0, "threshold": 5}},
         ],
     }
 )  # fmt: skip
@@ -85,7 +91,16 @@ def _payload(kind: str, v: int) -> Any:
     if kind == "errors":
         # ASCII keys of two lengths, one over max_key_bytes, keys that are not ASCII (left to the general decoder)
         return KeyedPayload(["a", "b", "c", "long-key-x", "ab", "é", "ключ"][v % 7], v % 2 == 0)
+    if kind == "tags":  # more keys than a partial holds (key_capacity)
+        return KeyedPayload(f"t{v % 6}", v % 2 == 0)
     return RegressionPayload(v / 100, 0.5)
+
+
+def _batch(m: str, v: int, pseudonym: int, t: int, n: int, step: int = 64) -> bytes:
+    """A batch of ``n`` reports of ``m`` (one bit length k per batch) from pseudonyms ``step`` apart: 64 keeps them
+    in one shard, as producers batch (the partition of ``pseudonym``), 1 spreads them over partitions."""
+    rows = [Report(m, FP[m], pseudonym + step * j, t, _payload(m, v + 35 * j)) for j in range(n)]
+    return encode_batch(ReportBatch.from_reports(rows))
 
 
 def _value(choice: int, v: int, pseudonym: int, t: int) -> bytes | None:
@@ -121,11 +136,30 @@ def _value(choice: int, v: int, pseudonym: int, t: int) -> bytes | None:
         else:
             raw[-4] = 3
         return bytes(raw)
+    if choice == 16:
+        return encode_report(Report("tags", FP["tags"], pseudonym, t, _payload("tags", v)))
+    if choice in (17, 18):  # a batch of any kind, of 1-4 reports (a few lengths: several tables of one header)
+        m = metrics[v % 8] if v % 8 < 7 else "tags"
+        return _batch(m, v // 8, pseudonym, t, 1 + v % 4, 64 if choice == 17 else 1)
+    if choice == 20:  # an OLH seed outside the hash family, single or in a batch
+        seed = ((1 << 31) - 1 + v % 3) << 32 if v % 2 else (1 << 64) - 1 - v
+        payload = LocalHashPayload(seed, v % 4)
+        if v % 3:
+            return encode_report(Report("page", FP["page"], pseudonym, t, payload))
+        rows = [Report("page", FP["page"], pseudonym + 64 * j, t, payload) for j in range(2)]
+        return encode_batch(ReportBatch.from_reports(rows))
+    if choice == 19:  # a batch with one category out of range, or with padding bits set
+        if v % 2:
+            rows = [Report("theme", FP["theme"], pseudonym + 64 * j, t, CategoryPayload((v + j) % 4)) for j in range(3)]
+            return encode_batch(ReportBatch.from_reports(rows))
+        raw = bytearray(_batch("crashed", v, pseudonym, t, 5))
+        raw[-1] |= 1
+        return bytes(raw)
     return None
 
 
 record = st.tuples(
-    st.integers(0, 15),  # what
+    st.integers(0, 20),  # what
     st.integers(0, 10_000),  # payload variety
     st.sampled_from([3, 9, 11, 14, 23, 25, 0, 1, 2, 7]),  # pseudonym: few (the bounds bind), most at home here
     st.integers(-12, 3),  # client time offset, seconds (other windows now and then)
@@ -187,11 +221,64 @@ def test_most_single_reports_take_the_columnar_path() -> None:
     ]
     values[10] = b"\x01\x01"  # garbage
     values[20] = None
-    tables, general = decode_single_reports(values)
+    tables, general = decode_records(values)
     assert general == [10, 20]
     (table,) = tables
     assert len(table) == 98 and table.records.tolist() == [i for i in range(100) if i not in (10, 20)]
     assert table.pseudonyms.tolist()[:3] == [0, 1, 2] and table.client_times.tolist()[0] == T0
+
+
+def test_most_batches_take_the_columnar_path() -> None:
+    _warm_headers()
+    values = [_batch("theme", i, 100 + i, T0, 3) for i in range(50)]
+    values += [_batch("tab", 7 * i, 200 + i, T0, 2) for i in range(30)]  # one k
+    values[7] = values[7][:-1]  # truncated
+    tables, general = decode_records(list(values))
+    assert general == [7]
+    theme, tab = tables
+    assert (theme.per_record, tab.per_record) == (3, 2)
+    assert theme.records.tolist() == [i for i in range(50) if i != 7] and len(theme) == 3 * 49
+    assert theme.pseudonyms.tolist()[:4] == [100, 164, 228, 101]
+    assert tab.records.tolist() == list(range(50, 80)) and len(tab) == 60
+
+
+def test_messages_over_the_size_limit_are_left_to_the_decoder() -> None:
+    _warm_headers()
+    small = _batch("page", 1, 3, T0, 1)  # a batch header the decoder has seen
+    n = 700_000  # local-hash rows take 24 bytes: 16.8 MB, over the 16 MiB limit
+    big = small[: 9 + small[8]] + n.to_bytes(4, "little") + bytes(24 * n)
+    tables, general = decode_records([small, big])
+    assert general == [1] and [t.records.tolist() for t in tables] == [[0]]
+    with pytest.raises(WireError) as refused:
+        decode(big)
+    assert refused.value.reason == "too_large"
+
+
+def test_olh_seeds_outside_the_hash_family_are_refused() -> None:
+    # a seed a·2^32 + b with a or b >= 2^31 - 1 names no hash of the family: refused on arrival, never counted
+    # (the support counts would fail on it), on both paths
+    home = next(p for p in range(64) if Placement(3).partition_of("page", p) == 0)
+    bad = [(1 << 64) - 1, ((1 << 31) - 1) << 32, (1 << 31) - 1]
+    values = [encode_report(Report("page", FP["page"], home, T0, LocalHashPayload(seed, 1))) for seed in bad]
+    values += [_value(0, v, home, T0) for v in range(20)]
+    records = [SourceRecord(i, T0 * 1000, None, v) for i, v in enumerate(values)]
+    for state in _states():
+        result = state.process(records)
+        assert [(d.record.offset, d.reason) for d in result.dead_letters][:3] == [
+            (0, "hash_seed_out_of_range"),
+            (1, "hash_seed_out_of_range"),
+            (2, "hash_seed_out_of_range"),
+        ]
+    _compare([[(20, v, home, 0, 0) for v in range(20)] + [(17, 8 * v + 2, home, 0, 0) for v in range(10)]])
+
+
+def test_key_capacity_refusals_name_each_record() -> None:
+    # one-report records of many keys in one chunk, then batches of them: the partial holds 3 keys, and each
+    # record refused for the key capacity is dead-lettered itself (not the first record of its chunk)
+    home = [p for p in (9, 14, 0, 7, 3, 11) if Placement(3).partition_of("tags", p) == 0]
+    singles = [(16, v, home[v % len(home)], 0, 0) for v in range(30)]
+    batches = [(17, 8 * v + 7, home[v % len(home)], 0, 0) for v in range(20)]  # tags batches of 1-4 reports
+    _compare([singles, batches])
 
 
 def _compare(batches: list[list[tuple[int, int, int, int, int]]]) -> None:

@@ -22,6 +22,7 @@ from schemas.wire.primitives import (
     json_get,
     packed_bits_json,
     packed_len,
+    rows_padding_ok,
     unpack_bits,
 )
 
@@ -114,6 +115,13 @@ class BoolCodec(PayloadCodec[BoolPayload, BoolColumns]):
             return None
         byte = table[:, at]
         return BoolColumns(byte == 1), byte <= 1
+
+    def batch_rows(self, table: NDArray[np.uint8], at: int, n: int) -> tuple[BoolColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + packed_len(n):
+            return None
+        packed = table[:, at:]
+        bits = np.unpackbits(packed, axis=1, count=n).reshape(-1).view(np.bool_)
+        return BoolColumns(bits), rows_padding_ok(packed, n)
 
     def from_payloads(self, payloads: Sequence[BoolPayload]) -> BoolColumns:
         return BoolColumns(np.fromiter((p.bit for p in payloads), np.bool_, len(payloads)))

@@ -25,6 +25,7 @@ from schemas.wire.primitives import (
     int_array,
     json_get,
     largest,
+    rows_all,
     table_field,
 )
 
@@ -126,6 +127,14 @@ class CategoryCodec(PayloadCodec[CategoryPayload, CategoryColumns]):
             return None
         indices = table_field(table, at, "<u2", 2).astype(np.uint16, copy=False)
         return CategoryColumns(indices), indices < U16
+
+    def batch_rows(
+        self, table: NDArray[np.uint8], at: int, n: int
+    ) -> tuple[CategoryColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 2 * n:
+            return None
+        indices = table_field(table, at, "<u2", 2 * n).astype(np.uint16, copy=False)
+        return CategoryColumns(indices), rows_all(indices < U16, n)
 
     def from_payloads(self, payloads: Sequence[CategoryPayload]) -> CategoryColumns:
         return CategoryColumns(np.fromiter((p.index for p in payloads), np.uint16, len(payloads)))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from mechanisms.local_hashing import HASH_PRIME
 from schemas.kinds import PayloadKind
 from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.primitives import (
@@ -51,6 +52,21 @@ class LocalHashColumns:
 
     seeds: NDArray[np.uint64]
     values: NDArray[np.uint32]
+
+
+def olh_seeds_in_family(seeds: NDArray[np.uint64]) -> NDArray[np.bool_]:
+    """Per seed, whether it names a hash of the family ``H_{a,b}(v) = ((a·v + b) mod P) mod g`` as ``a·2^32 + b``
+    with ``a, b < P = 2^31 - 1`` (:func:`mechanisms.local_hashing.split_seeds`; Bassily and Smith's local hashing,
+    Wang et al., "Locally Differentially Private Protocols for Frequency Estimation", USENIX Security 2017, section
+    4.4, https://www.usenix.org/conference/usenixsecurity17/technical-sessions/presentation/wang-tianhao). A device
+    draws only such seeds; any other would make the server's support counts fail, so it is refused on arrival."""
+    prime = np.uint64(HASH_PRIME)
+    ok: NDArray[np.bool_] = ((seeds >> np.uint64(32)) < prime) & ((seeds & np.uint64(0xFFFFFFFF)) < prime)
+    return ok
+
+
+def _seed_refusal(seed: int) -> Refusal:
+    return "hash_seed_out_of_range", f"OLH seed {seed:#018x} is not a·2^32 + b with a, b < 2^31 - 1"
 
 
 class LocalHashCodec(PayloadCodec[LocalHashPayload, LocalHashColumns]):
@@ -112,11 +128,16 @@ class LocalHashCodec(PayloadCodec[LocalHashPayload, LocalHashColumns]):
     def payload_out_of_spec(self, p: LocalHashPayload, bounds: SpecBounds) -> Refusal | None:
         if p.value >= bounds.g:
             return "hash_value_out_of_range", f"OLH value {p.value} >= g = {bounds.g}"
+        if p.seed >> 32 >= HASH_PRIME or p.seed & 0xFFFFFFFF >= HASH_PRIME:
+            return _seed_refusal(p.seed)
         return None
 
     def columns_out_of_spec(self, c: LocalHashColumns, bounds: SpecBounds) -> Refusal | None:
         if c.values.size and (top := largest(c.values)) >= bounds.g:
             return "hash_value_out_of_range", f"OLH value {top} >= g = {bounds.g}"
+        ok = olh_seeds_in_family(c.seeds)
+        if not bool(ok.all()):
+            return _seed_refusal(int(c.seeds[int(np.argmin(ok))]))
         return None
 
     def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[LocalHashColumns, NDArray[np.bool_]] | None:
@@ -124,6 +145,15 @@ class LocalHashCodec(PayloadCodec[LocalHashPayload, LocalHashColumns]):
             return None
         seeds = table_field(table, at, "<u8", 8).astype(np.uint64, copy=False)
         values = table_field(table, at + 8, "<u4", 4).astype(np.uint32, copy=False)
+        return LocalHashColumns(seeds, values), np.ones(table.shape[0], np.bool_)
+
+    def batch_rows(
+        self, table: NDArray[np.uint8], at: int, n: int
+    ) -> tuple[LocalHashColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 12 * n:
+            return None
+        seeds = table_field(table, at, "<u8", 8 * n).astype(np.uint64, copy=False)
+        values = table_field(table, at + 8 * n, "<u4", 4 * n).astype(np.uint32, copy=False)
         return LocalHashColumns(seeds, values), np.ones(table.shape[0], np.bool_)
 
     def from_payloads(self, payloads: Sequence[LocalHashPayload]) -> LocalHashColumns:

@@ -33,6 +33,7 @@ from schemas.wire.primitives import (
     json_get,
     largest,
     packed_len,
+    rows_all,
     rows_padding_ok,
     table_field,
     unb64,
@@ -141,6 +142,21 @@ class RapporCodec(PayloadCodec[RapporPayload, RapporColumns]):
         ok = (ks == k) & (k >= 1) & (bits.shape[1] == packed_len(k)) & rows_padding_ok(bits, k)
         cohorts = table_field(table, at, "<u2", 2).astype(np.uint16, copy=False)
         return RapporColumns(k, cohorts, bits), ok
+
+    def batch_rows(
+        self, table: NDArray[np.uint8], at: int, n: int
+    ) -> tuple[RapporColumns, NDArray[np.bool_]] | None:
+        # k (from the first message: messages of another k are left to the general decoder), n cohorts, n bit rows
+        if table.shape[1] < at + 2:
+            return None
+        ks = table_field(table, at, "<u2", 2)
+        k = int(ks[0])
+        width = packed_len(k)
+        if k < 1 or table.shape[1] != at + 2 + n * (2 + width):
+            return None
+        cohorts = table_field(table, at + 2, "<u2", 2 * n).astype(np.uint16, copy=False)
+        bits = np.ascontiguousarray(table[:, at + 2 + 2 * n :]).reshape(-1, width)
+        return RapporColumns(k, cohorts, bits), (ks == k) & rows_all(rows_padding_ok(bits, k), n)
 
     def from_payloads(self, payloads: Sequence[RapporPayload]) -> RapporColumns:
         k, bits = bit_rows_of(payloads)

@@ -22,6 +22,7 @@ from schemas.wire.primitives import (
     float_array,
     frozen_array,
     json_get,
+    rows_all,
     table_field,
 )
 
@@ -109,6 +110,15 @@ class RegressionCodec(PayloadCodec[RegressionPayload, RegressionColumns]):
         x = table_field(table, at, "<f8", 8).astype(np.float64, copy=False)
         y = table_field(table, at + 8, "<f8", 8).astype(np.float64, copy=False)
         return RegressionColumns(x, y), np.isfinite(x) & np.isfinite(y)
+
+    def batch_rows(
+        self, table: NDArray[np.uint8], at: int, n: int
+    ) -> tuple[RegressionColumns, NDArray[np.bool_]] | None:
+        if table.shape[1] != at + 16 * n:
+            return None
+        x = table_field(table, at, "<f8", 8 * n).astype(np.float64, copy=False)
+        y = table_field(table, at + 8 * n, "<f8", 8 * n).astype(np.float64, copy=False)
+        return RegressionColumns(x, y), rows_all(np.isfinite(x) & np.isfinite(y), n)
 
     def from_payloads(self, payloads: Sequence[RegressionPayload]) -> RegressionColumns:
         return RegressionColumns(

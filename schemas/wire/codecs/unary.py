@@ -26,6 +26,7 @@ from schemas.wire.primitives import (
     frozen_bit_rows,
     json_get,
     packed_len,
+    rows_all,
     rows_padding_ok,
     table_field,
     unb64,
@@ -122,6 +123,18 @@ class UnaryCodec(PayloadCodec[UnaryPayload, UnaryColumns]):
         bits = np.ascontiguousarray(table[:, at + 2 :])
         ok = (ks == k) & (k >= 1) & (bits.shape[1] == packed_len(k)) & rows_padding_ok(bits, k)
         return UnaryColumns(k, bits), ok
+
+    def batch_rows(self, table: NDArray[np.uint8], at: int, n: int) -> tuple[UnaryColumns, NDArray[np.bool_]] | None:
+        # k (from the first message: messages of another k are left to the general decoder), then n bit rows
+        if table.shape[1] < at + 2:
+            return None
+        ks = table_field(table, at, "<u2", 2)
+        k = int(ks[0])
+        width = packed_len(k)
+        if k < 1 or table.shape[1] != at + 2 + n * width:
+            return None
+        bits = np.ascontiguousarray(table[:, at + 2 :]).reshape(-1, width)
+        return UnaryColumns(k, bits), (ks == k) & rows_all(rows_padding_ok(bits, k), n)
 
     def from_payloads(self, payloads: Sequence[UnaryPayload]) -> UnaryColumns:
         k, bits = bit_rows_of(payloads)
