@@ -11,6 +11,7 @@ partition's partial was near that capacity (propose-test-release, :mod:`mechanis
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
@@ -66,7 +67,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
         ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
         bits = concat([c.bits for c in columns])
-        partial.add_keyed([k for k, keep in zip(keys, ok.tolist(), strict=True) if keep], bits[ok])
+        partial.add_keyed(list(itertools.compress(keys, ok.tolist())), bits[ok])
         refused = admitted & ~ok
         if not refused.any():  # the usual case: the partial had room for every new key
             return Added(int(ok.sum()))

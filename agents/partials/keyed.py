@@ -51,18 +51,29 @@ class KeyedCounts(Partial):
         report per key) and has counted fewer than ``min(keys_per_window, reports_per_window)`` keys
         (Δ0; with one report per key, a client's reports counted equal its keys counted).
         """
-        pse = np.asarray(pseudonyms, dtype=np.uint64).ravel().tolist()
-        ok = np.zeros(len(pse), np.bool_)
+        pse = np.asarray(pseudonyms, dtype=np.uint64).ravel()
+        if pse.size != len(keys):
+            raise ValueError(f"{pse.size} pseudonyms and {len(keys)} keys")
         limit = min(keys_per_window, reports_per_window)
-        for i, (client, key) in enumerate(zip(pse, keys, strict=True)):
-            used = self.client_keys.get(client)
+        if limit < 1:
+            raise ValueError(
+                f"keys_per_window ({keys_per_window}) and reports_per_window ({reports_per_window}) must be >= 1"
+            )
+        client_keys = self.client_keys
+        admitted: list[bool] = []
+        admit = admitted.append
+        for client, key in zip(pse.tolist(), keys, strict=True):
+            used = client_keys.get(client)
             if used is None:
-                used = self.client_keys[client] = set()
-            if key not in used and len(used) < limit:
+                client_keys[client] = {key}
+                admit(True)
+            elif key not in used and len(used) < limit:
                 used.add(key)
-                ok[i] = True
-        self.over_bound += int(len(pse) - ok.sum())
-        return ok
+                admit(True)
+            else:
+                admit(False)
+        self.over_bound += len(admitted) - admitted.count(True)
+        return np.array(admitted, np.bool_)
 
     def fit_key_capacity(self, keys: Sequence[str], admitted: NDArray[np.bool_], capacity: int) -> NDArray[np.bool_]:
         """Mask of the ``admitted`` keyed reports that fit a partial of at most ``capacity`` distinct keys.

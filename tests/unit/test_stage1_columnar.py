@@ -259,7 +259,9 @@ def test_olh_seeds_outside_the_hash_family_are_refused() -> None:
     # (the support counts would fail on it), on both paths
     home = next(p for p in range(64) if Placement(3).partition_of("page", p) == 0)
     bad = [(1 << 64) - 1, ((1 << 31) - 1) << 32, (1 << 31) - 1]
-    values = [encode_report(Report("page", FP["page"], home, T0, LocalHashPayload(seed, 1))) for seed in bad]
+    values: list[bytes | None] = [
+        encode_report(Report("page", FP["page"], home, T0, LocalHashPayload(seed, 1))) for seed in bad
+    ]
     values += [_value(0, v, home, T0) for v in range(20)]
     records = [SourceRecord(i, T0 * 1000, None, v) for i, v in enumerate(values)]
     for state in _states():
