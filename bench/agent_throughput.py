@@ -483,6 +483,30 @@ def stage1_single_cpu(rounds: int = 5) -> dict[str, dict[str, float]]:
     return out
 
 
+def window_growth(clients: int = 1_000_000, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """The contribution bound alone (``ClientCounts.admit``, bound 1) of one window filled with ``clients`` new
+    random pseudonyms in batches of 2,000 (one-report messages) and of 20,000: nanoseconds a report over the first
+    and the last fifth of the window, and seconds in all (best of ``rounds``; ``process_time``)."""
+    gen = np.random.default_rng(20261125)  # bench data only: stands in for the devices' PRF pseudonyms
+    out: dict[str, dict[str, float]] = {}
+    for batch in (2_000, 20_000):
+        data = [gen.integers(0, 1 << 63, batch, dtype=np.uint64) for _ in range(clients // batch)]
+        fifth = len(data) // 5
+        best = {"first_ns": float("inf"), "last_ns": float("inf"), "total_s": float("inf")}
+        for _ in range(rounds):
+            partial = Aggregator(make_spec("growth")).empty("m0", 0)
+            times = []
+            for pse in data:
+                t = time.process_time()
+                partial.admit(pse, 1)
+                times.append(time.process_time() - t)
+            best["first_ns"] = min(best["first_ns"], sum(times[:fifth]) / (fifth * batch) * 1e9)
+            best["last_ns"] = min(best["last_ns"], sum(times[-fifth:]) / (fifth * batch) * 1e9)
+            best["total_s"] = min(best["total_s"], sum(times))
+        out[f"{batch:,}"] = best
+    return out
+
+
 def keyed_messages(n: int, keys: int = 1000) -> list[tuple[bytes, bytes]]:
     """One-report messages of the keyed metric: ``keys`` distinct keys, one report per client."""
     fp = make_spec("fp").metric("k0").fingerprint
@@ -547,6 +571,15 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
                 f"stage 1 without Kafka, {shape} one-report messages ({f['records']:,.0f} records of partition 0), "
                 f"CPU a record: prepare {f['prepare_us_columnar']:.2f} us (one by one: {f['prepare_us_one_by_one']:.2f}"
                 f" us), aggregate {f['aggregate_us_columnar']:.2f} us",
+                flush=True,
+            )
+    if "stage1" in phases:
+        growth = out["stage1_window_growth"] = window_growth()
+        for size, g in growth.items():
+            print(
+                f"stage 1 without Kafka, contribution bound of one window filled to 1,000,000 clients in batches of "
+                f"{size}: {g['first_ns']:.0f} ns a report over its first 200,000, {g['last_ns']:.0f} over its last "
+                f"200,000, {g['total_s']:.2f} s in all",
                 flush=True,
             )
     if "batch" in phases:

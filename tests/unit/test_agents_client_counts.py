@@ -1,9 +1,9 @@
 """Per-client contribution bound (``ClientCounts``): exact against a plain-Python reference (no broker).
 
-The vectorized bound takes different paths -- small batches (``np.sort``), large ones (radix pass on the
-top 16 bits + stable sort), a fast path when every client appears once, a general path with in-batch
-ranks, and three merges of new clients (into an empty window, after every known client, interleaved) --
-so the reference is checked across all of them, over several batches of one window.
+The vectorized bound takes different paths -- a fast path when every client appears once (merged with the
+whole window when the batch is as large as an eighth of it, else looked up run by run), a general path with
+in-batch ranks, runs that keep their counts or leave them implicit, and the merges of the log-structured runs
+-- so the reference is checked across all of them, over several batches of one window.
 """
 
 from __future__ import annotations
@@ -31,16 +31,31 @@ def _reference(batches: list[np.ndarray], bound: int) -> tuple[list[list[bool]],
     return masks, seen
 
 
-def _check(batches: list[np.ndarray], bound: int) -> None:
+def _check(batches: list[np.ndarray], bound: int) -> int:
+    """Compare with the reference; the most sorted runs the window held after a batch."""
     expected, counts = _reference(batches, bound)
     p = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
+    most_runs = 0
     for batch, want in zip(batches, expected, strict=True):
         assert p.admit(batch, bound).tolist() == want
+        most_runs = max(most_runs, p.clients.runs())
     assert p.clients.as_dict() == counts
     assert len(p.clients) == len(counts)
     assert p.over_bound == sum(m.count(False) for m in expected)
     ids = p.clients.ids
     assert ids.dtype == np.uint64 and bool(np.all(ids[1:] > ids[:-1]))  # the store stays sorted and unique
+    return most_runs
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3])
+def test_a_window_of_many_small_batches_stays_exact_across_its_runs(bound: int) -> None:
+    # small batches into a growing window: new clients become small runs that merge into larger ones, known
+    # clients are found in any run, and repeats inside a batch rank against their counts so far
+    rng = np.random.default_rng(10 + bound)
+    pool = rng.integers(0, 1 << 64, 30_000, dtype=np.uint64, endpoint=False)
+    batches = [rng.choice(pool[: 1_000 + 400 * i], 300) for i in range(70)]
+    batches += [pool[:50], pool[29_000:]]  # only known clients, then only new ones
+    assert _check(batches, bound) >= 3
 
 
 @pytest.mark.parametrize("seed", range(6))
