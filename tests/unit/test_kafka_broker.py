@@ -105,6 +105,7 @@ def test_properties_reject_bad_ports(tmp_path: Path, port: int, controller_port:
     )
 )
 @example({"a": "\\n"})  # a backslash then an n: not a newline
+@example({"a": "0\u20280", "b": "x\ry"})  # a line separator str.splitlines would split at; a carriage return
 def test_render_then_parse_roundtrips(props: dict[str, str]) -> None:
     assert parse_properties(render_properties(props)) == props
 
