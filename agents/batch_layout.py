@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,12 +148,16 @@ def chunk_runs(
 @dataclass(frozen=True, eq=False)
 class ReportsChunk(Accepted):
     """Reports of consecutive records of one (metric, window), decoded together: record ``records[j]`` holds the
-    ``per_record`` rows from ``j * per_record`` (one for single reports, ``n`` for batches of ``n``). It stands in a
-    group for all its records (the group's record list holds the first); the rare paths that handle records one by
-    one split it first (:func:`one_per_record`), and dead letters name its records (:func:`refused_by_record`)."""
+    next ``sizes[j]`` rows (``sizes=None``: one row each, single reports). It stands in a group for all its records
+    (the group's record list holds the first); the rare paths that handle records one by one split it first
+    (:func:`one_per_record`), and dead letters name its records (:func:`refused_by_record`)."""
 
     records: tuple[Record, ...] = ()
-    per_record: int = 1
+    sizes: tuple[int, ...] | None = None
+
+    def record_sizes(self) -> Sequence[int]:
+        """Rows of each of :attr:`records`."""
+        return self.sizes if self.sizes is not None else [1] * len(self.records)
 
 
 def one_per_record(
@@ -172,9 +176,10 @@ def one_per_record(
             out_r.append(rec)
             out_f.append(floor)
             continue
-        m = verdict.per_record
-        for j, one in enumerate(verdict.records):
-            row = np.arange(j * m, (j + 1) * m)
+        at = 0
+        for one, size in zip(verdict.records, verdict.record_sizes(), strict=True):
+            row = np.arange(at, at + size)
+            at += size
             out_a.append(
                 Accepted(
                     verdict.metric,
@@ -196,8 +201,11 @@ def refused_by_record(
     out: list[tuple[Record, int, int]] = []
     at = 0
     for verdict, rec in zip(accepted, records, strict=True):
-        ones = zip(verdict.records, itertools.repeat(verdict.per_record)) if isinstance(verdict, ReportsChunk) else None
-        for one, size in ones or [(rec, verdict.reports)]:
+        if isinstance(verdict, ReportsChunk):
+            ones: Iterable[tuple[Record, int]] = zip(verdict.records, verdict.record_sizes(), strict=True)
+        else:
+            ones = [(rec, verdict.reports)]
+        for one, size in ones:
             n = int(np.count_nonzero(refused[at : at + size]))
             at += size
             if n:

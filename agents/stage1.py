@@ -37,14 +37,15 @@ from agents.batch_layout import (
     records_at,
     refused_by_record,
 )
-from agents.kinds import Aggregator, columns_fit, concat
+from agents.kinds import Aggregator, concat
 from agents.partials import Partial
 from agents.placement import Placement
+from agents.stage1_columns import decode_columns
 from agents.stage1_records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
-from schemas.wire_columns import RecordColumns, decode_records
+from schemas.wire_columns import RecordColumns
 
 
 @dataclass
@@ -143,11 +144,11 @@ class PartitionState:
         partition's ``prepare`` with another's ``aggregate``).
 
         The batch is laid out as columns: its records -- single reports and batch messages -- are decoded and
-        checked together (:meth:`_fast_rows`), every record's window, mark, lateness and floor come from one pass
-        over the broker times (:func:`agents.batch_layout.broker_times`), and the records that need no further
-        decision are cut into chunks (:func:`agents.batch_layout.chunk_runs`). Only the other records -- records
-        the columns do not cover, batches with rows of another partition, and records refused here -- are taken
-        one by one, in record order. Both give the verdicts, the
+        checked together (:func:`agents.stage1_columns.decode_columns`), every record's window, mark, lateness
+        and floor come from one pass over the broker times (:func:`agents.batch_layout.broker_times`), and the
+        records that need no further decision are cut into chunks (:func:`agents.batch_layout.chunk_runs`). Only
+        the other records -- records the columns do not cover, batches with rows of another partition, and
+        records refused here -- are taken one by one, in record order. Both give the verdicts, the
         dead letters (in record order) and the groups of deciding record by record.
         """
         out = BatchResult()
@@ -160,7 +161,8 @@ class PartitionState:
         times = broker_times(
             np.fromiter([r.timestamp for r in records], np.int64, n), self.window, self.closed_before_ms
         )
-        tables, table_of, row_of, wrong = self._fast_rows(records)
+        columnar = records if n >= self.FAST_PATH_MIN_RECORDS else []
+        tables, table_of, row_of, wrong = decode_columns(columnar, self.validator, self.placement, self.partition, n)
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
         plain = table_of >= 0
         if tables:
@@ -181,7 +183,8 @@ class PartitionState:
             pse, client_times, columns = table.take(c.rows)
             recs = records_at(records, c.positions)
             metric = self.validator.rules[table.metric].metric
-            chunk = ReportsChunk(metric, pse, columns, client_times, recs, table.per_record)
+            sizes = None if table.one_row_each() else tuple(table.sizes()[c.rows].tolist())
+            chunk = ReportsChunk(metric, pse, columns, client_times, recs, sizes)
             entries.setdefault((c.metric, c.start), []).append((int(c.positions[0]), chunk, recs[0], c.floor))
         for key, group in sorted(entries.items(), key=lambda kv: min(e[0] for e in kv[1])):
             group.sort(key=lambda e: e[0])
@@ -216,7 +219,8 @@ class PartitionState:
             start, mark = int(starts[i]), int(marks[i])
             t = int(table_of[i])
             if t >= 0:  # a record decoded with its table, refused here: placement, late or spec_changed
-                name, reports = tables[t].metric, tables[t].per_record
+                name, offsets = tables[t].metric, tables[t].offsets
+                reports = int(offsets[row_of[i] + 1] - offsets[row_of[i]])
                 if wrong[i]:  # a single report (a batch with rows elsewhere is decided alone: not in a table)
                     detail = (
                         f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
@@ -254,47 +258,6 @@ class PartitionState:
 
     #: Fewest records in a batch for the columnar path (below, decoding one by one is as fast).
     FAST_PATH_MIN_RECORDS = 16
-
-    def _fast_rows(
-        self, records: Sequence[Record]
-    ) -> tuple[list[RecordColumns], NDArray[np.intp], NDArray[np.intp], NDArray[np.bool_]]:
-        """The records of the batch decoded as columns (:func:`schemas.wire_columns.decode_records`) and checked
-        against the spec and the placement rule all at once: the tables, and per record its table (``-1``: decide
-        it alone), its position there, and whether it (a single report) belongs to another partition.
-
-        A table whose metric, fingerprint or kind does not fit the spec, a record with a row whose payload does not
-        (a category ``>= k``, an OLH value ``>= g``, a bit vector of another length, a cohort ``>= m``) and a batch
-        with rows of another partition are left to the record-by-record path, which dead-letters what it must with
-        its exact reason (a batch's rows elsewhere, and counts the others)."""
-        n = len(records)
-        table_of = np.full(n, -1, np.intp)
-        row_of = np.zeros(n, np.intp)
-        wrong = np.zeros(n, np.bool_)
-        tables: list[RecordColumns] = []
-        if n < self.FAST_PATH_MIN_RECORDS:
-            return tables, table_of, row_of, wrong
-        decoded, _ = decode_records([rec.value for rec in records])
-        for table in decoded:
-            rules = self.validator.rules.get(table.metric)
-            if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
-                continue
-            ok = columns_fit(rules, table)  # a batch fits if every row does (else it is refused whole)
-            if ok is not None:
-                entries = np.flatnonzero(table.per_record_all(ok))
-                if entries.size == 0:
-                    continue
-                table = table.subset(entries)
-            table_of[table.records] = len(tables)
-            row_of[table.records] = np.arange(table.records.size)
-            if self.placement is not None:
-                whole = Accepted(rules.metric, table.pseudonyms, table.columns, table.client_times)
-                mask = self.placement.misplaced(whole, self.partition)
-                if mask is not None and table.per_record == 1:
-                    wrong[table.records] = mask
-                elif mask is not None:  # a batch with rows of another partition: decided alone (counts the rest)
-                    table_of[table.records[~table.per_record_all(~mask)]] = -1
-            tables.append(table)
-        return tables, table_of, row_of, wrong
 
     def _misplaced(self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
         """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``); the rest."""

@@ -443,7 +443,7 @@ def stage1_single_cpu(rounds: int = 5) -> dict[str, dict[str, float]]:
     """Stage 1 alone, no Kafka, on one-report messages: microseconds of CPU a record (best of ``rounds``) for the
     per-record half (``PartitionState.prepare``: decode, validate, window -- with the columnar path, and with
     every record decoded alone as before it), and for the numpy half (``aggregate``: bound, count), on the
-    records of partition 0 of the ``single`` and ``keyed`` shapes, in batches of 2,000 (the worker's
+    records of partition 0 of the ``single``, ``keyed`` and ``mixed`` shapes, in batches of 2,000 (the worker's
     ``max_batch``)."""
     spec = make_spec("cpu", size_s=THROUGHPUT_WINDOW_S)
     validator = Validator(spec, resolve_protocols(spec))
@@ -452,7 +452,12 @@ def stage1_single_cpu(rounds: int = 5) -> dict[str, dict[str, float]]:
     window = WindowSpec(THROUGHPUT_WINDOW_S, 1)
     now_ms = int(time.time() * 1000)
     out: dict[str, dict[str, float]] = {}
-    for shape, messages in (("single", single_messages(200_000)), ("keyed", keyed_messages(200_000))):
+    shapes = {
+        "single": single_messages(200_000),
+        "keyed": keyed_messages(200_000),
+        "mixed": mixed_messages(100_000, 100)[0],
+    }
+    for shape, messages in shapes.items():
         home = [
             v
             for _, v in messages

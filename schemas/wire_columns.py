@@ -43,10 +43,10 @@ from schemas.wire import (
     WireError,
     decode,
 )
-from schemas.wire.primitives import rows_all, table_field
+from schemas.wire.primitives import table_field
 from schemas.wire.registry import CODEC_OF_COLUMNS, CODECS
 
-__all__ = ["RecordColumns", "decode_records"]
+__all__ = ["RecordColumns", "decode_records", "merge_tables"]
 
 _COMMON = 12  # pseudonym (uint64) and client_time (uint32)
 _REPORT, _BATCH = 1, 2  # message types (schemas.wire.MessageType)
@@ -54,14 +54,14 @@ _REPORT, _BATCH = 1, 2  # message types (schemas.wire.MessageType)
 
 @dataclass(frozen=True, eq=False)
 class RecordColumns:
-    """The reports of records of one header, as columns: record ``records[j]`` of the input holds the
-    ``per_record`` consecutive rows from ``j * per_record`` (1 for single reports, ``n`` for batches of ``n``)."""
+    """The reports of records of one metric, as columns: record ``records[j]`` of the input holds rows
+    ``offsets[j]`` to ``offsets[j + 1]`` (one row for a single report, ``n`` for a batch of ``n``)."""
 
     metric: str
     fingerprint: int
     kind: PayloadKind
     records: NDArray[np.intp]
-    per_record: int
+    offsets: NDArray[np.intp]
     pseudonyms: NDArray[np.uint64]
     client_times: NDArray[np.uint32]
     columns: BatchColumns
@@ -70,15 +70,23 @@ class RecordColumns:
         """The number of reports (rows)."""
         return int(self.pseudonyms.shape[0])
 
+    def sizes(self) -> NDArray[np.intp]:
+        """Rows per record."""
+        return np.diff(self.offsets)
+
+    def one_row_each(self) -> bool:
+        """Whether every record holds one row (single reports only)."""
+        return int(self.offsets[-1]) == self.records.size
+
     def rows_of(self, entries: NDArray[np.intp]) -> NDArray[np.intp] | slice:
-        """The rows of the records at positions ``entries`` of :attr:`records` (ascending), in order: a slice
-        when they are consecutive."""
-        first, last, m = int(entries[0]), int(entries[-1]), self.per_record
+        """The rows of the records at positions ``entries`` of :attr:`records` (ascending, not empty), in order:
+        a slice when they are consecutive."""
+        first, last = int(entries[0]), int(entries[-1])
         if last - first + 1 == entries.size:
-            return slice(first * m, (last + 1) * m)
-        if m == 1:
+            return slice(int(self.offsets[first]), int(self.offsets[last + 1]))
+        if self.one_row_each():
             return entries
-        return (entries[:, None] * m + np.arange(m)).reshape(-1)
+        return _ranges(self.offsets[entries], self.offsets[entries + 1])
 
     def take(self, entries: NDArray[np.intp]) -> tuple[NDArray[np.uint64], NDArray[np.uint32], BatchColumns]:
         """The pseudonyms, client times and columns of the records at positions ``entries`` (not empty,
@@ -91,13 +99,53 @@ class RecordColumns:
     def subset(self, entries: NDArray[np.intp]) -> RecordColumns:
         """The table of the records at positions ``entries`` (not empty, ascending) only."""
         pse, client_times, columns = self.take(entries)
+        offsets = np.zeros(entries.size + 1, np.intp)
+        np.cumsum(self.offsets[entries + 1] - self.offsets[entries], out=offsets[1:])
         return RecordColumns(
-            self.metric, self.fingerprint, self.kind, self.records[entries], self.per_record, pse, client_times, columns
+            self.metric, self.fingerprint, self.kind, self.records[entries], offsets, pse, client_times, columns
         )
 
     def per_record_all(self, ok: NDArray[np.bool_]) -> NDArray[np.bool_]:
         """Per record, whether all its rows are ``ok`` (one flag a row)."""
-        return ok if self.per_record == 1 else rows_all(ok, self.per_record)
+        if self.one_row_each():
+            return ok
+        return np.asarray(np.logical_and.reduceat(ok, self.offsets[:-1]), np.bool_)
+
+
+def merge_tables(tables: Sequence[RecordColumns]) -> RecordColumns:
+    """One table of the records of ``tables`` (one metric, fingerprint and kind, columns of one shape: the same
+    bit length ``k``), in input order: the tables of a metric's single reports and batches, or of its keyed reports
+    of several key lengths, become one, whose consecutive records are cut into few chunks."""
+    if len(tables) == 1:
+        return tables[0]
+    records = np.concatenate([t.records for t in tables])
+    order = np.argsort(records, kind="stable")
+    base = np.cumsum([0] + [len(t) for t in tables[:-1]])
+    starts = np.concatenate([t.offsets[:-1] + b for t, b in zip(tables, base, strict=True)])[order]
+    ends = np.concatenate([t.offsets[1:] + b for t, b in zip(tables, base, strict=True)])[order]
+    offsets = np.zeros(records.size + 1, np.intp)
+    np.cumsum(ends - starts, out=offsets[1:])
+    rows = _ranges(starts, ends)
+    first = tables[0]
+    columns = CODEC_OF_COLUMNS[type(first.columns)].concat([t.columns for t in tables])
+    return RecordColumns(
+        first.metric,
+        first.fingerprint,
+        first.kind,
+        records[order],
+        offsets,
+        np.concatenate([t.pseudonyms for t in tables])[rows],
+        np.concatenate([t.client_times for t in tables])[rows],
+        take_columns(columns, rows),
+    )
+
+
+def _ranges(starts: NDArray[np.intp], ends: NDArray[np.intp]) -> NDArray[np.intp]:
+    """The concatenation of ``range(starts[i], ends[i])`` over ``i`` (non-empty ranges), without a loop."""
+    sizes = ends - starts
+    at = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
+    out: NDArray[np.intp] = at + np.arange(int(sizes.sum()))
+    return out
 
 
 def take_columns(c: BatchColumns, rows: NDArray[np.intp]) -> BatchColumns:
@@ -141,12 +189,27 @@ def _group(
     ok = np.logical_and(ok, counts_ok)
     pseudonyms = table_field(table, at, "<u8", 8 * per_record).astype(np.uint64, copy=False)
     times = table_field(table, at + 8 * per_record, "<u4", 4 * per_record).astype(np.uint32, copy=False)
-    decoded = RecordColumns(head[4], head[3], kind, records, per_record, pseudonyms, times, columns)
+    offsets = np.arange(0, (records.size + 1) * per_record, per_record, dtype=np.intp)
+    decoded = RecordColumns(head[4], head[3], kind, records, offsets, pseudonyms, times, columns)
     if bool(ok.all()):
         return decoded, np.empty(0, np.intp)
     good = np.flatnonzero(ok)
     rest = records[~ok]
     return (decoded.subset(good) if good.size else None), rest
+
+
+def _join_recent(recent: list[tuple[bytes, int, tuple[list[bytes], list[int]]]], value: bytes, index: int) -> bool:
+    """Add record ``index`` to the first of the ``recent`` groups it belongs to (moved to the front); whether
+    one took it."""
+    size = len(value)
+    for at, (prefix, length, group) in enumerate(recent):
+        if size == length and value.startswith(prefix):
+            group[0].append(value)
+            group[1].append(index)
+            if at:
+                recent.insert(0, recent.pop(at))
+            return True
+    return False
 
 
 def decode_records(values: Sequence[bytes | None]) -> tuple[list[RecordColumns], list[int]]:
@@ -159,13 +222,19 @@ def decode_records(values: Sequence[bytes | None]) -> tuple[list[RecordColumns],
     if not _LITTLE:
         return [], list(range(len(values)))
     primed: set[bytes] = set()
-    # the group of the record before: a stream repeats a header run after run, and a record that starts with the
-    # previous record's header bytes has that header (its name length, byte 8, is among them)
-    last_prefix, last_size, last_group = b"", -1, None
+    # the groups of the last few records: a stream repeats a few headers and lengths (one-report and batch messages
+    # of a metric interleaved, keys of a few lengths), and a record that starts with a group's prefix -- header
+    # bytes (its name length, byte 8, is among them) and a batch's count -- and has its length belongs to it
+    recent: list[tuple[bytes, int, tuple[list[bytes], list[int]]]] = []
+    last_group: tuple[list[bytes], list[int]] = ([], [])
+    last_prefix, last_size = b"", -1  # the record before's group (the commonest hit)
     for i, v in enumerate(values):
-        if last_group is not None and v is not None and len(v) == last_size and v.startswith(last_prefix):
+        if v is not None and len(v) == last_size and v.startswith(last_prefix):
             last_group[0].append(v)
             last_group[1].append(i)
+            continue
+        if v is not None and _join_recent(recent, v, i):
+            last_prefix, last_size, last_group = recent[0]
             continue
         if v is None or len(v) <= 9 or len(v) > MAX_MESSAGE_BYTES:  # the decoder refuses those before parsing
             general.append(i)
@@ -191,6 +260,7 @@ def decode_records(values: Sequence[bytes | None]) -> tuple[list[RecordColumns],
         g[0].append(v)
         g[1].append(i)
         last_prefix, last_size, last_group = prefix, len(v), g
+        recent = [(prefix, len(v), g), *recent[:3]]
     out: list[RecordColumns] = []
     for (prefix, _size), (vals, index) in groups.items():
         header = prefix[: 9 + prefix[8]]  # a batch's group prefix holds its count after the header

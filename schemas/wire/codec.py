@@ -30,6 +30,11 @@ C = TypeVar("C")
 Refusal = tuple[str, str]
 
 
+def _values(c: Any) -> list[Any]:
+    """The field values of a column object, in field order."""
+    return [getattr(c, f.name) for f in dataclasses.fields(c)]
+
+
 class SpecBounds(Protocol):
     """What a collection spec bounds in one metric's payloads (:class:`schemas.conformance.MetricRules` is one):
     ``k`` categories or bits, ``m`` RAPPOR cohorts, ``g`` the OLH hash range, ``max_key_bytes`` of a key."""
@@ -127,9 +132,24 @@ class PayloadCodec(ABC, Generic[P, C]):
     def slice(self, c: C, rows: slice) -> C:
         """The columns of the rows in ``rows``: every per-row field (an array or a tuple) sliced, views of the
         arrays, no copy; the other fields (a bit length ``k``) as they are."""
-        values = {f.name: getattr(c, f.name) for f in dataclasses.fields(cast(Any, c))}
-        per_row = {name: v[rows] for name, v in values.items() if isinstance(v, (np.ndarray, tuple))}
-        return cast(C, dataclasses.replace(cast(Any, c), **per_row))
+        return self._rebuilt(c, [v[rows] if isinstance(v, (np.ndarray, tuple)) else v for v in _values(c)])
+
+    def concat(self, cs: Sequence[C]) -> C:
+        """The rows of ``cs`` one after the other (columns of one shape: the same ``k``)."""
+        fields = list(zip(*(_values(c) for c in cs), strict=True))
+        joined = [
+            np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f, ()) if isinstance(f[0], tuple) else f[0]
+            for f in fields
+        ]
+        return self._rebuilt(cs[0], joined)
+
+    @staticmethod
+    def _rebuilt(c: C, values: list[Any]) -> C:
+        """A column object of ``c``'s type holding ``values`` (its fields, in order)."""
+        out = object.__new__(type(c))
+        for f, v in zip(dataclasses.fields(cast(Any, c)), values, strict=True):
+            object.__setattr__(out, f.name, v)
+        return out
 
     @abstractmethod
     def from_payloads(self, payloads: Sequence[P]) -> C:
