@@ -54,20 +54,16 @@ class ClientCounts:
 
     @property
     def ids(self) -> NDArray[np.uint64]:
-        """Every client's pseudonym, sorted (one array: for inspection, not the hot path)."""
-        if not self._runs:
-            return np.zeros(0, np.uint64)
-        if len(self._runs) == 1:
-            return self._runs[0].ids
-        return np.sort(np.concatenate([r.ids for r in self._runs]))
+        """Every client's pseudonym, sorted (a new array: for inspection, not the hot path)."""
+        return np.sort(np.concatenate([np.zeros(0, np.uint64), *(r.ids for r in self._runs)]))
 
     @property
     def counts(self) -> NDArray[np.int64]:
-        """Reports counted by ``ids[i]``."""
+        """Reports counted by ``ids[i]`` (a new array; the runs keep theirs as they are)."""
         if not self._runs:
             return np.zeros(0, np.int64)
         ids = np.concatenate([r.ids for r in self._runs])
-        counts = np.concatenate([r.materialized() for r in self._runs])
+        counts = np.concatenate([np.ones(r.ids.size, np.int64) if r.counts is None else r.counts for r in self._runs])
         return counts[np.argsort(ids, kind="stable")]
 
     def runs(self) -> int:
@@ -90,6 +86,7 @@ class ClientCounts:
 
     def update(self, uniq: NDArray[np.uint64], totals: NDArray[np.int64]) -> None:
         """Set the counts of sorted unique ``uniq`` to ``totals`` >= 1 (inserting new clients)."""
+        uniq, totals = np.array(uniq, np.uint64), np.array(totals, np.int64)  # the window keeps its own copies
         run_of, at, _ = self.lookup(uniq)
         self._store(uniq, totals, run_of, at)
 
@@ -118,6 +115,7 @@ class ClientCounts:
     def admit(self, pse: NDArray[np.uint64], limit: int) -> NDArray[np.bool_]:
         """Mask of the reports within ``limit`` per client, in order: the ``j``-th report (0-based) of a client
         in this window is admitted iff ``j < limit``. Admitted reports are counted against their client."""
+        pse = np.asarray(pse, np.uint64)  # native byte order
         n = pse.size
         if n == 0:
             return np.zeros(0, np.bool_)

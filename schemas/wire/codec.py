@@ -135,8 +135,11 @@ class PayloadCodec(ABC, Generic[P, C]):
         return self._rebuilt(c, [v[rows] if isinstance(v, (np.ndarray, tuple)) else v for v in _values(c)])
 
     def concat(self, cs: Sequence[C]) -> C:
-        """The rows of ``cs`` one after the other (columns of one shape: the same ``k``)."""
+        """The rows of ``cs`` one after the other (columns of one shape: the same ``k``, else :class:`ValueError`)."""
         fields = list(zip(*(_values(c) for c in cs), strict=True))
+        for f in fields:
+            if not isinstance(f[0], (np.ndarray, tuple)) and any(v != f[0] for v in f):
+                raise ValueError(f"columns of different shapes cannot be joined: {f}")
         joined = [
             np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f, ()) if isinstance(f[0], tuple) else f[0]
             for f in fields

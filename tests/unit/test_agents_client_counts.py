@@ -108,3 +108,17 @@ def test_pseudonym_argsort_equals_numpy() -> None:
         x = rng.integers(0, 1 << 64, n, dtype=np.uint64, endpoint=False)
         x[: n // 3] = x[n // 3 : 2 * (n // 3)]  # repeats, so that stability matters
         assert np.array_equal(argsort_pseudonyms(x), np.argsort(x, kind="stable"))
+
+
+def test_reading_the_window_changes_nothing_and_shares_nothing() -> None:
+    p = DenseCounts.empty("crashed", Shape("bool", categories=2), 0)
+    batch = np.array([5, 9, 7], np.uint64)
+    p.admit(batch, 2)
+    batch[:] = 0  # the caller's buffer is reused: the window kept its own copy
+    ids, counts = p.clients.ids, p.clients.counts
+    ids[:] = 1
+    counts[:] = 9
+    assert p.clients.as_dict() == {5: 1, 7: 1, 9: 1}
+    big_endian = np.array([9, 11], ">u8")
+    assert p.admit(big_endian, 2).tolist() == [True, True]
+    assert p.clients.as_dict() == {5: 1, 7: 1, 9: 2, 11: 1}

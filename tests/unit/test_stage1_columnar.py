@@ -43,6 +43,7 @@ from schemas.wire import (
     encode_batch,
     encode_report,
 )
+from schemas.wire.registry import CODEC_OF_COLUMNS
 from schemas.wire_columns import decode_records
 
 SPEC = parse_spec(
@@ -240,6 +241,15 @@ def test_most_batches_take_the_columnar_path() -> None:
     assert theme.records.tolist() == [i for i in range(50) if i != 7] and len(theme) == 3 * 49
     assert theme.pseudonyms.tolist()[:4] == [100, 164, 228, 101]
     assert tab.records.tolist() == list(range(50, 80)) and len(tab) == 60
+
+
+def test_columns_of_different_bit_lengths_are_never_joined() -> None:
+    eleven = ReportBatch.from_reports([Report("tab", FP["tab"], 1, T0, UnaryPayload(11, _packed(11)))])
+    twelve = ReportBatch.from_reports([Report("tab", FP["tab"], 2, T0, UnaryPayload(12, _packed(12)))])
+    codec = CODEC_OF_COLUMNS[type(eleven.columns)]
+    assert codec.concat([eleven.columns, eleven.columns]).bits.shape == (2, 2)
+    with pytest.raises(ValueError, match="different shapes"):
+        codec.concat([eleven.columns, twelve.columns])
 
 
 def test_messages_over_the_size_limit_are_left_to_the_decoder() -> None:
