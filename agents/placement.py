@@ -15,8 +15,6 @@ metric and pseudonym, or RAPPOR cohort), never of the message key a sender chose
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 from aiokafka.partitioner import murmur2
 from numpy.typing import NDArray
@@ -44,8 +42,6 @@ class Placement:
         #: Per (metric, partition): ``away[s]`` whether shard ``s`` belongs to another partition.
         self._away: dict[tuple[str, int], NDArray[np.bool_]] = {}
         self._mask = np.uint64(shards - 1) if shards & (shards - 1) == 0 else None
-        #: Shards in a pseudonym's low byte (a power of two up to 256): read as a uint8 view, little-endian hosts.
-        self._low_byte = self._mask is not None and shards <= 256 and sys.byteorder == "little"
 
     def partition_of(self, metric: str, shard: int) -> int:
         """Kafka's default partitioner on ``partition_key(metric, shard)``."""
@@ -83,8 +79,6 @@ class Placement:
         if by is not None:
             shards = getattr(accepted.columns, by)
             size = int(shards.max()) + 1
-        elif self._low_byte and pse.dtype == np.uint64 and pse.flags.c_contiguous:
-            shards, size = pse.view(np.uint8)[::8] & np.uint8(self.shards - 1), self.shards
         elif self._mask is not None:  # a power of two: one AND per row
             shards, size = pse & self._mask, self.shards
         else:
