@@ -6,6 +6,8 @@ path                            returns
 ==============================  =================================================================================
 ``/dashboard/``                 the page (``static/dashboard.html``; no data in it)
 ``/dashboard/{asset}``          its script and style sheet (``static/``, shipped as package data; nothing else)
+``/dashboard/vendor/{asset}``   the charting library it draws with (Observable Plot on d3, ``static/vendor/``:
+                                the npm distributions, unmodified; versions and sha256 in its ``MANIFEST.json``)
 ``/api/overview/``              every metric of the spec: newest release, its age, status (on time, late, refused)
 ``/api/stream/``                ``text/event-stream``: one ``snapshot`` event (the overview and every metric's
                                 retained history), then one ``release`` event per change of the release tables
@@ -57,13 +59,17 @@ ASSETS = {
     "dashboard.html": "text/html",
     "dashboard.js": "text/javascript",
     "dashboard.css": "text/css",
+    "vendor/d3.min.js": "text/javascript",
+    "vendor/plot.umd.min.js": "text/javascript",
 }
 #: Events a stream may fall behind before it is closed.
 QUEUE_LIMIT = 1000
 #: A comment line is sent this often on an idle stream (keeps proxies from closing it).
 KEEPALIVE_S = 15.0
-#: A metric is late when its newest window ended more than this many windows (plus the grace) ago: the next
-#: window's release is overdue (stage 2 releases a window once the grace and the idle timeout have passed).
+#: A metric's next release is overdue when its newest window ended more than this many windows (plus the grace)
+#: ago (stage 2 releases a window once the grace and the idle timeout have passed): it is *late* if another metric
+#: of the spec released a window that much newer, else the whole spec is *idle* (no reports since, or the worker
+#: stopped: e.g. after the last window of a finished run).
 LATE_AFTER_WINDOWS = 2
 
 
@@ -80,21 +86,32 @@ def _budget(spec: CollectionSpec, metric: Any) -> dict[str, Any] | None:
     return None if budget is None else budget.model_dump(mode="json")
 
 
-def metric_status(spec: CollectionSpec, summary: Mapping[str, Any] | None, now_ms: int) -> str:
-    """``"no release yet"``, ``"refused"`` (the newest release was refused), ``"late"`` (the next window's release
-    is overdue: the newest window ended more than :data:`LATE_AFTER_WINDOWS` windows plus the grace ago) or
-    ``"on time"``."""
+def metric_status(
+    spec: CollectionSpec, summary: Mapping[str, Any] | None, now_ms: int, spec_newest_end_ms: int | None = None
+) -> str:
+    """``"no release yet"``, ``"refused"`` (the newest release was refused), ``"on time"``, or, once the next
+    window's release is overdue (the newest window ended more than ``slack`` = :data:`LATE_AFTER_WINDOWS` windows
+    plus the grace ago): ``"late"`` when another metric of the spec released a window ending more than ``slack``
+    after this one's (``spec_newest_end_ms``: the newest window end over the spec's metrics), else ``"idle"`` --
+    no metric has a newer window, so no reports came (the run is over) or the worker stopped. Mirrored by
+    ``statusOf`` in ``static/dashboard.js``."""
     if summary is None:
         return "no release yet"
     if summary.get("refused"):
         return "refused"
-    due = int(summary["window_end_ms"]) + (LATE_AFTER_WINDOWS * spec.window.size_s + spec.window.grace_s) * 1000
-    return "late" if now_ms > due else "on time"
+    end = int(summary["window_end_ms"])
+    slack = (LATE_AFTER_WINDOWS * spec.window.size_s + spec.window.grace_s) * 1000
+    if now_ms <= end + slack:
+        return "on time"
+    newest = end if spec_newest_end_ms is None else max(end, spec_newest_end_ms)
+    return "late" if newest - end > slack else "idle"
 
 
 def overview(spec: CollectionSpec, latest: Mapping[str, Any], now_ms: int | None = None) -> dict[str, Any]:
     """The ``/api/overview/`` document from the ``latest_release`` mapping, at ``now_ms`` (default: now)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
+    ends = [int(s["window_end_ms"]) for s in latest.values() if s is not None]
+    newest = max(ends) if ends else None
     metrics = []
     for m in spec.metrics:
         summary = latest.get(m.name)
@@ -104,7 +121,7 @@ def overview(spec: CollectionSpec, latest: Mapping[str, Any], now_ms: int | None
                 "kind": m.kind,
                 "description": m.description,
                 "budget": _budget(spec, m),
-                "status": metric_status(spec, summary, now),
+                "status": metric_status(spec, summary, now, newest),
                 "age_s": None if summary is None else max(0.0, (now - int(summary["window_end_ms"])) / 1000),
                 "latest": summary,
             }

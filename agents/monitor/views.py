@@ -182,6 +182,11 @@ def register_views(
     app.page("/api/stream/", name="stream")(guarded(stream))
     app.page("/dashboard/", name="dashboard")(page)
     app.page("/dashboard/{asset}", name="dashboard-asset")(asset_view)
+
+    async def vendor_view(view: Any, request: Any, asset: str) -> Any:
+        return await asset_view(view, request, f"vendor/{asset}")
+
+    app.page("/dashboard/vendor/{asset}", name="dashboard-vendor")(vendor_view)
     app.page("/api/metrics/{metric}/latest/", name="metric-latest")(guarded(metric_latest))
     app.page("/api/metrics/{metric}/history/", name="metric-history")(guarded(metric_history))
     app.page("/api/dead-letters/", name="dead-letters")(guarded(dead_letters, operator=True))

@@ -1,6 +1,9 @@
 """The dashboard of ``ptel monitor`` in headless Chromium, fed by a real agents worker on the real broker: the page
 loads without console errors and shows every metric of the demo spec, new releases are drawn within 2 s of their
-commit, a refused release shows as refused, and a screenshot is written to the test's temporary folder.
+commit, a refused release shows as refused, the windows after the devices' round (no reports) show as "no data",
+no text of a chart overlaps another, the charts fill their cards, a window picker offers the retained windows, and
+a screenshot is written to the test's temporary folder. (The same layout checks on a fixed finished run, with the
+cases that made the old dashboard wrong: ``test_dashboard_layout.py``.)
 
 Fails (never skips) with what to install when Chromium or Playwright is missing (``make setup`` installs both)."""
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.integration.dashboard_checks import empty_window_problems, picker_problems, text_problems, width_problems
 from tests.integration.dashboard_support import browser, demo_pipeline, open_dashboard, release_delays
 
 #: The issue's bound: a committed release is on the page within 2 s.
@@ -66,6 +70,21 @@ async def test_dashboard_shows_live_releases_in_a_real_browser(kafka_bootstrap: 
         assert await card.locator("svg.privacy .refused-mark").count() >= 1
         status = tab.locator(f"#overview-table tr[data-metric='{CROWDED['name']}'] .status")
         assert await status.inner_text() == "refused"
+
+        # after the devices' single round the windows are empty: "no data", a gap over time, never 0 bars
+        for metric, series in {"theme": 4, "crashed_today": 1}.items():
+            history = await tab.evaluate(f"fetch('/api/metrics/{metric}/history/').then((r) => r.json())")
+            with_data = sum(1 for r in history["releases"] if r["n"])
+            assert history["releases"][-1]["n"] == 0, history["releases"][-1]
+            await tab.wait_for_function(
+                "([m, k]) => document.querySelector(`section.metric[data-metric='${m}'] select.window-picker`)"
+                ".options.length > k",
+                arg=[metric, len(history["releases"])],
+            )
+            assert await empty_window_problems(tab, metric, series, with_data) == []
+            assert await picker_problems(tab, metric, len(history["releases"])) == []
+        assert await text_problems(tab) == []
+        assert await width_problems(tab) == []
 
         shot = tmp_path / "dashboard.png"
         await tab.screenshot(path=str(shot), full_page=True)

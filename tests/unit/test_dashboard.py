@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from aiohttp import ClientSession, web
@@ -46,15 +47,29 @@ def _release(start: int, refused: str | None = None) -> Release:
     return monitor_release(start=start).model_copy(update=update)
 
 
-def test_status_is_on_time_then_late_and_refused_wins() -> None:
+def test_status_is_on_time_then_late_or_idle_and_refused_wins() -> None:
     spec = _spec()
     summary = release_summary(_release(0), 0)
     due = S + (dashboard.LATE_AFTER_WINDOWS * S) + 2_000  # window end + two windows + the grace
     assert dashboard.metric_status(spec, None, 0) == "no release yet"
     assert dashboard.metric_status(spec, summary, due) == "on time"
-    assert dashboard.metric_status(spec, summary, due + 1) == "late"
+    # overdue: late when another metric of the spec is that far ahead, idle when none is (the run is over)
+    assert dashboard.metric_status(spec, summary, due + 1, spec_newest_end_ms=due + 1) == "late"
+    assert dashboard.metric_status(spec, summary, due + 1, spec_newest_end_ms=due) == "idle"
+    assert dashboard.metric_status(spec, summary, due + 1) == "idle"
     refused = release_summary(_release(0, refused="budget exhausted: x"), 1)
     assert dashboard.metric_status(spec, refused, S) == "refused"
+
+
+def test_overview_after_the_last_window_of_a_finished_run_says_idle_not_late() -> None:
+    spec = _spec()
+    latest = {"crashed": release_summary(_release(S), 4), "theme": release_summary(_release(S), 5)}
+    latest["theme"]["metric"] = "theme"
+    done = dashboard.overview(spec, latest, now_ms=3_600_000)
+    assert [m["status"] for m in done["metrics"]] == ["idle", "idle"]
+    latest["crashed"] = release_summary(_release(10 * S), 6)  # crashed goes on, theme stopped: theme is late
+    behind = dashboard.overview(spec, latest, now_ms=11 * S + 1)
+    assert [m["status"] for m in behind["metrics"]] == ["on time", "late"]
 
 
 def test_overview_lists_every_metric_with_age_budget_and_status() -> None:
@@ -146,12 +161,30 @@ async def test_stream_sends_the_snapshot_then_each_release_as_it_is_published() 
         assert events == [("snapshot", {"snapshot": True}), ("release", {"key": "crashed|0"})]
 
 
+#: The only URLs the served files may contain: XML namespace names (identifiers, never fetched) and d3's
+#: copyright line. Anything else could be a request to a CDN or another host.
+ALLOWED_URLS = {
+    b"http://www.w3.org/2000/svg",
+    b"http://www.w3.org/1999/xhtml",
+    b"http://www.w3.org/1999/xlink",
+    b"http://www.w3.org/2000/xmlns/",
+    b"http://www.w3.org/XML/1998/namespace",
+    b"https://d3js.org",
+}
+
+
 def test_assets_are_the_packaged_files_and_nothing_else() -> None:
     html = dashboard.asset("dashboard.html")
     assert html is not None and html[1] == "text/html" and b"/dashboard/dashboard.js" in html[0]
     for name in dashboard.ASSETS:
         found = dashboard.asset(name)
         assert found is not None and found[0]
-        assert b"http://" not in found[0].replace(b"http://www.w3.org/2000/svg", b"")  # no CDN, nothing remote
-        assert b"https://" not in found[0]
+        urls = set(re.findall(rb"https?://[A-Za-z0-9./_-]*", found[0]))
+        assert urls <= ALLOWED_URLS, (name, urls - ALLOWED_URLS)  # no CDN, nothing remote
     assert dashboard.asset("../app.py") is None and dashboard.asset("dashboard.py") is None
+    assert dashboard.asset("vendor/../dashboard.py") is None and dashboard.asset("vendor/MANIFEST.json") is None
+
+
+def test_the_asset_url_check_catches_a_cdn() -> None:
+    page = b'<script src="https://cdn.jsdelivr.net/npm/@observablehq/plot@0.6"></script>'
+    assert set(re.findall(rb"https?://[A-Za-z0-9./_-]*", page)) - ALLOWED_URLS

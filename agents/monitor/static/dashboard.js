@@ -1,12 +1,17 @@
 // The live dashboard of `ptel monitor`: reads /api/stream/ (server-sent events: one snapshot, then one event per
-// release-table change) and draws every metric as SVG. No library, no network access beyond the monitor itself.
-// Everything shown is a field of a release record (or the monitor's operator views, when allowed).
+// release-table change) and draws every metric with Observable Plot (vendor/plot.umd.min.js on vendor/d3.min.js,
+// served by the monitor itself: no network access beyond it). Everything shown is a field of a release record (or
+// the monitor's operator views, when allowed).
 "use strict";
+/* global Plot, d3 */
 
-const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457"];
-const TOP = 5; // series drawn per categorical, RAPPOR or keyed metric
-const state = { spec: null, window: null, metrics: [], history: {}, latest: {}, token: "" };
+const TOP = 5; // series drawn over time per categorical, RAPPOR or keyed metric
+const PANEL_ROWS = 20; // rows of the chosen window's panel
+const LATE_AFTER_WINDOWS = 2; // agents/monitor/dashboard.py: LATE_AFTER_WINDOWS
+const COUNT_KINDS = new Set(["categorical", "rappor", "keyed"]);
+const NOUN = { categorical: "categories", rappor: "candidates", keyed: "keys" };
+const state = { spec: null, window: null, metrics: [], history: {}, latest: {}, token: "", pick: {} };
 // For tests and benchmarks: release key -> Date.now() when it was drawn, and whether the snapshot was drawn.
 window.__ptel = { drawn: {}, ready: false, events: 0 };
 
@@ -19,12 +24,7 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function svgEl(tag, attrs, text) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
+// ---------------------------------------------------------------------------------------------- text
 
 const dateFormat = new Intl.DateTimeFormat(undefined, {
   year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit",
@@ -35,6 +35,15 @@ const clockFormat = new Intl.DateTimeFormat(undefined, {
 });
 const when = (ms) => dateFormat.format(new Date(ms));
 const clock = (ms) => clockFormat.format(new Date(ms));
+
+// This browser's time zone, as the axes name it: "Europe/Berlin, GMT+1" (every time on the page is local).
+const ZONE = (() => {
+  const name = Intl.DateTimeFormat().resolvedOptions().timeZone || "local";
+  const offset = new Intl.DateTimeFormat("en", { timeZoneName: "shortOffset" }).formatToParts(new Date())
+    .find((p) => p.type === "timeZoneName");
+  return offset && offset.value !== name && !/^(UTC|GMT|Etc\/)/.test(name) ? `${name}, ${offset.value}` : name;
+})();
+const TIME_LABEL = `window start (${ZONE})`;
 
 function num(x) {
   if (x === null || x === undefined) return "–";
@@ -87,23 +96,66 @@ function ledgerText(rel) {
   return `${spent} / ${num(budget)}${share}${delta} ${unitText(rel)}`;
 }
 
+// ---------------------------------------------------------------------------------------------- what a release says
+
+// Whether a release covers a window without reports: its explicit `no_data` field when the release carries one,
+// else `n == 0` where n is published (local kinds). A central release without the field cannot say (false).
+function noData(rel) {
+  if (!rel || rel.refused) return false;
+  if (typeof rel.no_data === "boolean") return rel.no_data;
+  return rel.n === 0;
+}
+
 function nText(rel) {
   if (!rel) return "–";
+  if (noData(rel)) return rel.n === 0 ? "0 (no data)" : "no data";
   return rel.n === null || rel.n === undefined ? "not published (central DP)" : String(rel.n);
 }
 
-function statusBadge(status) {
-  return el("span", { class: `status s-${status.replace(/ /g, "-")}` }, status);
+function estimateOf(rel, label) {
+  return (rel.estimates || []).find((e) => e.label === label) || null;
+}
+
+// Where a kind's estimates live: counts are at least 0 (a negative estimate is noise around a small count, drawn at
+// 0 and said so), a fraction within [0, 1], regression coefficients anywhere.
+function clampOf(kind) {
+  if (COUNT_KINDS.has(kind)) return (v) => (v === null || v === undefined ? v : Math.max(0, v));
+  if (kind === "bool") return (v) => (v === null || v === undefined ? v : Math.min(1, Math.max(0, v)));
+  return (v) => v;
+}
+
+function axisLabel(kind, rel) {
+  if (kind === "bool") return "fraction of clients reporting true";
+  if (kind === "regression") return "coefficient (y per unit of x; intercept in y)";
+  if (kind === "keyed") return "estimated reports per key";
+  return `estimated reports per ${kind === "rappor" ? "candidate" : "category"}`;
 }
 
 // ---------------------------------------------------------------------------------------------- status
 
+// "on time"; "late" (this metric's next release is overdue while other metrics of the spec released newer
+// windows); "idle" (no metric has a newer window: no reports came since, or the worker stopped -- e.g. after the
+// last window of a finished run); "refused"; "no release yet". Mirrors agents/monitor/dashboard.py: metric_status.
 function statusOf(rel, nowMs) {
   if (!rel) return "no release yet";
   if (rel.refused) return "refused";
   const w = state.window;
-  const due = rel.window_end_ms + (2 * w.size_s + w.grace_s) * 1000; // agents/monitor/dashboard.py: metric_status
-  return nowMs > due ? "late" : "on time";
+  const slack = (LATE_AFTER_WINDOWS * w.size_s + w.grace_s) * 1000;
+  if (nowMs <= rel.window_end_ms + slack) return "on time";
+  const newest = Math.max(...Object.values(state.latest).map((r) => r.window_end_ms));
+  return newest - rel.window_end_ms > slack ? "late" : "idle";
+}
+
+const STATUS_TITLE = {
+  "on time": "the newest window was released within two windows and the grace of its end",
+  late: "overdue: other metrics of this spec released newer windows",
+  idle: "no metric of this spec released a newer window: no reports since, or the worker stopped",
+  refused: "the newest release was refused: nothing was released for that window",
+  "no release yet": "no release of this metric yet",
+};
+
+function statusBadge(status) {
+  return el("span", { class: `status s-${status.replace(/ /g, "-")}`, title: STATUS_TITLE[status] || "" }, status);
 }
 
 // ---------------------------------------------------------------------------------------------- overview
@@ -126,273 +178,325 @@ function renderOverview() {
   }));
 }
 
-// ---------------------------------------------------------------------------------------------- charts
+// ---------------------------------------------------------------------------------------------- series
 
-function scale(d0, d1, r0, r1) {
-  if (!(d1 > d0)) { d1 = d0 + 1; }
-  return (v) => r0 + ((v - d0) / (d1 - d0)) * (r1 - r0);
-}
-
-function ticks(lo, hi, count) {
-  const out = [];
-  for (let i = 0; i <= count; i++) out.push(lo + ((hi - lo) * i) / count);
-  return out;
-}
-
-// Time series over windows: one line per series with its confidence band; refused windows shaded; points that
-// are "not released" (keyed: below the threshold) or "not detected" (RAPPOR) drawn in a strip below the axis,
-// never at zero.
-function seriesChart(rels, series, yLabel) {
-  const W = 460, H = 210, L = 52, R = 10, T = 10, B = 58;
-  const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "series" });
-  const values = [];
-  for (const s of series) for (const p of s.points) if (p && p.value !== null) values.push(p.lo ?? p.value, p.hi ?? p.value, p.value);
-  let lo = Math.min(0, ...values), hi = Math.max(...values, lo + 1e-9);
-  if (!values.length) { lo = 0; hi = 1; }
-  const x = scale(0, Math.max(1, rels.length - 1), L, W - R);
-  const y = scale(lo, hi, H - B, T);
-  for (const t of ticks(lo, hi, 4)) {
-    svg.append(svgEl("line", { x1: L, x2: W - R, y1: y(t), y2: y(t), class: "grid" }));
-    svg.append(svgEl("text", { x: L - 4, y: y(t) + 3, "text-anchor": "end" }, num(t)));
+// The labels drawn over time: bool's fraction, regression's coefficients, else the TOP largest estimates of the
+// chosen window (of the newest window with data when it has none; keyed: the keys with the largest total over the
+// retained windows). Returns [labels, how many there were to choose from].
+function seriesLabels(kind, rels, chosen) {
+  if (kind === "bool") return [["true_fraction"], 1, ""];
+  if (kind === "regression") return [["slope", "intercept"], 2, ""];
+  const usable = rels.filter((r) => !r.refused && !noData(r));
+  if (kind === "keyed") {
+    const seen = new Map();
+    for (const r of usable) for (const e of r.estimates || []) seen.set(e.label, (seen.get(e.label) || 0) + Math.abs(e.value));
+    const top = [...seen.entries()].sort((a, b) => b[1] - a[1]).slice(0, TOP).map(([k]) => k);
+    return [top, seen.size, "by total over the retained windows"];
   }
-  rels.forEach((r, i) => {
-    if (r.refused) {
-      const w = Math.max(6, (W - L - R) / Math.max(rels.length, 2));
-      const x0 = Math.max(L, x(i) - w / 2), x1 = Math.min(W - R, x(i) + w / 2);
-      svg.append(svgEl("rect", { x: x0, y: T, width: x1 - x0, height: H - B - T, class: "refused-col" }));
-      svg.append(svgEl("text", { x: x(i), y: T + 10, "text-anchor": "middle", class: "refused-label", fill: "#9b1c1c" }, "refused"));
-    }
-  });
-  svg.append(svgEl("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
-  svg.append(svgEl("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
-  const stride = Math.max(1, Math.ceil(rels.length / 6));
-  rels.forEach((r, i) => {
-    if (i % stride === 0 || i === rels.length - 1) {
-      svg.append(svgEl("text", { x: x(i), y: H - B + 12, "text-anchor": "middle" }, clock(r.window_start_ms)));
-    }
-  });
-  svg.append(svgEl("text", { x: 4, y: T + 2, transform: `rotate(90 4 ${T + 2})` }, yLabel));
-  const strip = H - B + 26;
-  let stripUsed = false;
-  series.forEach((s, si) => {
-    const color = COLORS[si % COLORS.length];
-    let band = [], line = [];
-    const flush = () => {
-      if (band.length > 1) {
-        const top = band.map(([i, , h]) => `${x(i)},${y(h)}`);
-        const bottom = band.slice().reverse().map(([i, l]) => `${x(i)},${y(l)}`);
-        svg.append(svgEl("polygon", { points: top.concat(bottom).join(" "), fill: color, opacity: 0.15 }));
-      }
-      if (line.length > 1) {
-        svg.append(svgEl("polyline", { points: line.map(([i, v]) => `${x(i)},${y(v)}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.5 }));
-      }
-      band = []; line = [];
-    };
-    s.points.forEach((p, i) => {
-      if (!p || p.value === null) {
-        flush();
-        if (p && p.state) {
-          stripUsed = true;
-          svg.append(svgEl("text", { x: x(i), y: strip + 4 + 9 * si, "text-anchor": "middle", fill: color, class: "nr" }, "∅"));
-        }
-        return;
-      }
-      line.push([i, p.value]);
-      if (p.lo !== null && p.hi !== null && p.lo !== undefined) band.push([i, p.lo, p.hi]);
-      const hollow = p.state === "not detected";
-      svg.append(svgEl("circle", { cx: x(i), cy: y(p.value), r: 2.6, fill: hollow ? "#fff" : color, stroke: color }));
-    });
-    flush();
-  });
-  if (stripUsed) {
-    svg.append(svgEl("text", { x: L - 4, y: strip + 4, "text-anchor": "end", class: "nr" }, "∅ not released"));
-  }
-  return svg;
+  const own = chosen && !chosen.refused && !noData(chosen);
+  const base = own ? chosen : usable[usable.length - 1];
+  if (!base) return [[], 0, ""];
+  const ests = base.estimates || [];
+  const top = ests.slice().sort((a, b) => b.value - a.value).slice(0, TOP).map((e) => e.label);
+  return [top, ests.length, `by estimate in ${own ? "the chosen window" : "the newest window with data"}`];
 }
 
-// The newest release's estimates as horizontal bars with their intervals; keys/candidates without an estimate
-// in this window are listed as "not released" / "not detected", with no bar.
-function histogramChart(rows, confidence) {
-  const rowH = rows.length > 20 ? 9 : 16;
-  const L = 150, R = 70, T = 14, W = 460;
-  const H = T + rowH * Math.max(rows.length, 1) + 24;
-  const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "histogram" });
+function legendText(kind, labels, total, basis, banded) {
+  const bands = banded ? (labels.length > 1 ? "; bands: their intervals." : "; band: its interval.")
+    : " (the mechanism gives no interval).";
+  if (kind === "bool") return `Line: estimated fraction of clients reporting true${bands}`;
+  if (kind === "regression") return `Lines: the fitted slope and intercept${bands}`;
+  if (kind === "keyed" && !total) return "No key was released in the retained windows (each stayed below the noisy threshold).";
+  const noun = NOUN[kind];
+  const shown = labels.length === total ? `all ${total} ${noun}` : `the ${labels.length} largest of ${total} ${noun} (${basis})`;
+  return `Lines: ${shown}${bands}`;
+}
+
+const dayFormat = new Intl.DateTimeFormat(undefined, { year: "numeric", month: "2-digit", day: "2-digit" });
+
+// The time axis over the retained windows: round ticks (d3's time intervals: every 10 s, 1 min, 1 h...), one per
+// 110 px at most, as 24-hour clock times; the date under the first tick and wherever the day changes.
+function timeAxis(rels, width) {
+  const lo = rels[0].window_start_ms, hi = rels[rels.length - 1].window_end_ms;
+  const domain = [new Date(lo), new Date(Math.max(hi, lo + 1000))];
+  const ticks = d3.scaleTime().domain(domain).ticks(Math.max(2, Math.floor((width - 80) / 110)));
+  const label = (d, i) => {
+    const day = dayFormat.format(d);
+    return i === 0 || day !== dayFormat.format(ticks[i - 1]) ? `${clock(d)}\n${day}` : clock(d);
+  };
+  return { type: "time", domain, ticks, tickFormat: (d) => label(d, ticks.findIndex((t) => +t === +d)), label: TIME_LABEL, labelAnchor: "right", labelOffset: 38 };
+}
+
+// Shaded windows: refused (pink) and without reports (grey); lines break there.
+function windowMarks(rels) {
+  const spans = (pick) => rels.filter(pick).map((r) => ({ x1: new Date(r.window_start_ms), x2: new Date(r.window_end_ms) }));
+  return [
+    Plot.rect(spans((r) => noData(r)), { x1: "x1", x2: "x2", fill: "#e3e6ea", className: "no-data-window" }),
+    Plot.rect(spans((r) => r.refused), { x1: "x1", x2: "x2", fill: "#fbd6d6", className: "refused-window" }),
+  ];
+}
+
+function seriesChart(m, rels, chosen, width) {
+  const [labels, total, basis] = seriesLabels(m.kind, rels, chosen);
+  const clamp = clampOf(m.kind);
+  const points = [];
+  for (const r of rels) {
+    if (r.refused) continue;
+    const empty = noData(r);
+    for (const label of labels) {
+      const e = empty ? null : estimateOf(r, label);
+      const t = new Date((r.window_start_ms + r.window_end_ms) / 2);
+      if (!e) { points.push({ t, series: label, y: NaN, lo: NaN, hi: NaN }); continue; } // a gap in the line
+      const lo = e.ci_low ?? NaN, hi = e.ci_high ?? NaN;
+      points.push({
+        t, series: label, value: e.value, y: clamp(e.value), lo: clamp(lo), hi: clamp(hi),
+        clipped: clamp(e.value) !== e.value, faint: m.kind === "rappor" && e.significant === false,
+      });
+    }
+  }
+  const drawn = points.filter((p) => !Number.isNaN(p.y));
+  const banded = drawn.some((p) => !Number.isNaN(p.lo) && !Number.isNaN(p.hi));
+  const legend = legendText(m.kind, labels, total, basis, banded || !drawn.length);
+  const y = m.kind === "regression" ? { grid: true, nice: true, label: axisLabel(m.kind) }
+    : { grid: true, nice: true, domain: [0, m.kind === "bool" ? 1 : Math.max(1, ...drawn.map((p) => (Number.isNaN(p.hi) ? p.y : p.hi)))], label: axisLabel(m.kind) };
+  const plot = Plot.plot({
+    className: "series",
+    width,
+    height: 240,
+    marginLeft: 56,
+    marginBottom: 40,
+    ariaLabel: `${m.metric}: estimates over the retained windows`,
+    ariaDescription: legend,
+    x: timeAxis(rels, width),
+    y,
+    color: { domain: labels, range: COLORS, legend: labels.length > 1 },
+    marks: [
+      ...windowMarks(rels),
+      Plot.ruleY(m.kind === "regression" ? [0] : [], { stroke: "#9aa3af" }),
+      Plot.areaY(points, { x: "t", y1: "lo", y2: "hi", z: "series", fill: "series", fillOpacity: labels.length > 2 ? 0.08 : 0.15, clip: true }),
+      Plot.lineY(points, { x: "t", y: "y", z: "series", stroke: "series", strokeWidth: 1.5 }),
+      Plot.dot(drawn, {
+        x: "t", y: "y", stroke: "series", r: 2.6,
+        fill: (p) => (p.clipped ? "#fff" : p.series), fillOpacity: (p) => (p.faint ? 0.3 : 1),
+        title: (p) => `${p.series}: ${num(p.value)}${p.clipped ? " (below 0: noise, drawn at 0)" : ""}`,
+      }),
+    ],
+  });
+  const notes = ["grey: window without reports (no data, not zero)", "pink: refused"];
+  if (m.kind === "keyed") notes.push("a gap in a key's line: not released in that window (below the noisy threshold: unknown, not zero)");
+  if (COUNT_KINDS.has(m.kind)) notes.push("hollow dot at 0: estimate below 0 (noise around a small count), drawn at 0");
+  if (m.kind === "rappor") notes.push("faint dot: candidate not detected");
+  return el("figure", { class: "chart series-chart" },
+    el("p", { class: "legend-text" }, legend),
+    plot,
+    el("figcaption", {}, `Estimates over the retained windows with their ${Math.round(100 * chosen.confidence)} % intervals; ${notes.join("; ")}.`));
+}
+
+// ---------------------------------------------------------------------------------------------- chosen window
+
+function panelRows(kind, rel, rels) {
+  if (kind === "bool") {
+    const e = estimateOf(rel, "true_fraction") || estimateOf(rel, "true");
+    return [e ? [{ label: "true", value: e.value, lo: e.ci_low, hi: e.ci_high }] : [], 1];
+  }
+  let rows = (rel.estimates || []).map((e) => ({
+    label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high, faint: kind === "rappor" && e.significant === false,
+  }));
+  const total = rows.length;
+  if (kind !== "regression" && (kind !== "categorical" || rows.length > PANEL_ROWS)) rows.sort((a, b) => b.value - a.value);
+  rows = rows.slice(0, PANEL_ROWS);
+  if (kind === "keyed") {
+    const here = new Set((rel.estimates || []).map((e) => e.label));
+    const elsewhere = new Set();
+    for (const r of rels) for (const e of r.estimates || []) if (!here.has(e.label)) elsewhere.add(e.label);
+    rows = rows.concat([...elsewhere].sort().slice(0, 10).map((k) => ({ label: k, value: null, note: "not released here (below the threshold)" })));
+  }
+  return [rows, total];
+}
+
+function shortLabel(label) {
+  return label.length > 28 ? `…${label.slice(-27)}` : label;
+}
+
+function panelChart(m, rel, rels, width) {
+  const [rows, total] = panelRows(m.kind, rel, rels);
   const drawn = rows.filter((r) => r.value !== null);
-  const vals = drawn.flatMap((r) => [r.lo ?? r.value, r.hi ?? r.value, r.value]);
-  const lo = Math.min(0, ...vals), hi = Math.max(1e-9, ...vals);
-  const x = scale(lo, hi, L, W - R);
-  for (const t of ticks(lo, hi, 4)) {
-    svg.append(svgEl("line", { x1: x(t), x2: x(t), y1: T - 4, y2: H - 20, class: "grid" }));
-    svg.append(svgEl("text", { x: x(t), y: H - 8, "text-anchor": "middle" }, num(t)));
+  const clamp = clampOf(m.kind);
+  const count = COUNT_KINDS.has(m.kind);
+  let what;
+  if (m.kind === "bool") what = "Bar: fraction of clients reporting true";
+  else if (m.kind === "regression") what = "Dots: the fitted coefficients";
+  else what = `Bars: ${drawn.length === total ? `all ${total}` : `the ${drawn.length} largest of ${total}`} ${NOUN[m.kind]} released in this window`;
+  const banded = drawn.some((r) => r.lo !== null && r.lo !== undefined && r.hi !== null && r.hi !== undefined);
+  const legend = `${what}${banded ? `; lines: ${Math.round(100 * rel.confidence)} % intervals.` : " (the mechanism gives no interval)."}`;
+  if (!drawn.length) {
+    const why = m.kind === "keyed" ? "no key above the threshold in this window" : "no estimate in this release";
+    return el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, why));
   }
-  svg.append(svgEl("line", { x1: x(0), x2: x(0), y1: T - 4, y2: H - 20, class: "axis" }));
-  rows.forEach((r, i) => {
-    const cy = T + rowH * i + rowH / 2;
-    const label = svgEl("text", { x: L - 6, y: cy + 3, "text-anchor": "end" }, r.label.length > 26 ? `…${r.label.slice(-25)}` : r.label);
-    label.append(svgEl("title", {}, r.label));
-    svg.append(label);
-    if (r.value === null) {
-      svg.append(svgEl("text", { x: x(0) + 4, y: cy + 3, class: "nr" }, r.state));
-      return;
-    }
-    const grey = r.state === "not detected";
-    const x0 = x(Math.min(0, r.value)), x1 = x(Math.max(0, r.value));
-    svg.append(svgEl("rect", { x: x0, y: cy - rowH * 0.35, width: Math.max(1, x1 - x0), height: rowH * 0.7, fill: grey ? "#cfd4db" : "#90caf9" }));
-    if (r.lo !== null && r.lo !== undefined && r.hi !== null && r.hi !== undefined) {
-      svg.append(svgEl("line", { x1: x(r.lo), x2: x(r.hi), y1: cy, y2: cy, stroke: "#0d47a1", "stroke-width": 1.2 }));
-      svg.append(svgEl("line", { x1: x(r.lo), x2: x(r.lo), y1: cy - 3, y2: cy + 3, stroke: "#0d47a1" }));
-      svg.append(svgEl("line", { x1: x(r.hi), x2: x(r.hi), y1: cy - 3, y2: cy + 3, stroke: "#0d47a1" }));
-    }
-    svg.append(svgEl("text", { x: W - R + 4, y: cy + 3, class: grey ? "nr" : "" }, grey ? `${num(r.value)} (not detected)` : num(r.value)));
+  const data = rows.map((r) => ({
+    ...r, x: r.value === null ? null : clamp(r.value), xlo: clamp(r.lo), xhi: clamp(r.hi),
+    text: r.value === null ? r.note : `${num(r.value)}${clamp(r.value) !== r.value ? " (below 0, drawn at 0)" : ""}`,
+  }));
+  const longest = Math.max(...rows.map((r) => shortLabel(r.label).length));
+  const bars = m.kind === "regression"
+    ? Plot.dot(data.filter((r) => r.x !== null), { x: "x", y: "label", fill: "#1565c0", r: 3.5 })
+    : Plot.barX(data.filter((r) => r.x !== null), { x1: 0, x2: "x", y: "label", fill: (r) => (r.faint ? "#cfd4db" : "#90caf9"), insetTop: 2, insetBottom: 2 });
+  const values = data.flatMap((r) => [r.x, r.xhi]).filter((v) => v !== null && v !== undefined && !Number.isNaN(v));
+  const x = m.kind === "regression" ? { nice: true, grid: true, label: "coefficient" }
+    : { nice: true, grid: true, domain: [0, m.kind === "bool" ? 1 : Math.max(1, ...values)], label: axisLabel(m.kind) };
+  const plot = Plot.plot({
+    className: "histogram",
+    width,
+    height: 46 + 20 * rows.length,
+    marginLeft: Math.min(220, 12 + 6.6 * longest),
+    marginRight: 150,
+    ariaLabel: `${m.metric}: estimates of the window starting ${when(rel.window_start_ms)}`,
+    ariaDescription: legend,
+    x: { ...x, labelAnchor: "right" },
+    y: { domain: data.map((r) => r.label), label: null, tickFormat: shortLabel },
+    marks: [
+      Plot.ruleX(m.kind === "regression" ? [0] : [], { stroke: "#9aa3af" }),
+      bars,
+      Plot.ruleY(data.filter((r) => r.xlo !== null && r.xlo !== undefined && r.xhi !== null && r.xhi !== undefined),
+        { y: "label", x1: "xlo", x2: "xhi", stroke: "#0d47a1", strokeWidth: 1.3, clip: true }),
+      Plot.text(data, {
+        y: "label", x: (r) => (r.value === null ? (m.kind === "regression" ? Math.min(0, ...values) : 0) : Math.max(r.x, r.xhi ?? r.x)),
+        text: "text", textAnchor: "start", dx: 5, fill: (r) => (r.value === null ? "#8a93a0" : "#333"),
+        className: "value-label",
+      }),
+    ],
   });
-  svg.append(svgEl("text", { x: L, y: 9 }, `estimate with ${Math.round(100 * confidence)} % interval`));
-  if (!rows.length) svg.append(svgEl("text", { x: L, y: T + 12, class: "nr" }, "nothing released in this window (no key above the threshold)"));
-  return svg;
+  const caption = count && data.some((r) => r.x !== null && r.x !== r.value) ? " Estimates below 0 are noise around a small count: drawn at 0, their value printed." : "";
+  return el("figure", { class: "chart window-panel" },
+    el("p", { class: "legend-text" }, legend), plot,
+    el("figcaption", {}, `Window ${when(rel.window_start_ms)} → ${clock(rel.window_end_ms)}.${caption}`));
 }
 
-// ε (or ρ) per release as bars, the ledger's running total over the horizon as a line, the budget dashed;
-// refused releases marked ✕.
-function privacyChart(rels) {
-  const W = 460, H = 170, L = 52, R = 10, T = 10, B = 30;
-  const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "privacy" });
+// ---------------------------------------------------------------------------------------------- privacy
+
+// ε (or ρ) per release as bars, the ledger's running total over the horizon as a line, the budget as a dashed
+// rule (or, when it is far above the spending, as a note: a rule at 64 would flatten a spend of 5); ✕ refused.
+function privacyChart(m, rels, latest, width) {
   const rho = rels.some((r) => r.ledger && r.ledger.spent_rho !== null && r.ledger.spent_rho !== undefined);
-  const spent = rels.map((r) => (r.ledger ? (rho ? r.ledger.spent_rho : r.ledger.spent_epsilon) : null));
+  const sym = rho ? "ρ" : "ε";
+  const rows = rels.map((r) => ({
+    x1: new Date(r.window_start_ms), x2: new Date(r.window_end_ms), t: new Date((r.window_start_ms + r.window_end_ms) / 2),
+    loss: r.refused ? null : releaseLoss(r),
+    spent: r.ledger ? (rho ? r.ledger.spent_rho : r.ledger.spent_epsilon) ?? null : null,
+    refused: Boolean(r.refused),
+  }));
   const budgets = rels.map((r) => (r.ledger ? (rho ? r.ledger.budget_rho : r.ledger.budget_epsilon) : null)).filter((b) => b !== null && b !== undefined);
   const budget = budgets.length ? budgets[budgets.length - 1] : null;
-  const losses = rels.map((r) => (r.refused ? null : releaseLoss(r)));
-  const hi = Math.max(1e-9, ...spent.filter((v) => v !== null && v !== undefined), ...losses.filter((v) => v !== null), budget ?? 0);
-  const x = scale(-0.5, Math.max(rels.length - 0.5, 0.5), L, W - R);
-  const y = scale(0, hi * 1.05, H - B, T);
-  for (const t of ticks(0, hi, 4)) {
-    svg.append(svgEl("line", { x1: L, x2: W - R, y1: y(t), y2: y(t), class: "grid" }));
-    svg.append(svgEl("text", { x: L - 4, y: y(t) + 3, "text-anchor": "end" }, num(t)));
-  }
-  const bw = Math.max(1.5, ((W - L - R) / Math.max(rels.length, 1)) * 0.6);
-  rels.forEach((r, i) => {
-    if (r.refused) {
-      svg.append(svgEl("text", { x: x(i), y: H - B - 2, "text-anchor": "middle", fill: "#c62828", class: "refused-mark" }, "✕"));
-    } else if (losses[i] !== null) {
-      svg.append(svgEl("rect", { x: x(i) - bw / 2, y: y(losses[i]), width: bw, height: H - B - y(losses[i]), fill: "#b0bec5" }));
-    }
+  const top = Math.max(1e-9, ...rows.flatMap((r) => [r.loss, r.spent]).filter((v) => v !== null && v !== undefined));
+  const budgetShown = budget !== null && budget <= 4 * top;
+  const local = m.kind !== "regression" && m.kind !== "keyed";
+  const losses = rows.map((r) => r.loss).filter((v) => v !== null);
+  const range = !losses.length ? "" : Math.min(...losses) === Math.max(...losses) ? ` (${num(losses[0])} each)`
+    : ` (${num(Math.min(...losses))} to ${num(Math.max(...losses))})`;
+  const what = `Bars: ${local ? "local" : "central"} ${sym} of each release${range}; line: the ledger's total over the horizon` +
+    (budget === null ? "; no budget in the spec." : budgetShown ? `; dashed: the spec's budget ${sym} = ${num(budget)}.`
+      : `; the spec's budget ${sym} = ${num(budget)} is off the chart (${(100 * top / budget).toFixed(0)} % of it used).`);
+  const plot = Plot.plot({
+    className: "privacy",
+    width,
+    height: 210,
+    marginLeft: 56,
+    marginBottom: 40,
+    ariaLabel: `${m.metric}: privacy spent ${unitText(latest)}`,
+    ariaDescription: what,
+    x: timeAxis(rels, width),
+    y: { grid: true, nice: true, domain: [0, budgetShown ? Math.max(budget, top) : top], label: `${sym} ${unitText(latest)}` },
+    marks: [
+      Plot.rectY(rows.filter((r) => r.loss !== null), { x1: "x1", x2: "x2", y: "loss", fill: "#78909c", insetLeft: 0.5, insetRight: 0.5 }),
+      Plot.lineY(rows.filter((r) => r.spent !== null), { x: "t", y: "spent", stroke: "#6a1b9a", strokeWidth: 1.5 }),
+      Plot.ruleY(budgetShown ? [budget] : [], { stroke: "#c62828", strokeDasharray: "5 3", strokeWidth: 1.5 }),
+      Plot.text(rows.filter((r) => r.refused), { x: "t", y: 0, text: () => "✕", fill: "#c62828", dy: -6, className: "refused-mark" }),
+    ],
   });
-  const pts = spent.map((v, i) => (v === null || v === undefined ? null : `${x(i)},${y(v)}`)).filter((p) => p);
-  if (pts.length) svg.append(svgEl("polyline", { points: pts.join(" "), fill: "none", stroke: "#6a1b9a", "stroke-width": 1.5 }));
-  if (budget !== null) {
-    svg.append(svgEl("line", { x1: L, x2: W - R, y1: y(budget), y2: y(budget), class: "budget" }));
-    svg.append(svgEl("text", { x: W - R, y: y(budget) - 3, "text-anchor": "end", fill: "#c62828" }, `budget ${rho ? "ρ" : "ε"}=${num(budget)}`));
-  }
-  svg.append(svgEl("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
-  const stride = Math.max(1, Math.ceil(rels.length / 6));
-  rels.forEach((r, i) => {
-    if (i % stride === 0 || i === rels.length - 1) svg.append(svgEl("text", { x: x(i), y: H - B + 12, "text-anchor": "middle" }, clock(r.window_start_ms)));
-  });
-  return svg;
-}
-
-function legend(items) {
-  return el("div", { class: "legend" }, ...items.map(([color, text]) => el("span", {}, el("i", { style: `background:${color}` }), text)));
+  return el("figure", { class: "chart privacy-chart" }, el("p", { class: "legend-text" }, what), plot,
+    el("figcaption", {}, `Privacy spent ${unitText(latest)}; ✕: refused (nothing spent).`));
 }
 
 // ---------------------------------------------------------------------------------------------- per metric
 
-function estimateOf(rel, label) {
-  return (rel.estimates || []).find((e) => e.label === label) || null;
+function chosenRelease(name, rels) {
+  const key = state.pick[name];
+  const picked = key ? rels.find((r) => r.key === key) : null;
+  if (key && !picked) delete state.pick[name]; // out of the retention: follow the newest again
+  return picked || state.latest[name] || rels[rels.length - 1] || null;
 }
 
-// The labels drawn over time: bool's fraction, regression's coefficients, else the TOP largest of the newest
-// non-refused release (keyed: of every retained release, the keys released most often).
-function seriesLabels(kind, rels) {
-  if (kind === "bool") return ["true_fraction"];
-  if (kind === "regression") return ["slope", "intercept"];
-  const released = rels.filter((r) => !r.refused);
-  if (kind === "keyed") {
-    const seen = new Map();
-    for (const r of released) for (const e of r.estimates || []) seen.set(e.label, (seen.get(e.label) || 0) + Math.abs(e.value));
-    return [...seen.entries()].sort((a, b) => b[1] - a[1]).slice(0, TOP).map(([k]) => k);
+function windowPicker(m, rels, chosen) {
+  const select = el("select", { class: "window-picker", "data-metric": m.metric, "aria-label": `window of ${m.metric} to show` });
+  select.append(el("option", { value: "" }, "newest (follows new releases)"));
+  for (const r of rels.slice().reverse()) {
+    const marks = [noData(r) ? "no data" : null, r.refused ? "refused" : null].filter((x) => x);
+    select.append(el("option", { value: r.key }, `${when(r.window_start_ms)} → ${clock(r.window_end_ms)}${marks.length ? ` · ${marks.join(", ")}` : ""}`));
   }
-  const newest = released[released.length - 1];
-  if (!newest) return [];
-  return (newest.estimates || []).slice().sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, TOP).map((e) => e.label);
+  select.value = state.pick[m.metric] && chosen ? chosen.key : "";
+  select.addEventListener("change", () => {
+    if (select.value) state.pick[m.metric] = select.value; else delete state.pick[m.metric];
+    renderMetricNamed(m.metric);
+  });
+  return el("label", { class: "picker" }, "window ", select);
 }
 
-function pointOf(kind, rel, label) {
-  if (rel.refused) return null;
-  const e = estimateOf(rel, label);
-  if (!e) return kind === "keyed" ? { value: null, state: "not released" } : null;
-  const state = kind === "rappor" && e.significant === false ? "not detected" : "ok";
-  return { value: e.value, lo: e.ci_low, hi: e.ci_high, state };
-}
-
-function histogramRows(kind, rel, rels) {
-  if (kind === "bool") {
-    const e = estimateOf(rel, "true_fraction") || estimateOf(rel, "true");
-    return e ? [{ label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high, state: "ok" }] : [];
-  }
-  let rows = (rel.estimates || []).map((e) => ({
-    label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high,
-    state: kind === "rappor" && e.significant === false ? "not detected" : "ok",
-  }));
-  if (kind === "rappor" || kind === "keyed") rows.sort((a, b) => b.value - a.value);
-  if (kind === "keyed") {
-    const here = new Set(rows.map((r) => r.label));
-    const before = new Set();
-    for (const r of rels) for (const e of r.estimates || []) if (!here.has(e.label)) before.add(e.label);
-    rows = rows.slice(0, 20).concat([...before].sort().slice(0, 10).map((k) => ({ label: k, value: null, state: "not released (below the threshold)" })));
-  } else if (kind === "rappor") {
-    rows = rows.slice(0, 24);
-  }
-  return rows;
-}
-
-function renderMetric(m) {
+function renderCard(m) {
   const rels = state.history[m.metric] || [];
   const latest = state.latest[m.metric] || rels[rels.length - 1] || null;
-  const id = `m-${m.metric}`;
-  const card = el("section", { class: "metric", id, "data-metric": m.metric });
-  const status = statusOf(latest, Date.now());
-  card.append(el("h2", {}, `${m.metric} `, el("span", { class: "kind" }, m.kind), " ", statusBadge(status)));
+  const card = el("section", { class: "metric", id: `m-${m.metric}`, "data-metric": m.metric });
+  card.append(el("h2", {}, `${m.metric} `, el("span", { class: "kind" }, m.kind), " ", statusBadge(statusOf(latest, Date.now()))));
   if (m.description) card.append(el("p", { class: "note" }, m.description));
   if (!latest) {
     card.append(el("p", { class: "note" }, "no release yet"));
-    return card;
+    return [card, null];
   }
-  const latency = latest.published_ms ? `${((latest.published_ms - latest.window_end_ms) / 1000).toFixed(1)} s after the window ended` : "–";
+  const chosen = chosenRelease(m.metric, rels);
+  const latency = chosen.published_ms ? `${((chosen.published_ms - chosen.window_end_ms) / 1000).toFixed(1)} s after the window ended` : "–";
+  card.append(windowPicker(m, rels, chosen));
   card.append(el("dl", { class: "facts" },
-    el("dt", {}, "window"), el("dd", { class: "window" }, `${when(latest.window_start_ms)} → ${when(latest.window_end_ms)}`),
-    el("dt", {}, "n"), el("dd", { class: "n" }, nText(latest)),
-    el("dt", {}, "released"), el("dd", { class: "latency" }, latest.published_ms ? `${when(latest.published_ms)} (${latency})` : "–"),
-    el("dt", {}, "mechanism"), el("dd", {}, latest.mechanism),
-    el("dt", {}, "privacy (this release)"), el("dd", { class: "spent" }, spentText(latest)),
-    el("dt", {}, "horizon ledger"), el("dd", { class: "ledger" }, `${ledgerText(latest)} over ${state.window.retention_s} s, ${latest.ledger.releases} releases`)));
-  if (latest.insecure_noise) card.append(el("p", { class: "refusal" }, "INSECURE test noise: no central privacy"));
-  if (latest.refused) card.append(el("p", { class: "refusal" }, `REFUSED: ${latest.refused}`));
-  const labels = seriesLabels(m.kind, rels);
-  const series = labels.map((label) => ({ label, points: rels.map((r) => pointOf(m.kind, r, label)) }));
-  const charts = el("div", { class: "charts" });
-  const yLabel = m.kind === "bool" ? "fraction true" : m.kind === "regression" ? "coefficient" : "count";
-  charts.append(el("figure", {},
-    seriesChart(rels, series, yLabel),
-    legend(labels.map((l, i) => [COLORS[i % COLORS.length], l.length > 30 ? `…${l.slice(-29)}` : l])),
-    el("figcaption", {}, `Estimates over the retained windows with their ${Math.round(100 * latest.confidence)} % intervals (bands)` +
-      (m.kind === "keyed" ? "; ∅: key not released in that window (below the noisy threshold), not zero" : "") +
-      (m.kind === "rappor" ? "; hollow: candidate not detected" : "") + "; shaded: refused.")));
-  const shown = latest.refused ? rels.filter((r) => !r.refused).pop() : latest;
-  if (shown) {
-    charts.append(el("figure", {}, histogramChart(histogramRows(m.kind, shown, rels), shown.confidence),
-      el("figcaption", {}, `Window ${when(shown.window_start_ms)} → ${clock(shown.window_end_ms)}` + (shown !== latest ? " (newest released window)" : ""))));
+    el("dt", {}, "window"), el("dd", { class: "window" }, `${when(chosen.window_start_ms)} → ${when(chosen.window_end_ms)}`),
+    el("dt", {}, "n"), el("dd", { class: "n" }, nText(chosen)),
+    el("dt", {}, "released"), el("dd", { class: "latency" }, chosen.published_ms ? `${when(chosen.published_ms)} (${latency})` : "–"),
+    el("dt", {}, "mechanism"), el("dd", {}, chosen.mechanism),
+    el("dt", {}, "privacy (this release)"), el("dd", { class: "spent" }, spentText(chosen)),
+    el("dt", {}, "horizon ledger"), el("dd", { class: "ledger" }, `${ledgerText(chosen)} over ${state.window.retention_s} s, ${chosen.ledger.releases} releases`)));
+  if (chosen.insecure_noise) card.append(el("p", { class: "refusal" }, "INSECURE test noise: no central privacy"));
+  if (chosen.refused) card.append(el("p", { class: "refusal" }, `REFUSED: ${chosen.refused}`));
+  const series = el("div", { class: "row-full" });
+  const pair = el("div", { class: "row-pair" }, el("div", { class: "cell panel-cell" }), el("div", { class: "cell privacy-cell" }));
+  card.append(series, pair);
+  return [card, { rels, latest, chosen, series, pair }];
+}
+
+// Charts are drawn once the card is in the page: their width is the width of the box they fill.
+function drawCharts(m, parts) {
+  const { rels, latest, chosen, series, pair } = parts;
+  series.replaceChildren(seriesChart(m, rels, chosen, Math.max(320, series.clientWidth)));
+  const [panelCell, privacyCell] = pair.children;
+  if (chosen.refused) {
+    panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, "refused: nothing was released for this window")));
+  } else if (noData(chosen)) {
+    panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "no-data" },
+      `no data: no reports in this window${chosen.n === 0 ? " (n = 0)" : ""}; nothing is estimated${m.kind === "regression" ? ", no fit" : ""}.`)));
+  } else {
+    panelCell.replaceChildren(panelChart(m, chosen, rels, Math.max(320, panelCell.clientWidth)));
   }
-  charts.append(el("figure", {}, privacyChart(rels),
-    el("figcaption", {}, `Privacy spent ${unitText(latest)}: bars ${m.kind === "regression" || m.kind === "keyed" ? "central" : "local"} loss per release, line the ledger's total over the horizon, dashed the spec's budget; ✕ refused.`)));
-  card.append(charts);
-  return card;
+  privacyCell.replaceChildren(privacyChart(m, rels, latest, Math.max(320, privacyCell.clientWidth)));
 }
 
 function renderMetricNamed(name) {
   const m = state.metrics.find((x) => x.metric === name);
   if (!m) return;
-  const card = renderMetric(m);
+  const [card, parts] = renderCard(m);
   const old = document.getElementById(`m-${name}`);
   if (old) old.replaceWith(card); else document.getElementById("metrics").append(card);
+  if (parts) drawCharts(m, parts);
+}
+
+function renderAll() {
+  for (const m of state.metrics) renderMetricNamed(m.metric);
+  renderOverview();
 }
 
 // ---------------------------------------------------------------------------------------------- operators
@@ -450,10 +554,10 @@ function onSnapshot(doc) {
   document.getElementById("spec-name").textContent = `· spec ${doc.spec}`;
   document.getElementById("window-note").textContent =
     `Windows of ${doc.window.size_s} s, ${doc.window.grace_s} s grace; budgets hold over a horizon of ${doc.window.retention_s} s. ` +
-    `Late: the next window's release is overdue. Guarantees are per the release's privacy unit.`;
+    "Late: overdue while other metrics released newer windows; idle: no metric has a newer window (no reports since, " +
+    `or the worker stopped). Guarantees are per the release's privacy unit. Times in ${ZONE}.`;
   document.getElementById("metrics").replaceChildren();
-  for (const m of state.metrics) renderMetricNamed(m.metric);
-  renderOverview();
+  renderAll();
   const now = Date.now();
   for (const rels of Object.values(state.history)) for (const r of rels) window.__ptel.drawn[r.key] = window.__ptel.drawn[r.key] || now;
   window.__ptel.ready = true;
@@ -543,5 +647,15 @@ document.getElementById("auth").addEventListener("submit", (ev) => {
 
 // Ages and on-time/late states change with the clock: re-derived every 5 s from what is already here (no request).
 setInterval(() => { if (state.window) renderOverview(); }, 5000);
+
+// Charts fill their cards: redrawn at the new width when the window is resized (at most every 200 ms).
+let resizeTimer = null;
+let drawnWidth = window.innerWidth;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    if (state.window && window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; renderAll(); }
+  }, 200);
+});
 
 connect();
