@@ -8,8 +8,9 @@ windows of 2 s, a worker in this process, the monitor in a subprocess, one round
   per window), from the record's Kafka timestamp (stamped when the worker sends it, before its transaction
   commits: an upper bound of the commit-to-screen delay) to the page's ``Date.now()`` right after drawing it.
 
-Prints and writes the median, p99 and maximum of both (bench/results/dashboard_latency.json, with the command and
-the load average).
+Prints and writes the median, p99 and maximum of both (bench/results/dashboard_latency.json or ``--out``, with the
+command and the load average). The page is the one the installed package serves: to compare two versions of the
+dashboard, run once per version of ``agents/monitor/static`` in the same session (docs/benchmarks.md).
 
     PTEL_KAFKA_PORT=29092 .venv/bin/python -m bench.dashboard_latency [--releases 60] [--loads 20]
 
@@ -67,6 +68,7 @@ def main() -> int:
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the local broker)")
     parser.add_argument("--releases", type=int, default=60, help="releases timed from commit to screen (default 60)")
     parser.add_argument("--loads", type=int, default=20, help="page loads timed (default 20)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS.name})")
     args = parser.parse_args()
     if args.releases < 30:
         parser.error("--releases must be at least 30 (a p99 of fewer says little)")
@@ -100,9 +102,9 @@ def main() -> int:
         "parameters": {"releases": args.releases, "loads": args.loads, "window_s": SIZE_S, "metrics": 6},
         **result,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
     return 0 if not result["console_errors"] else 1
 
 

@@ -3,7 +3,7 @@
 Each check returns the problems it found (empty: none), phrased for the assertion message. They measure the DOM
 the page drew -- bounding boxes of text elements, widths of charts and cards, the circles of a series chart --
 so they hold for any drawing code, including the hand-written SVG that preceded the charting library (against
-which they fail: docs/testing.md, "dashboard layout checks").
+which they fail: docs/operations.md, "The dashboard").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ real snapshot and stream code; the browser is Debian's Chromium (no broker neede
 
 Mutation evidence: ``PTEL_DASHBOARD_STATIC=<folder>`` serves another dashboard's static files instead of this
 checkout's (e.g. ``git --work-tree=/tmp/old checkout 96f2fc1 -- agents/monitor/static``, the hand-written SVG
-dashboard): every check below then fails (docs/testing.md lists which assertion fails how).
+dashboard): every check below then fails (docs/operations.md, "The dashboard", gives what each finds).
 """
 
 from __future__ import annotations
@@ -42,6 +42,17 @@ async def test_dashboard_draws_a_finished_run_readably(tmp_path: Path) -> None:
         # any retained window can be chosen, not only the newest
         for metric in kinds:
             assert await picker_problems(tab, metric, WINDOWS) == []
+        # the same with a window chosen whose panel has bars, intervals, values and keys "not released here"
+        for metric in ("errors", "homepage", "latency_vs_payload"):
+            picker = tab.locator(f"section.metric[data-metric='{metric}'] select.window-picker")
+            await picker.select_option(index=16)
+        assert await tab.locator("section.metric[data-metric='errors'] svg.histogram").count() == 1
+        assert "not released here" in (
+            await tab.locator("section.metric[data-metric='errors'] svg.histogram").text_content() or ""
+        )
+        assert await text_problems(tab) == []
+        for metric in ("errors", "homepage", "latency_vs_payload"):
+            await tab.locator(f"section.metric[data-metric='{metric}'] select.window-picker").select_option("")
         # the newest window has no reports: "no data", no bars, a gap over time (not points at 0)
         for metric, series in EMPTY_NEWEST.items():
             assert await empty_window_problems(tab, metric, series, windows_with_data(kinds[metric])) == []

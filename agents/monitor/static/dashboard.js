@@ -11,7 +11,7 @@ const PANEL_ROWS = 20; // rows of the chosen window's panel
 const LATE_AFTER_WINDOWS = 2; // agents/monitor/dashboard.py: LATE_AFTER_WINDOWS
 const COUNT_KINDS = new Set(["categorical", "rappor", "keyed"]);
 const NOUN = { categorical: "categories", rappor: "candidates", keyed: "keys" };
-const state = { spec: null, window: null, metrics: [], history: {}, latest: {}, token: "", pick: {} };
+const state = { spec: null, window: null, metrics: [], history: {}, latest: {}, token: "", pick: {}, widths: null };
 // For tests and benchmarks: release key -> Date.now() when it was drawn, and whether the snapshot was drawn.
 window.__ptel = { drawn: {}, ready: false, events: 0 };
 
@@ -469,33 +469,52 @@ function renderCard(m) {
   return [card, { rels, latest, chosen, series, pair }];
 }
 
+// The widths charts fill: the card's full row and the two cells below it. Reading them lays the page out, so it is
+// done once per full redraw (every card has the same width) and kept (state.widths) until the window is resized.
+function widthsOf(parts) {
+  const [panelCell, privacyCell] = parts.pair.children;
+  return [parts.series, panelCell, privacyCell].map((box) => Math.max(320, box.clientWidth));
+}
+
 // Charts are drawn once the card is in the page: their width is the width of the box they fill.
-function drawCharts(m, parts) {
+function drawCharts(m, parts, widths) {
   const { rels, latest, chosen, series, pair } = parts;
-  series.replaceChildren(seriesChart(m, rels, chosen, Math.max(320, series.clientWidth)));
   const [panelCell, privacyCell] = pair.children;
+  const [seriesWidth, panelWidth, privacyWidth] = widths;
+  series.replaceChildren(seriesChart(m, rels, chosen, seriesWidth));
   if (chosen.refused) {
     panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, "refused: nothing was released for this window")));
   } else if (noData(chosen)) {
     panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "no-data" },
       `no data: no reports in this window${chosen.n === 0 ? " (n = 0)" : ""}; nothing is estimated${m.kind === "regression" ? ", no fit" : ""}.`)));
   } else {
-    panelCell.replaceChildren(panelChart(m, chosen, rels, Math.max(320, panelCell.clientWidth)));
+    panelCell.replaceChildren(panelChart(m, chosen, rels, panelWidth));
   }
-  privacyCell.replaceChildren(privacyChart(m, rels, latest, Math.max(320, privacyCell.clientWidth)));
+  privacyCell.replaceChildren(privacyChart(m, rels, latest, privacyWidth));
+}
+
+function placeCard(m) {
+  const [card, parts] = renderCard(m);
+  const old = document.getElementById(`m-${m.metric}`);
+  if (old) old.replaceWith(card); else document.getElementById("metrics").append(card);
+  return parts;
 }
 
 function renderMetricNamed(name) {
   const m = state.metrics.find((x) => x.metric === name);
   if (!m) return;
-  const [card, parts] = renderCard(m);
-  const old = document.getElementById(`m-${name}`);
-  if (old) old.replaceWith(card); else document.getElementById("metrics").append(card);
-  if (parts) drawCharts(m, parts);
+  const parts = placeCard(m);
+  if (!parts) return;
+  if (!state.widths) state.widths = widthsOf(parts);
+  drawCharts(m, parts, state.widths);
 }
 
 function renderAll() {
-  for (const m of state.metrics) renderMetricNamed(m.metric);
+  const placed = state.metrics.map((m) => [m, placeCard(m)]).filter(([, parts]) => parts);
+  if (placed.length) {
+    state.widths = widthsOf(placed[0][1]);
+    for (const [m, parts] of placed) drawCharts(m, parts, state.widths);
+  }
   renderOverview();
 }
 
@@ -654,7 +673,7 @@ let drawnWidth = window.innerWidth;
 window.addEventListener("resize", () => {
   clearTimeout(resizeTimer);
   resizeTimer = setTimeout(() => {
-    if (state.window && window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; renderAll(); }
+    if (state.window && window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; state.widths = null; renderAll(); }
   }, 200);
 });
 
