@@ -347,12 +347,12 @@ function panelChart(m, rel, rels, width) {
   const plot = Plot.plot({
     className: "histogram",
     width,
-    height: 46 + 20 * rows.length,
+    height: Math.max(120, 56 + 20 * rows.length),
     marginLeft: Math.min(220, 12 + 6.6 * longest),
     marginRight: 150,
     ariaLabel: `${m.metric}: estimates of the window starting ${when(rel.window_start_ms)}`,
     ariaDescription: legend,
-    x: { ...x, labelAnchor: "right" },
+    x: { ...x, labelAnchor: "center" },
     y: { domain: data.map((r) => r.label), label: null, tickFormat: shortLabel },
     marks: [
       Plot.ruleX(m.kind === "regression" ? [0] : [], { stroke: "#9aa3af" }),
