@@ -74,7 +74,12 @@ class WindowFields:
         released_keys: Sequence[KeyRelease] = (),
         refused: str | None = None,
     ) -> Release:
-        """The record of this window with its outcome."""
+        """The record of this window with its outcome. A window of a local kind without reports (``n = 0``, public)
+        is ``no_data``: its record carries no estimates and no keys (debiased zeros would read as an estimate); a
+        central kind's ``no_data`` stays ``None`` (its ``n`` is private)."""
+        no_data = None if self.n is None else self.n == 0
+        if no_data:
+            estimates, released_keys = (), ()
         return Release(
             spec=self.spec,
             metric=self.metric,
@@ -93,6 +98,7 @@ class WindowFields:
             privacy=privacy,
             ledger=ledger,
             refused=refused,
+            no_data=no_data,
         )
 
 

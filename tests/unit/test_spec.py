@@ -316,13 +316,13 @@ def test_regression_measure_uses_the_mechanisms_names() -> None:
 
 
 def test_central_budgets_must_cover_the_horizon() -> None:
-    # keyed, Laplace threshold: per window ε = keys_per_window / scale, δ = 1 - (1 - P(Z > T - 1))^Δ0
+    # keyed, key-level Laplace threshold: per window ε = keys_per_window / scale, δ = 1 - (1 - P(Z0 + Z1 > T - 1))^Δ0
     doc = demo_doc()
-    doc["metrics"][4]["release"]["threshold"] = 60  # δ per window 6.9e-7: 60 windows exceed δ = 1e-5
+    doc["metrics"][4]["release"]["threshold"] = 60  # δ per window 5.8e-6: 60 windows exceed δ = 1e-5
     assert problems_of(doc) == [
         (
             "metrics[4].budget.delta",
-            "60 releases over the retention horizon spend delta = 4.13e-05 (6.89e-07 per window), "
+            "60 releases over the retention horizon spend delta = 0.000347 (5.78e-06 per window), "
             "above the budget 1e-05",
         )
     ]
