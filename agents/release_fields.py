@@ -73,11 +73,14 @@ class WindowFields:
         estimates: Sequence[EstimateRecord] = (),
         released_keys: Sequence[KeyRelease] = (),
         refused: str | None = None,
+        no_data: bool | None = None,
     ) -> Release:
         """The record of this window with its outcome. A window of a local kind without reports (``n = 0``, public)
         is ``no_data``: its record carries no estimates and no keys (debiased zeros would read as an estimate); a
-        central kind's ``no_data`` stays ``None`` (its ``n`` is private)."""
-        no_data = None if self.n is None else self.n == 0
+        central kind's ``no_data`` is ``None`` (its ``n`` is private) unless its handler derives it from a DP
+        output (``no_data=True``: regression's noisy point count)."""
+        if no_data is None and self.n is not None:
+            no_data = self.n == 0
         if no_data:
             estimates, released_keys = (), ()
         return Release(

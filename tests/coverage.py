@@ -124,17 +124,23 @@ def keyed_partial(rng: SeededRandom, start_ms: int, truth: dict[str, tuple[int, 
     return p
 
 
-def keyed_coverage(windows: int, seed: int, release: Callable[[KeyedCounts, int], Release] | None = None) -> Tally:
+def keyed_coverage(
+    windows: int,
+    seed: int,
+    release: Callable[[KeyedCounts, int], Release] | None = None,
+    truth: dict[str, tuple[int, int]] = KEYED_TRUTH,
+) -> Tally:
     """Coverage of the keyed totals (``total``) and true-value counts (``true``) over released keys."""
     rng = SeededRandom(f"keyed|{seed}")
     tally = Tally()
     for w in range(windows):
-        p = keyed_partial(rng, w * 10_000)
+        p = keyed_partial(rng, w * 10_000, truth)
         rel = (release or _release)(p, seed * 100_003 + w)
         tally.windows += 1
         for k in rel.released_keys:
-            reports, true = KEYED_TRUTH[k.key]
+            reports, true = truth[k.key]
             tally.add("total", rel.estimate(k.key), reports)
+            tally.add(f"total {k.key}", rel.estimate(k.key), reports)
             tally.add("true", k.value_true, true)
             tally.seen["released"] = tally.seen.get("released", 0) + 1
     return tally
@@ -257,6 +263,13 @@ def main() -> int:
         t = keyed_coverage(windows, seed=1, release=rel)
         for est in ("total", "true"):
             print(f"| keyed, {label} | {est} | {t.windows} | {t.seen.get(est, 0)} | {t.rate(est):.4f} |")
+        if rel is None:
+            for key, (reports, true) in KEYED_TRUTH.items():
+                est = f"total {key}"
+                print(
+                    f"| keyed, {label} | total of {key} (truth {reports}, {true} true) | {t.windows} | "
+                    f"{t.seen.get(est, 0)} | {t.rate(est):.4f} |"
+                )
     return 0
 
 

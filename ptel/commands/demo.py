@@ -186,12 +186,19 @@ async def _simulate(
     #: Release keys of the simulated windows (every other window of the run gets its record too, empty).
     wanted: set[str] = set()
     bar: tqdm[Any] | None = None
+    #: Windows of the run released before the simulated ones (nobody reported in them), and whether that was said.
+    unsimulated: set[int] = set()
+    explained: list[bool] = []
 
     def on_release(rel: Release) -> None:
         if rel.key not in wanted:  # a window nobody reported in: released all the same (presence is no signal)
+            unsimulated.add(rel.window_start_ms)
             return
         releases.setdefault(rel.key, rel)
         text = format_release(rel, Truth(truth.to_json()), rows=8)
+        if unsimulated and not explained:
+            explained.append(True)
+            text = empty_windows_note(len(unsimulated)) + "\n" + text
         (bar.write if bar is not None else print)(text + "\n")
         if bar is not None:
             bar.update(1)
@@ -273,6 +280,15 @@ async def _simulate(
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
     return 0
+
+
+def empty_windows_note(windows: int) -> str:
+    """Why the first release's horizon total is above one window's charge: the run's earlier, empty windows."""
+    return (
+        f"      note: the {windows} window(s) of this run before the simulated ones had no reports; they were released "
+        "as no data (not shown here).\n      The ledger charges every window whether or not anyone reported (a "
+        "central charge must not depend on the data), so the 'horizon' totals below include those windows."
+    )
 
 
 class _Dashboard:

@@ -327,11 +327,11 @@ def test_central_budgets_must_cover_the_horizon() -> None:
         )
     ]
     doc = demo_doc()
-    doc["metrics"][5]["scale"] = 2.0  # DP Theil-Sen: ε = 2 · (2 · d_in · runs) / scale = 2 per window
+    doc["metrics"][5]["scale"] = 2.0  # DP Theil-Sen: ε = 2 · (2 · d_in · runs) / scale = 2, + 0.25 per window
     assert problems_of(doc) == [
         (
             "metrics[5].budget.epsilon",
-            "60 releases over the retention horizon spend epsilon = 120 (2 per window), above the budget 60.0",
+            "60 releases over the retention horizon spend epsilon = 135 (2.25 per window), above the budget 75.0",
         )
     ]
     doc = demo_doc()
@@ -341,7 +341,7 @@ def test_central_budgets_must_cover_the_horizon() -> None:
     keyed, regression = spec.metric("errors"), spec.metric("latency_vs_payload")
     assert isinstance(keyed, KeyedMetric) and isinstance(regression, RegressionMetric)
     # the threshold mechanism's ε = 1 plus the key-capacity test's ε' = 0.05 (charged with every window)
-    assert keyed.window_cost()[:2] == ("epsilon", 1.05) and regression.window_cost() == ("epsilon", 1.0, 0.0)
+    assert keyed.window_cost()[:2] == ("epsilon", 1.05) and regression.window_cost() == ("epsilon", 1.25, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
