@@ -229,7 +229,7 @@ async def _simulate(
             f"[4/7] simulating {args.clients} devices x {len(spec.metrics)} metrics for {args.windows} windows",
             flush=True,
         )
-        for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout):
+        for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout, disable=not _tty()):
             now = time.time()
             start = (int(now) // size + 1) * size
             wanted.update(f"{m.name}|{start * 1000}" for m in spec.metrics)
@@ -245,7 +245,14 @@ async def _simulate(
             f"[5/7] waiting for {expected} releases (window end + {spec.window.grace_s} s grace + idle timeout)",
             flush=True,
         )
-        bar = tqdm(total=expected, initial=len(releases), desc="      releases", unit="release", file=sys.stdout)
+        bar = tqdm(
+            total=expected,
+            initial=len(releases),
+            desc="      releases",
+            unit="release",
+            file=sys.stdout,
+            disable=not _tty(),  # progress bars (\r) only on a terminal, never in piped output
+        )
         deadline = time.monotonic() + size + spec.window.grace_s + 60
         while len(releases) < expected and time.monotonic() < deadline and not task.done():
             await asyncio.sleep(0.2)
@@ -280,6 +287,11 @@ async def _simulate(
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
     return 0
+
+
+def _tty() -> bool:
+    """Whether stdout is a terminal (progress bars redraw with ``\r``: only there)."""
+    return sys.stdout.isatty()
 
 
 def empty_windows_note(windows: int) -> str:
