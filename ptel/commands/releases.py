@@ -397,7 +397,8 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
         )
         if labels:
             total = len({e.label for r in rels for e in r.estimates})
-            title = f"top {len(labels)} of {total}\nby |estimate|" if total > len(labels) else None
+            ranked = kind not in ("bool", "regression")  # those draw fixed series, not the largest estimates
+            title = f"top {len(labels)} of {total}\nby |estimate|" if ranked and total > len(labels) else None
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title=title, title_fontsize=7)
         _plot_privacy(pax, rels, xs, ticks)
     fig.tight_layout()
