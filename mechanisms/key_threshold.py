@@ -54,6 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms import float_grid as fg
+from mechanisms.core import Domain, Measurement, Metric
 from mechanisms.errors import DomainError, ParameterError
 from mechanisms.rng import RandomSource, resolve
 from mechanisms.threshold import Distribution, ThresholdMeasurement, _delta_over_keys
@@ -99,7 +100,7 @@ class PassingKeys:
     cells: NDArray[np.float64]
 
 
-class KeyThresholdMeasurement:
+class KeyThresholdMeasurement(Measurement[Mapping[Any, Any], dict[Any, tuple[float, ...]]]):
     """Key-level thresholded noise over a key's :data:`CELLS_PER_KEY` cells (built by :func:`make_key_threshold`).
 
     ``release_arrays(values)`` takes the cells of distinct keys (one row a key, in a data-independent order) and
@@ -115,7 +116,18 @@ class KeyThresholdMeasurement:
             raise ParameterError("k", cell.k, "grid too fine for int64 noise; use the default grid")
         self.cell = cell
         self.distribution: Distribution = cell.distribution
-        self.output_measure = cell.output_measure
+        norm = "L01InfDistance" if cell.distribution == "laplace" else "L02InfDistance"
+        super().__init__(
+            # input domain: maps from a key to its CELLS_PER_KEY counts
+            Domain(f"MapDomain<AtomDomain<K>, VectorDomain<AtomDomain<{cell.dtype}>, size={CELLS_PER_KEY}>>"),
+            # input metric: the cell histogram's (Δ0, Δ1 or Δ2, Δ∞); Δ∞ also bounds one key's total change
+            Metric(f"{norm}<AbsoluteDistance<{cell.dtype}>> on cells"),
+            # output measure: the cell mechanism's ((ε, δ) Laplace, (ρ, δ) Gaussian)
+            cell.output_measure,
+            self._release_mapping,
+            self._cached_map,
+            Domain(f"MapDomain<AtomDomain<K>, VectorDomain<AtomDomain<{cell.dtype}>, size={CELLS_PER_KEY}>>"),
+        )
 
     def __repr__(self) -> str:
         return f"KeyThresholdMeasurement({self.cell!r})"
@@ -128,8 +140,11 @@ class KeyThresholdMeasurement:
         return laplace_pair_tail(b, g) if self.distribution == "laplace" else gaussian_pair_tail(b, g)
 
     def map(self, d_in: Any) -> tuple[float, float]:
-        """``(ε or ρ, δ)``: the cell mechanism's ε (ρ), and ``δ = 1 − (1 − P(Z_0 + Z_1 > T − Δ∞))^Δ0`` (memoized: a
-        pure function of the parameters, asked for at every release)."""
+        """``(ε or ρ, δ)``: the cell mechanism's ε (ρ), and ``δ = 1 − (1 − P(Z_0 + Z_1 > T − Δ∞))^Δ0``."""
+        return self._cached_map(d_in)
+
+    def _cached_map(self, d_in: Any) -> tuple[float, float]:
+        """:meth:`_map`, memoized: a pure function of the parameters, asked for at every release."""
         c = self.cell
         try:
             return _cached_map(c.distribution, c.scale, c.threshold, c.dtype, c.k, tuple(d_in))
@@ -214,7 +229,7 @@ class KeyThresholdMeasurement:
             cells = np.ldexp(cells, self.cell.k)
         return PassingKeys(kept, cells)
 
-    def __call__(self, data: Mapping[Any, Any]) -> dict[Any, tuple[float, ...]]:
+    def _release_mapping(self, data: Mapping[Any, Any]) -> dict[Any, tuple[float, ...]]:
         """``{key: noisy cells}`` of the passing keys of ``data`` (key -> cells), in sorted key order."""
         keys = sorted(data)
         rows = np.array([list(data[k]) for k in keys], dtype=np.float64 if self.cell.is_float else np.int64)
