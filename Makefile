@@ -17,13 +17,16 @@ INSTALLED := $(VENV)/.ptel-installed
 .PHONY: setup browser demo test lint bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
+	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
 	@$(BIN)/ptel broker fetch
+	@echo "[setup] done: run 'make demo' or 'make test'"
 
 # The dashboard's browser tests drive Debian's Chromium (Playwright with executable_path; never `playwright install`).
 # As root on Debian/Ubuntu it is installed with apt-get; otherwise this says what to install (the tests then fail
-# with the same message). Quiet when /usr/bin/chromium is already there.
+# with the same message). One line when /usr/bin/chromium is already there.
 browser:
-	@if [ -x /usr/bin/chromium ]; then :; \
+	@echo "[setup 2/3] Chromium for the dashboard's browser tests"
+	@if [ -x /usr/bin/chromium ]; then echo "      /usr/bin/chromium is there"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the dashboard's browser tests (apt-get)"; \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null && \
@@ -36,9 +39,13 @@ browser:
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
-	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
-	@echo "installing private-telemetry and its test extra into $(VENV) (pinned by constraints.txt)"
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]" -c constraints.txt
+	@test -x $(BIN)/python || { echo "[setup 1/3] creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "[setup 1/3] installing private-telemetry and its test extra into $(VENV) (pinned by constraints.txt; a few minutes the first time)"
+	@# one short line a package as pip resolves it; pip's exit status is kept (sh has no pipefail)
+	@{ $(BIN)/python -m pip install --progress-bar off --disable-pip-version-check -e ".[test]" -c constraints.txt 2>&1; \
+		echo "pip-exit=$$?"; } | sed -n -e 's/^Collecting \([^ ]*\).*/      collecting \1/p' -e 's/^Installing collected packages.*/      installing the collected packages.../p' \
+		-e 's/^Successfully installed.*/      installed/p' -e 's/^ERROR:/      ERROR:/p' -e '/^pip-exit=/p' | \
+		{ rc=1; while IFS= read -r line; do case "$$line" in pip-exit=*) rc=$${line#pip-exit=};; *) echo "$$line";; esac; done; exit $$rc; }
 	@touch $@
 
 demo: setup

@@ -12,10 +12,10 @@ kind's handler (:mod:`agents.handlers`) for the release; per kind (every estimat
   basic variants: :func:`estimate_basic_histogram`); released keys are the detected candidates.
 - **keyed** (central DP): after the contribution bounds of stage 1 (Δ0 = ``keys_per_window`` keys per
   client, one report per key), the histogram over cells ``(key, reported bit)`` goes through the
-  thresholded Laplace or Gaussian mechanism (:mod:`mechanisms.threshold`). A client touches at most Δ0
-  cells, each by 1: ``(Δ0, Δ1, Δ∞) = (L0, L0, 1)`` (Gaussian: ``Δ2 = √L0``). A key is released when any
-  of its cells passes the threshold; its count is the sum of its released cells and, when both cells
-  passed, the RR-debiased number of reports whose value is true is post-processed from them.
+  thresholded Laplace or Gaussian mechanism at the key level (:mod:`mechanisms.key_threshold`). A client
+  touches at most Δ0 cells, each by 1: ``(Δ0, Δ1, Δ∞) = (L0, L0, 1)`` (Gaussian: ``Δ2 = √L0``). Each cell gets
+  its own noise; a key is released, with both cells, when the sum of its noisy cells passes the threshold; its
+  count is that noisy total and the RR-debiased number of reports whose value is true is post-processed from them.
 - **regression**: DP Theil-Sen (:func:`mechanisms.theil_sen.make_private_theil_sen`) on the window's
   (x, y) points, ``d_in = reports_per_window`` (one client changes at most that many rows).
 

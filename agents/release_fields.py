@@ -73,8 +73,16 @@ class WindowFields:
         estimates: Sequence[EstimateRecord] = (),
         released_keys: Sequence[KeyRelease] = (),
         refused: str | None = None,
+        no_data: bool | None = None,
     ) -> Release:
-        """The record of this window with its outcome."""
+        """The record of this window with its outcome. A window of a local kind without reports (``n = 0``, public)
+        is ``no_data``: its record carries no estimates and no keys (debiased zeros would read as an estimate); a
+        central kind's ``no_data`` is ``None`` (its ``n`` is private) unless its handler derives it from a DP
+        output (``no_data=True``: regression's noisy point count)."""
+        if no_data is None and self.n is not None:
+            no_data = self.n == 0
+        if no_data:
+            estimates, released_keys = (), ()
         return Release(
             spec=self.spec,
             metric=self.metric,
@@ -93,6 +101,7 @@ class WindowFields:
             privacy=privacy,
             ledger=ledger,
             refused=refused,
+            no_data=no_data,
         )
 
 

@@ -14,11 +14,22 @@ from types import ModuleType
 from aiokafka.errors import KafkaError
 
 from ptel import __version__
-from ptel.commands import broker, demo, gateway, gateway_keys, monitor, produce, releases, schema, worker
+from ptel.commands import broker, demo, gateway, gateway_keys, monitor, produce, releases, schema, spec, worker
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
 #: Every command module, in the order ``ptel --help`` lists them; each has ``register(subparsers)`` and ``run(args)``.
-COMMANDS: tuple[ModuleType, ...] = (broker, demo, produce, worker, releases, monitor, gateway, gateway_keys, schema)
+COMMANDS: tuple[ModuleType, ...] = (
+    broker,
+    demo,
+    produce,
+    worker,
+    releases,
+    monitor,
+    gateway,
+    gateway_keys,
+    schema,
+    spec,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -164,6 +164,14 @@ class Release(_Frozen):
     #: test-only ``--insecure-noise-seed``): such a record has **no** central privacy, whatever ``privacy``
     #: says. Always false for the local kinds (their privacy comes from the devices).
     insecure_noise: StrictBool = False
+    #: ``True``: nothing to estimate in this window -- the record holds no estimates and no keys, and a view shows
+    #: "no data" (a gap), never an estimate. Local kinds (bool, categorical, rappor), whose ``n`` is public: exactly
+    #: ``n = 0`` (``False`` when ``n > 0``). Regression with a ``point_count_test``: the DP count of the window's
+    #: points was below ``min_points`` (few or no points; derived from the noisy count, charged). ``None``: not
+    #: known publicly -- keyed (and regression without the test): whether the window was empty depends on one client
+    #: and is not covered by their (ε, δ); an empty keyed ``released_keys`` says only "no key passed the noisy
+    #: threshold" (docs/accuracy.md, "Empty windows"). Added in schema version 2 with a default.
+    no_data: StrictBool | None = None
 
     @model_validator(mode="after")
     def _window(self) -> Release:

@@ -3,8 +3,11 @@ Laplace or Gaussian mechanism (:mod:`mechanisms.threshold`).
 
 After the contribution bounds of stage 1 (Δ0 = ``keys_per_window`` keys per client, one report per key) a client
 touches at most Δ0 cells ``(key, reported bit)``, each by 1: ``(Δ0, Δ1, Δ∞) = (L0, L0, 1)`` (Gaussian: ``Δ2 =
-√L0``). A key is released when any of its cells passes the threshold; its count is the sum of its released cells
-and, when both cells passed, the RR-debiased number of reports whose value is true is post-processed from them.
+√L0``). Each cell gets its own noise and a key is released -- with both cells -- when the sum of its noisy cells
+passes the threshold (:mod:`mechanisms.key_threshold`: the selection is on the key's total, so no suppressed cell
+ever biases a released total); its count is the noisy total (interval from the exact law of the sum of two noises)
+and the RR-debiased number of reports whose value is true is post-processed from the two noisy cells. Estimands:
+docs/accuracy.md.
 A partial holds at most ``key_capacity`` keys; the window is released only if a private test rules out that a
 partition's partial was near that capacity (propose-test-release, :mod:`mechanisms.capacity_test`).
 """
@@ -21,8 +24,9 @@ from numpy.typing import NDArray
 
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
 from agents.partials import KeyedCounts, Shape
-from agents.release_fields import estimate_records
+from agents.release_fields import estimate_records, finite
 from mechanisms.estimates import Estimate
+from mechanisms.key_threshold import make_key_threshold
 from mechanisms.randomized_response import make_randomized_response_bool
 from schemas.conformance import Accepted, MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
@@ -80,12 +84,12 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
     def mechanism_name(self, metric: KeyedMetric, protocol: Protocol | None) -> str:
         r = metric.release
         cells = f"scale={r.scale}, τ={r.threshold}, Δ0={metric.keys_per_window}"
-        return f"thresholded {r.mechanism} on (key, RR bit) cells ({cells})"
+        return f"thresholded {r.mechanism} on (key, RR bit) cells, a key released when its noisy total > τ ({cells})"
 
     def release(self, job: ReleaseJob[KeyedMetric, KeyedCounts]) -> Release:
         metric, merged, rng = job.metric, job.merged, job.rng
         rel = metric.release
-        m = rel.build(rng)
+        m = make_key_threshold(rel.build(rng))
         # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity, plus the
         # capacity test -- charged before anything is drawn, whatever the test says
         first, delta = m.map(metric.sensitivity())
@@ -117,31 +121,16 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
             )
         keys = sorted(merged.keyed)  # a data-independent order for the mechanism's inputs
         cells = np.array([[merged.keyed[k][0] - merged.keyed[k][1], merged.keyed[k][1]] for k in keys], np.int64)
-        values = cells.reshape(-1) if keys else np.zeros(0, np.int64)
-        if rel.dtype == "float":
-            values = values.astype(np.float64)
-        kept, noisy = m.release_arrays(np.arange(values.size), values, rng)
-        released_cells: dict[int, dict[int, float]] = {}
-        for idx, v in zip(kept.tolist(), noisy.tolist(), strict=True):
-            released_cells.setdefault(idx // 2, {})[idx % 2] = float(v)
-        p = float(value_rr.support_probabilities[0])
-        level = float(job.spec.confidence)
-        var_noise = _noise_variance(rel.mechanism, float(rel.scale))
-        released: list[KeyRelease] = []
-        records: list[EstimateRecord] = []
-        for key_index in sorted(released_cells, key=lambda i: keys[i]):
-            got = released_cells[key_index]
-            count = sum(got.values())
-            count_est = Estimate.of([count], [var_noise * len(got)])
-            records += estimate_records([keys[key_index]], count_est, level)
-            value_true = None
-            if len(got) == 2:
-                # reports with true value: T̂ = (p·c1 − (1−p)·c0) / (2p − 1) (debiased RR on the noisy cells)
-                c0, c1 = got[0], got[1]
-                t_hat = (p * c1 - (1 - p) * c0) / (2 * p - 1)
-                var = (max(count, 0.0) * p * (1 - p) + (p * p + (1 - p) ** 2) * var_noise) / (2 * p - 1) ** 2
-                value_true = estimate_records(["true"], Estimate.of([t_hat], [var]), level)[0]
-            released.append(KeyRelease(key=keys[key_index], count=float(count), value_true=value_true))
+        cells = cells.reshape(len(keys), 2)
+        drawn = m.release_arrays(cells.astype(np.float64) if rel.dtype == "float" else cells, rng)
+        released, records = keyed_estimates(
+            [keys[i] for i in drawn.kept.tolist()],
+            drawn.cells,
+            p=float(value_rr.support_probabilities[0]),
+            var_noise=m.noise_variance(),
+            total_halfwidth=m.total_halfwidth(float(job.spec.confidence)),
+            level=float(job.spec.confidence),
+        )
         return job.base.release(
             estimates=tuple(records),
             released_keys=tuple(released),
@@ -151,9 +140,36 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         )
 
 
-def _noise_variance(distribution: str, scale: float) -> float:
-    """Variance of the integer noise: discrete Laplace ``2e^{-1/b}/(1 - e^{-1/b})²``; discrete Gaussian ``<= σ²``."""
-    if distribution == "laplace":
-        a = math.exp(-1.0 / scale)
-        return 2.0 * a / (1.0 - a) ** 2
-    return scale * scale
+def keyed_estimates(
+    keys: Sequence[str], cells: NDArray[np.float64], *, p: float, var_noise: float, total_halfwidth: float, level: float
+) -> tuple[list[KeyRelease], list[EstimateRecord]]:
+    """The released keys (noisy cells ``cells[i] = (ĉ0, ĉ1)`` of ``keys[i]``) as records.
+
+    - the key's total ``ŝ = ĉ0 + ĉ1`` (estimand: the reports of the key counted in the window), SE ``√(2·Var Z)``,
+      interval ``ŝ ± h`` with ``h`` the ``level`` quantile of ``|Z_0 + Z_1|`` (exact for the Laplace);
+    - the reports whose true value is true, ``T̂ = (p·ĉ1 − (1−p)·ĉ0) / (2p − 1)`` (RR debiasing of the noisy cells,
+      [RR] in docs/references.md), ``Var = (ŝ·p(1−p) + (p² + (1−p)²)·Var Z) / (2p − 1)²``: the RR's binomial
+      variance plus the noise, a normal interval.
+    """
+    released: list[KeyRelease] = []
+    records: list[EstimateRecord] = []
+    se = math.sqrt(2.0 * var_noise)
+    for key, (c0, c1) in zip(keys, cells.tolist(), strict=True):
+        total = float(c0 + c1)
+        significant = bool(Estimate.of([total], [2.0 * var_noise]).significant(level)[0])
+        records.append(
+            EstimateRecord(
+                label=key,
+                value=finite(total),
+                se=finite(se),
+                ci_low=finite(total - total_halfwidth),
+                ci_high=finite(total + total_halfwidth),
+                significant=significant,
+            )
+        )
+        # reports with true value: T̂ = (p·c1 − (1−p)·c0) / (2p − 1) (debiased RR on the noisy cells)
+        t_hat = (p * c1 - (1 - p) * c0) / (2 * p - 1)
+        var = (max(total, 0.0) * p * (1 - p) + (p * p + (1 - p) ** 2) * var_noise) / (2 * p - 1) ** 2
+        value_true = estimate_records(["true"], Estimate.of([t_hat], [var]), level)[0]
+        released.append(KeyRelease(key=key, count=finite(total), value_true=value_true))
+    return released, records

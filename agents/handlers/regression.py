@@ -1,10 +1,13 @@
 """Regression metrics (central DP, trusted sources): a sparse 2-D histogram of the (x, y) reports over the spec's
 bounds, released as DP Theil-Sen (:func:`mechanisms.theil_sen.make_private_theil_sen`) on its points with ``d_in =
-reports_per_window`` (one client changes at most that many rows)."""
+reports_per_window`` (one client changes at most that many rows). With the spec's ``point_count_test``, a window
+whose noisy count of points is below ``min_points`` releases no fit (``no_data``): the private medians of no data
+are a uniformly random line."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -13,9 +16,12 @@ from numpy.typing import NDArray
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.partials import CellCounts, Shape
 from agents.release_fields import finite
+from mechanisms.rng import RandomSource, resolve
+from mechanisms.samplers import sample_discrete_laplace
 from schemas.conformance import Protocol
 from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
 from schemas.spec import RegressionMetric
+from schemas.spec.regression_metric import PointCountTestSpec
 from schemas.wire import RegressionColumns
 
 
@@ -49,15 +55,22 @@ class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
     def release(self, job: ReleaseJob[RegressionMetric, CellCounts]) -> Release:
         metric, merged = job.metric, job.merged
         m = metric.build(job.rng)
-        loss = float(m.map(metric.reports_per_window))  # one client changes at most reports_per_window rows
+        # one client changes at most reports_per_window rows; plus the point-count test if the spec has one
+        _, loss, _ = metric.window_cost()
         entry: LedgerSummary = job.ledger.charge(job.rid, merged.window_start_ms, loss, str(m.output_measure))
         x, y = merged.points(self.shape(metric))
-        slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
         privacy = (
             PrivacySpent(central_epsilon=loss, central_delta=0.0)
             if metric.measure == "max_divergence"
             else PrivacySpent(central_rho=loss, central_delta=0.0)
         )
+        test = metric.point_count_test
+        if test is not None and not enough_points(int(x.size), metric.reports_per_window, test, job.rng):
+            # "no data": derived from the DP count, never from the exact one (which one client can change)
+            return job.base.release(
+                mechanism=self.mechanism_name(metric, None), privacy=privacy, ledger=entry, no_data=True
+            )
+        slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
         return job.base.release(
             estimates=(
                 EstimateRecord(label="slope", value=finite(slope)),
@@ -67,3 +80,11 @@ class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
             privacy=privacy,
             ledger=entry,
         )
+
+
+def enough_points(points: int, d_in: int, test: PointCountTestSpec, rng: RandomSource | None) -> bool:
+    """The point-count test: ``points + Z >= min_points`` with ``Z`` discrete Laplace of scale ``d_in / ε``
+    (:mod:`mechanisms.samplers`; one client changes at most ``d_in`` points, so the outcome is ε-DP)."""
+    scale = Fraction(d_in) / Fraction(float(test.epsilon))
+    noise = int(sample_discrete_laplace(scale, 1, resolve(rng))[0])
+    return points + noise >= test.min_points

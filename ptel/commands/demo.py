@@ -186,12 +186,19 @@ async def _simulate(
     #: Release keys of the simulated windows (every other window of the run gets its record too, empty).
     wanted: set[str] = set()
     bar: tqdm[Any] | None = None
+    #: Windows of the run released before the simulated ones (nobody reported in them), and whether that was said.
+    unsimulated: set[int] = set()
+    explained: list[bool] = []
 
     def on_release(rel: Release) -> None:
         if rel.key not in wanted:  # a window nobody reported in: released all the same (presence is no signal)
+            unsimulated.add(rel.window_start_ms)
             return
         releases.setdefault(rel.key, rel)
         text = format_release(rel, Truth(truth.to_json()), rows=8)
+        if unsimulated and not explained:
+            explained.append(True)
+            text = empty_windows_note(len(unsimulated)) + "\n" + text
         (bar.write if bar is not None else print)(text + "\n")
         if bar is not None:
             bar.update(1)
@@ -222,7 +229,7 @@ async def _simulate(
             f"[4/7] simulating {args.clients} devices x {len(spec.metrics)} metrics for {args.windows} windows",
             flush=True,
         )
-        for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout):
+        for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout, disable=not _tty()):
             now = time.time()
             start = (int(now) // size + 1) * size
             wanted.update(f"{m.name}|{start * 1000}" for m in spec.metrics)
@@ -238,7 +245,14 @@ async def _simulate(
             f"[5/7] waiting for {expected} releases (window end + {spec.window.grace_s} s grace + idle timeout)",
             flush=True,
         )
-        bar = tqdm(total=expected, initial=len(releases), desc="      releases", unit="release", file=sys.stdout)
+        bar = tqdm(
+            total=expected,
+            initial=len(releases),
+            desc="      releases",
+            unit="release",
+            file=sys.stdout,
+            disable=not _tty(),  # progress bars (\r) only on a terminal, never in piped output
+        )
         deadline = time.monotonic() + size + spec.window.grace_s + 60
         while len(releases) < expected and time.monotonic() < deadline and not task.done():
             await asyncio.sleep(0.2)
@@ -273,6 +287,20 @@ async def _simulate(
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
     return 0
+
+
+def _tty() -> bool:
+    """Whether stdout is a terminal (progress bars redraw with ``\r``: only there)."""
+    return sys.stdout.isatty()
+
+
+def empty_windows_note(windows: int) -> str:
+    """Why the first release's horizon total is above one window's charge: the run's earlier, empty windows."""
+    return (
+        f"      note: the {windows} window(s) of this run before the simulated ones had no reports; they were released "
+        "as no data (not shown here).\n      The ledger charges every window whether or not anyone reported (a "
+        "central charge must not depend on the data), so the 'horizon' totals below include those windows."
+    )
 
 
 class _Dashboard:

@@ -138,7 +138,9 @@ def register(subparsers: Any) -> None:
         default=True,
         help="create the reports topic if missing (spec partitions, LogAppendTime; default: on)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
+    )
     p.set_defaults(func=run)
 
 
@@ -320,7 +322,7 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
             raise PublishError(str(err)) from None
         print(f"topic {topic!r} ready ({spec.topics.partitions} partitions, LogAppendTime)", file=sys.stderr)
     publisher = ReportPublisher(settings, topic)
-    progress = _Progress(not args.no_progress, None)
+    progress = _Progress(not args.no_progress and sys.stderr.isatty(), None)  # a bar (\r) only on a terminal
     rejected = 0
     started = time.monotonic()
     await publisher.start()

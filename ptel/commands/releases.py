@@ -2,18 +2,24 @@
 
 Reads the spec's releases topic (read committed) from the beginning, shows each release once (records
 are deduplicated by their key ``metric|window_start``), and stops after ``--idle`` seconds without a new
-release (``--follow``: never). With ``--truth FILE`` (the ground truth written by ``ptel produce``) each
+release (``--follow``: never). ``--metric``, ``--since``/``--until`` (window start, ISO 8601 time or epoch
+seconds; UTC when no zone is given) and ``--non-empty`` (skip windows with nothing to show: no data, or no key
+released) select what is shown; ``--format jsonl`` prints each selected record as one JSON line instead of the
+table. With ``--truth FILE`` (the ground truth written by ``ptel produce``, format in docs/sending-events.md) each
 estimate is shown beside the true value; with ``--plot FILE.png`` the estimates and their confidence
 intervals are drawn against the truth, one panel per metric.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,7 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from schemas.kafka_connection import Connection, client_kwargs
-from schemas.releases import Release
+from schemas.releases import EstimateRecord, Release
 
 
 def register(subparsers: Any) -> None:
@@ -42,12 +48,76 @@ def register(subparsers: Any) -> None:
     add_bootstrap_argument(p)
     p.add_argument("--topic", default=None, help="releases topic (default: the spec's topics.releases)")
     p.add_argument("--metric", action="append", default=None, help="show only this metric (repeatable)")
+    p.add_argument(
+        "--since",
+        type=parse_time,
+        default=None,
+        help="show windows starting at or after this time (ISO 8601, e.g. 2026-11-25T21:40:00Z, or epoch seconds)",
+    )
+    p.add_argument("--until", type=parse_time, default=None, help="show windows starting before this time")
+    p.add_argument(
+        "--non-empty",
+        action="store_true",
+        help="skip windows with nothing to show (no data: no reports; keyed: no key released)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "jsonl"),
+        default="table",
+        help="table (default: readable, marks explained at the top) or jsonl (one release record per line)",
+    )
     p.add_argument("--truth", type=Path, default=None, help="ground-truth JSON (from ptel produce --truth)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of estimates with CIs against the truth")
     p.add_argument("--follow", action="store_true", help="keep tailing (stop with Ctrl-C)")
     p.add_argument("--idle", type=float, default=3.0, help="stop after this many seconds without a release (default 3)")
     p.add_argument("--rows", type=int, default=12, help="estimate rows shown per release (default 12)")
     p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------------------------
+# selection
+
+
+def parse_time(text: str) -> int:
+    """``text`` as epoch milliseconds: epoch seconds (``1764106800``) or an ISO 8601 time (UTC if no zone given)."""
+    try:
+        return int(float(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: give ISO 8601 (2026-11-25T21:40:00Z) or epoch seconds"
+        ) from err
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1000)
+
+
+def nothing_to_show(rel: Release) -> bool:
+    """A record without estimates to show: no data (``no_data``), or not refused and with no estimate (a keyed
+    window where no key passed the noisy threshold)."""
+    return bool(rel.no_data) or (rel.refused is None and not rel.estimates and not rel.released_keys)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which records ``ptel releases`` shows: metrics (empty: all), window start in ``[since, until)``, non-empty."""
+
+    metrics: frozenset[str] = frozenset()
+    since_ms: int | None = None
+    until_ms: int | None = None
+    non_empty: bool = False
+
+    def __call__(self, rel: Release) -> bool:
+        if self.metrics and rel.metric not in self.metrics:
+            return False
+        if self.since_ms is not None and rel.window_start_ms < self.since_ms:
+            return False
+        if self.until_ms is not None and rel.window_start_ms >= self.until_ms:
+            return False
+        return not (self.non_empty and nothing_to_show(rel))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,6 +215,13 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     if rel.refused:
         lines.append(f"  REFUSED: {rel.refused}")
         return "\n".join(lines)
+    if rel.no_data:
+        why = "no reports in this window" if rel.n == 0 else "its noisy count of points is below the minimum"
+        lines.append(f"  no data ({why}): nothing estimated")
+        return "\n".join(lines)
+    if rel.kind == "keyed" and not rel.released_keys:
+        lines.append("  no key released: none passed the noisy threshold (not the same as no data)")
+        return "\n".join(lines)
     tv = truth.values(rel) if truth else {}
     lines.append(
         f"  {'label':<28}{'estimate':>10}{'SE':>10}  {'CI ' + format(rel.confidence, '.0%'):>23}"
@@ -152,8 +229,12 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     )
     released = {k.key for k in rel.released_keys}
     items: list[tuple[str, float, float | None, float | None, float | None]]
-    if rel.kind == "keyed":
-        items = [(k.key, k.count, None, None, None) for k in rel.released_keys]
+    if rel.kind == "keyed":  # a released key's total with its interval (older records: the count alone)
+        est = {e.label: e for e in rel.estimates}
+        items = [
+            (k.key, k.count, *((est[k.key].se, est[k.key].ci_low, est[k.key].ci_high) if k.key in est else (None,) * 3))
+            for k in rel.released_keys
+        ]
     else:
         items = [(e.label, e.value, e.se, e.ci_low, e.ci_high) for e in rel.estimates]
     items.sort(key=lambda t: -abs(t[1]) if rel.kind not in ("bool", "regression") else 0)
@@ -165,6 +246,14 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     if len(items) > rows:
         lines.append(f"  ... {len(items) - rows} more")
     return "\n".join(lines)
+
+
+#: What the table's marks mean (printed once above the releases).
+LEGEND = (
+    "marks: * released key -- keyed: its noisy total passed the threshold; bool/categorical: significantly above 0 "
+    "at the confidence level; rappor: a detected candidate. Unmarked rows are estimates only. CI: the interval at the "
+    "release's confidence; keyed: of the key's total (docs/accuracy.md). 'no data': no reports in the window."
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,10 +326,15 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
         xs = list(range(len(rels)))
         ticks = [_clock(r.window_start_ms) for r in rels]
         under = blended_transform_factory(ax.transData, ax.transAxes)
+        empty = False
         for i, r in enumerate(rels):
             if r.refused is not None:
                 ax.axvspan(i - 0.45, i + 0.45, color="#fbd6d6", zorder=0)
                 ax.text(i, 0.97, "refused", transform=under, ha="center", va="top", fontsize=7, color="#9b1c1c")
+            elif r.no_data:  # a gap, never an estimate
+                empty = True
+                ax.axvspan(i - 0.45, i + 0.45, color="#eeeeee", zorder=0)
+                ax.text(i, 0.5, "no data", transform=under, ha="center", va="center", fontsize=7, color="#616161")
         labels = _series_labels(kind, rels)
         unreleased = False
         for s, label in enumerate(labels):
@@ -248,13 +342,16 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
             shift = (s - (len(labels) - 1) / 2) * 0.08
             pts = [(i + shift, r.estimate(label)) for i, r in enumerate(rels) if _has(r, label)]
             if pts:
-                vals = [e.value for _, e in pts]
+                # a window without this estimate breaks the line (NaN): no line is drawn across a gap
+                by_x = dict(pts)
+                xs_all = [i + shift for i in range(len(rels))]
+                vals = [by_x[x].value if x in by_x else math.nan for x in xs_all]
                 err = [
-                    [e.value - (e.ci_low if e.ci_low is not None else e.value) for _, e in pts],
-                    [(e.ci_high if e.ci_high is not None else e.value) - e.value for _, e in pts],
+                    [_lower(by_x[x]) if x in by_x else math.nan for x in xs_all],
+                    [_upper(by_x[x]) if x in by_x else math.nan for x in xs_all],
                 ]
                 ax.errorbar(
-                    [x for x, _ in pts],
+                    xs_all,
                     vals,
                     yerr=err,
                     fmt="-o",
@@ -272,7 +369,10 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
                 for i, r in enumerate(rels):
                     if r.refused is None and not _has(r, label):
                         unreleased = True
-                        ax.text(i + shift, 0.88, "∅", transform=under, ha="center", va="top", color=color)
+                        # above the plot area (axes y > 1): a mark, never a value on the count axis
+                        ax.text(
+                            i + shift, 1.01, "∅", transform=under, ha="center", va="bottom", color=color, clip_on=False
+                        )
             if truth:
                 tv = [(i + shift, truth.values(r).get(label)) for i, r in enumerate(rels)]
                 tv = [(x, v) for x, v in tv if v is not None]
@@ -282,7 +382,9 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
         if truth:
             notes.append("x: truth")
         if unreleased:
-            notes.append("∅: key not released (below the threshold), not 0")
+            notes.append("∅ above the panel: key not released (below the threshold), not 0")
+        if empty:
+            notes.append("grey: no data")
         if kind == "rappor":
             notes.append("hollow: candidate not detected")
         ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
@@ -294,7 +396,10 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
             fontsize=9,
         )
         if labels:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+            total = len({e.label for r in rels for e in r.estimates})
+            ranked = kind not in ("bool", "regression")  # those draw fixed series, not the largest estimates
+            title = f"top {len(labels)} of {total}\nby |estimate|" if ranked and total > len(labels) else None
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title=title, title_fontsize=7)
         _plot_privacy(pax, rels, xs, ticks)
     fig.tight_layout()
     return fig
@@ -302,6 +407,15 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
 
 def _has(rel: Release, label: str) -> bool:
     return any(e.label == label for e in rel.estimates)
+
+
+def _lower(e: EstimateRecord) -> float:
+    """The length of the interval below the estimate (0 without an interval)."""
+    return e.value - (e.ci_low if e.ci_low is not None else e.value)
+
+
+def _upper(e: EstimateRecord) -> float:
+    return (e.ci_high if e.ci_high is not None else e.value) - e.value
 
 
 def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str]) -> None:
@@ -320,7 +434,11 @@ def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str])
         ax.plot([x for x, _ in pts], [v for _, v in pts], "-", color="#6a1b9a", label="spent over the horizon")
     budget = rels[-1].ledger.budget_rho if rho else rels[-1].ledger.budget_epsilon
     if budget is not None:
-        ax.axhline(budget, ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g}")
+        top = max([v for v in [*loss, *spent] if v is not None], default=0.0)
+        if budget <= 3 * top:
+            ax.axhline(budget, ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g}")
+        else:  # a line far above the spend would flatten it: name the budget in the legend only
+            ax.plot([], [], ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g} (above the axis)")
     for x, r in zip(xs, rels, strict=True):
         if r.refused is not None:
             ax.plot([x], [0], "x", color="#c62828", ms=9, mew=2)
@@ -378,11 +496,14 @@ def run(args: Any) -> int:
     if connection is None:
         return 2
     truth = Truth.load(args.truth) if args.truth else None
-    wanted = set(args.metric or [])
+    selected = Selection(frozenset(args.metric or ()), args.since, args.until, args.non_empty)
+    jsonl = args.format == "jsonl"
+    if not jsonl:
+        print(LEGEND + "\n", flush=True)
 
     def show(rel: Release) -> None:
-        if not wanted or rel.metric in wanted:
-            print(format_release(rel, truth, args.rows) + "\n", flush=True)
+        if selected(rel):
+            print(rel.to_bytes().decode() if jsonl else format_release(rel, truth, args.rows) + "\n", flush=True)
 
     try:
         releases = asyncio.run(
@@ -399,8 +520,9 @@ def run(args: Any) -> int:
     except KafkaError as err:
         print(f"error: cannot read releases from Kafka at {connection.describe()}: {err}", file=sys.stderr)
         return 1
-    releases = [r for r in releases if not wanted or r.metric in wanted]
-    print(f"{len(releases)} releases", flush=True)
+    shown = [r for r in releases if selected(r)]
+    # the summary goes to stderr in jsonl mode: stdout stays one JSON record a line
+    print(f"{len(shown)} releases shown of {len(releases)} read", file=sys.stderr if jsonl else sys.stdout, flush=True)
     if args.plot:
-        print(f"plot: {plot_releases(releases, truth, args.plot)}")
+        print(f"plot: {plot_releases(shown, truth, args.plot)}", file=sys.stderr if jsonl else sys.stdout)
     return 0

@@ -17,6 +17,7 @@ from pydantic import (
 from mechanisms.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.directed import add_up, mul_up, sqrt_up
 from mechanisms.errors import MechanismError, ParameterError
+from mechanisms.key_threshold import make_key_threshold
 from mechanisms.rng import RandomSource
 from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
@@ -115,14 +116,16 @@ class KeyedMetric(_MetricBase):
     capacity_test: CapacityTestSpec = CapacityTestSpec()
 
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
-        """``(unit, ε or ρ, δ)`` of one window: the threshold mechanism's own map plus the capacity test.
+        """``(unit, ε or ρ, δ)`` of one window: the key-level threshold mechanism's map plus the capacity test.
 
         A client adds 1 to at most ``keys_per_window`` (key, bit) cells: Δ0 = Δ1 = keys_per_window, Δ∞ = 1
         (Laplace), Δ2 = sqrt(keys_per_window) (Gaussian). The capacity test (``ε'``, ``δ'``,
         :mod:`mechanisms.capacity_test`) composes with it: ``(ε + ε', δ + δ')``, or for the Gaussian
         ``(ρ + ε'²/2, δ + δ')``; every sum and product rounded toward the larger loss.
         """
-        first, delta = self.release.build().map(self.sensitivity())
+        # the key-level threshold (a key released with both cells when their noisy sum passes τ): the cells' ε (ρ)
+        # and the δ of the sum of two noises (mechanisms.key_threshold)
+        first, delta = make_key_threshold(self.release.build()).map(self.sensitivity())
         test_eps, test_delta = float(self.capacity_test.epsilon), float(self.capacity_test.delta)
         if self.release.mechanism == "laplace":
             return "epsilon", add_up(float(first), test_eps), add_up(float(delta), test_delta)

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from mechanisms.core import Measurement
+from mechanisms.directed import add_up, mul_up
 from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.rng import RandomSource
 from mechanisms.theil_sen import make_private_theil_sen
@@ -24,8 +25,30 @@ from schemas.kinds import PayloadKind
 from schemas.spec.base import (
     Real,
     SpecFieldError,
+    _Frozen,
     _MetricBase,
 )
+
+
+class PointCountTestSpec(_Frozen):
+    """The private test, before a regression window's fit, that the window holds enough points: a noisy count
+    ``N + Z``, ``Z`` discrete Laplace of scale ``reports_per_window / epsilon`` (one client changes at most
+    ``reports_per_window`` points, so the test is ``epsilon``-DP: the discrete Laplace mechanism, Canonne, Kamath,
+    Steinke 2020, https://arxiv.org/abs/2004.00010), compared with ``min_points``. Below it the record holds no fit
+    and says ``no_data`` (a window without points would otherwise release a uniformly random line: the private
+    medians of no data). Charged with every window, whatever it says."""
+
+    #: The test's ε; its noise scale is ``reports_per_window / epsilon`` (defaults: scale 4 at one row a client, so
+    #: an empty window passes with probability ~0.004 and one of 40 points fails with about the same).
+    epsilon: Real = 0.25
+    #: The fewest points (noisy) a window needs for a fit.
+    min_points: Annotated[StrictInt, Field(ge=1)] = 20
+
+    @model_validator(mode="after")
+    def _valid(self) -> PointCountTestSpec:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise SpecFieldError("epsilon", "must be in (0, ∞)")
+        return self
 
 
 class RegressionMetric(_MetricBase):
@@ -48,11 +71,20 @@ class RegressionMetric(_MetricBase):
     #: Output measure of the medians, as :mod:`mechanisms.quantile` names it: pure ε (``max_divergence``)
     #: or ρ (``zero_concentrated_divergence``; ``zcdp`` is accepted as an alias).
     measure: Literal["max_divergence", "zero_concentrated_divergence"] = "max_divergence"
+    #: The private test that the window holds enough points for a fit (``None``: no test, a fit from any window,
+    #: even an empty one).
+    point_count_test: PointCountTestSpec | None = None
 
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
-        """``(unit, ε or ρ, 0)`` of one window's DP Theil-Sen release: its map at d_in = ``reports_per_window``."""
+        """``(unit, ε or ρ, 0)`` of one window's DP Theil-Sen release: its map at d_in = ``reports_per_window``, plus
+        the point-count test's ε (as ``ρ = ε²/2`` under zCDP: pure ε-DP implies ε²/2-zCDP, Bun & Steinke 2016,
+        Prop. 1.4), rounded up."""
         unit: Literal["epsilon", "rho"] = "epsilon" if self.measure == "max_divergence" else "rho"
-        return unit, float(self.build().map(self.reports_per_window)), 0.0
+        loss = float(self.build().map(self.reports_per_window))
+        if self.point_count_test is not None:
+            eps = float(self.point_count_test.epsilon)
+            loss = add_up(loss, eps if unit == "epsilon" else mul_up(mul_up(eps, eps), 0.5))
+        return unit, loss, 0.0
 
     def build(self, rng: RandomSource | None = None) -> Measurement[Any, Any]:
         """The DP Theil-Sen measurement these parameters describe (one place builds it)."""

@@ -43,7 +43,18 @@ def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> No
 
 
 #: Every command of ``ptel``; a command that disappears (or is added without a test) fails here.
-ALL_COMMANDS = {"broker", "demo", "produce", "worker", "releases", "monitor", "gateway", "gateway-keys", "schema"}
+ALL_COMMANDS = {
+    "broker",
+    "demo",
+    "produce",
+    "worker",
+    "releases",
+    "monitor",
+    "gateway",
+    "gateway-keys",
+    "schema",
+    "spec",
+}
 
 
 def test_every_command_exists_and_registers() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -126,5 +128,62 @@ def test_the_figure_shows_every_window_privacy_refusals_and_unreleased_keys() ->
     assert "refused" in [t.get_text() for t in theme.texts]
     assert len(theme_privacy.patches) == 3  # ε of the three released windows; the refused one spent nothing
     assert [t.get_text() for t in errors.texts] == ["∅"]  # E1 was not released in the second window
-    assert "budget 64" in [t.get_text() for t in errors_privacy.get_legend().get_texts()]
+    assert "budget 64 (above the axis)" in [t.get_text() for t in errors_privacy.get_legend().get_texts()]
     assert "per client" in errors_privacy.get_title() and "not 0" in errors.get_title()
+
+
+def test_no_data_and_no_key_are_said_not_estimated(tmp_path: Path) -> None:
+    from ptel.commands.releases import release_figure
+
+    empty = _release().model_copy(update={"n": 0, "no_data": True, "estimates": (), "released_keys": ()})
+    text = format_release(empty, TRUTH)
+    assert "no data (no reports in this window): nothing estimated" in text and "30.5" not in text
+    no_key = format_release(_keyed(estimates=(), released_keys=()), None)
+    assert "no key released" in no_key and "not the same as no data" in no_key
+    # a keyed row shows its total's interval (it used to print "-")
+    row = format_release(_keyed(), None).splitlines()[2]
+    assert row.startswith(" *E1") and "37.1" in row and "44.9" in row
+    # the figure: a grey "no data" band, and the series is broken there (NaN), not drawn through 0
+    later = _release().model_copy(update={"window_start_ms": 40_000, "window_end_ms": 50_000})
+    between = empty.model_copy(update={"window_start_ms": 30_000, "window_end_ms": 40_000})
+    fig = release_figure([_release(), between, later], None)
+    ax = fig.axes[0]
+    assert "no data" in [t.get_text() for t in ax.texts]
+    ys = [list(line.get_ydata()) for line in ax.lines if len(line.get_ydata()) == 3]
+    assert ys and all(math.isnan(y[1]) for y in ys)
+    assert "grey: no data" in ax.get_title()
+
+
+def test_selection_by_metric_time_and_emptiness() -> None:
+    from ptel.commands.releases import Selection, nothing_to_show, parse_time
+
+    assert parse_time("20") == 20_000 and parse_time("1970-01-01T00:00:30Z") == 30_000
+    assert parse_time("1970-01-01T00:00:30") == 30_000  # no zone: UTC
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_time("yesterday")
+    full, empty = _release(), _release().model_copy(update={"n": 0, "no_data": True, "estimates": ()})
+    no_key = _keyed(estimates=(), released_keys=())
+    assert nothing_to_show(empty) and nothing_to_show(no_key) and not nothing_to_show(full)
+    assert not nothing_to_show(_release(refused="budget exhausted"))  # a refusal is shown
+    assert Selection()(empty) and not Selection(non_empty=True)(empty) and Selection(non_empty=True)(full)
+    assert Selection(frozenset({"theme"}))(full) and not Selection(frozenset({"errors"}))(full)
+    assert Selection(since_ms=20_000)(full) and not Selection(since_ms=20_001)(full)
+    assert not Selection(until_ms=20_000)(full) and Selection(until_ms=20_001)(full)
+
+
+def test_the_figure_names_top_series_and_keeps_a_far_budget_off_the_axis() -> None:
+    from ptel.commands.releases import TOP_SERIES, release_figure
+
+    many = tuple(
+        EstimateRecord(label=f"c{i}", value=float(i), se=1.0, ci_low=i - 2.0, ci_high=i + 2.0) for i in range(9)
+    )
+    keyed = _keyed(
+        privacy=PrivacySpent(central_epsilon=1.0, central_delta=1e-6, capacity_test_epsilon=0.05),
+        ledger=LedgerSummary(measure="approx_dp", spent_epsilon=5.0, budget_epsilon=64.0),
+    )
+    fig = release_figure([_release().model_copy(update={"estimates": many}), keyed], None)
+    theme = fig.axes[2]
+    assert theme.get_legend().get_title().get_text().startswith(f"top {TOP_SERIES} of 9")
+    privacy = fig.axes[1]
+    assert privacy.get_ylim()[1] < 20  # a budget of 64 does not flatten a spend of 5
+    assert "budget 64 (above the axis)" in [t.get_text() for t in privacy.get_legend().get_texts()]

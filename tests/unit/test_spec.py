@@ -316,22 +316,22 @@ def test_regression_measure_uses_the_mechanisms_names() -> None:
 
 
 def test_central_budgets_must_cover_the_horizon() -> None:
-    # keyed, Laplace threshold: per window ε = keys_per_window / scale, δ = 1 - (1 - P(Z > T - 1))^Δ0
+    # keyed, key-level Laplace threshold: per window ε = keys_per_window / scale, δ = 1 - (1 - P(Z0 + Z1 > T - 1))^Δ0
     doc = demo_doc()
-    doc["metrics"][4]["release"]["threshold"] = 60  # δ per window 6.9e-7: 60 windows exceed δ = 1e-5
+    doc["metrics"][4]["release"]["threshold"] = 60  # δ per window 5.8e-6: 60 windows exceed δ = 1e-5
     assert problems_of(doc) == [
         (
             "metrics[4].budget.delta",
-            "60 releases over the retention horizon spend delta = 4.13e-05 (6.89e-07 per window), "
+            "60 releases over the retention horizon spend delta = 0.000347 (5.78e-06 per window), "
             "above the budget 1e-05",
         )
     ]
     doc = demo_doc()
-    doc["metrics"][5]["scale"] = 2.0  # DP Theil-Sen: ε = 2 · (2 · d_in · runs) / scale = 2 per window
+    doc["metrics"][5]["scale"] = 2.0  # DP Theil-Sen: ε = 2 · (2 · d_in · runs) / scale = 2, + 0.25 per window
     assert problems_of(doc) == [
         (
             "metrics[5].budget.epsilon",
-            "60 releases over the retention horizon spend epsilon = 120 (2 per window), above the budget 60.0",
+            "60 releases over the retention horizon spend epsilon = 135 (2.25 per window), above the budget 75.0",
         )
     ]
     doc = demo_doc()
@@ -341,7 +341,7 @@ def test_central_budgets_must_cover_the_horizon() -> None:
     keyed, regression = spec.metric("errors"), spec.metric("latency_vs_payload")
     assert isinstance(keyed, KeyedMetric) and isinstance(regression, RegressionMetric)
     # the threshold mechanism's ε = 1 plus the key-capacity test's ε' = 0.05 (charged with every window)
-    assert keyed.window_cost()[:2] == ("epsilon", 1.05) and regression.window_cost() == ("epsilon", 1.0, 0.0)
+    assert keyed.window_cost()[:2] == ("epsilon", 1.05) and regression.window_cost() == ("epsilon", 1.25, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""``ptel spec check``: validity, cost per window and horizon, the keyed capacity floor, RAPPOR's detection floor."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mechanisms.capacity_test import make_capacity_test
+from ptel.cli import main
+from ptel.commands.spec import _advice, check_lines, clients_for_share, min_key_capacity
+from schemas.spec import KeyedMetric, RapporMetric, load_spec
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
+
+
+def _pass_probability(capacity: int, d_in: int, statistic: int, epsilon: float = 0.05, delta: float = 1e-9) -> float:
+    """``P(S + Z <= τ)`` exactly for ``Z ~ DLap(b)``: ``1 − P(Z > τ − S)``."""
+    test = make_capacity_test(capacity, d_in, epsilon, delta)
+    a = math.exp(-1.0 / float(test.scale))
+    t = test.threshold - statistic
+    tail = a ** (t + 1) / (1 + a) if t >= 0 else 1 - a ** (-t) / (1 + a)  # P(Z > t)
+    return 1 - tail
+
+
+def test_demo_spec_check_prints_every_metric_and_its_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["spec", "check", str(DEMO), "--clients", "2000"]) == 0
+    out = capsys.readouterr().out
+    spec = load_spec(DEMO)
+    for m in spec.metrics:
+        assert f"{m.name} ({m.kind}):" in out
+    assert "per window: ε = 1.05, δ = 5.15e-08 (central)" in out and "ε = 63, δ = 3.09e-06" in out  # keyed
+    assert "per window: ε = 1.25, δ = 0 (central)" in out and "[budget ε = 75]" in out  # regression + point test
+    assert "horizon (60 windows): ε = 64.46   [budget ε = 64.5]" in out  # RAPPOR per client
+    keyed = spec.metric("errors")
+    assert isinstance(keyed, KeyedMetric)
+    least = min_key_capacity(4, 0.05, 1e-9)
+    assert f"the smallest the capacity test can pass is {least}" in out
+
+
+def test_min_key_capacity_is_where_an_empty_window_starts_to_pass() -> None:
+    least = min_key_capacity(4, 0.05, 1e-9)
+    assert least == 4 + make_capacity_test(10_000, 4, 0.05, 1e-9).margin
+    assert _pass_probability(least, 4, 0) >= 0.5 > _pass_probability(least - 1, 4, 0)  # the mutation: one less fails
+
+
+def test_rappor_floor_is_the_advisor_and_warns_when_nothing_is_detectable(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = load_spec(DEMO)
+    home = spec.metric("homepage")
+    assert isinstance(home, RapporMetric)
+    lines, warnings = check_lines(spec, 2000)
+    a = _advice(home, 2000)
+    assert any(f"detectable from a share of {a.min_detectable_frequency:.3g}" in line for line in lines)
+    assert warnings == 1 and any("most candidates will go undetected" in line for line in lines)  # 0.171 > 1/16
+    lines, warnings = check_lines(spec, 20)
+    assert any("WARNING: nothing is detectable at 20 clients" in line for line in lines)
+    needed = clients_for_share(home, 0.05)
+    assert needed is not None
+    assert _advice(home, needed).min_detectable_frequency <= 0.05 < _advice(home, needed - 1).min_detectable_frequency
+    lines, warnings = check_lines(spec, needed)
+    assert warnings == 0
+
+
+def test_an_invalid_spec_is_refused_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(DEMO.read_text(encoding="utf-8"))
+    doc["metrics"][4]["release"]["threshold"] = 60  # keyed δ over the horizon above the budget
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert main(["spec", "check", str(bad)]) == 2
+    assert "metrics[4].budget.delta" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["spec", "check", str(DEMO), "--clients", "0"])
