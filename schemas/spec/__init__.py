@@ -85,7 +85,7 @@ from schemas.spec.base import (
 from schemas.spec.bool_metric import BoolMetric
 from schemas.spec.categorical_metric import BinsSpec, CategoricalMetric
 from schemas.spec.collection import CollectionSpec, Metric, load_spec, parse_spec
-from schemas.spec.keyed_metric import KeyedMetric, ThresholdReleaseSpec
+from schemas.spec.keyed_metric import CapacityWarning, KeyedMetric, ThresholdReleaseSpec
 from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
@@ -95,6 +95,7 @@ __all__ = [
     "BinsSpec",
     "BoolMetric",
     "BudgetSpec",
+    "CapacityWarning",
     "CategoricalMetric",
     "CollectionSpec",
     "KeyedMetric",
