@@ -89,8 +89,9 @@ class PrivacySpent(_Frozen):
     / ``central_delta`` (or ``central_rho`` for zCDP) the central mechanism applied at release, if any.
 
     RAPPOR: ``epsilon_inf`` is one client's loss in this window under the release's ``privacy_unit``:
-    ``r·ε₁`` per client (``min(r·ε₁, K·ε∞)`` for the basic variants), or ``min(r·ε₁, ε∞)`` per client and
-    value (``client_value``: the memoized PRR's bound, which says nothing of a client whose value changes).
+    ``r·ε₁`` per client (only for fresh reports, ``f = 0``), or ``min(r·ε₁, ε∞)`` per client and value
+    (``client_value``: RAPPOR's longitudinal guarantee, Erlingsson, Pihur, Korolova, CCS 2014, section 3, the
+    memoized PRR's bound, which says nothing of a client whose value changes; docs/privacy.md).
 
     Keyed: ``capacity_test_epsilon`` / ``capacity_test_delta`` are the private test that no partial was near
     its key capacity (:mod:`mechanisms.capacity_test`), charged with the central loss whether or not the
@@ -126,9 +127,10 @@ class Release(_Frozen):
     #: Name of the collection spec (``CollectionSpec.name``).
     spec: StrictStr
     #: Whom the ledger's budget protects over the spec's horizon: ``"client"`` (one device, whatever values
-    #: it reports) or ``"client_value"`` (one unchanged value of a device: RAPPOR's per-value bound, only
-    #: when the spec asks for it by name). Version-1 records said nothing: read them as ``"client"``, except
-    #: RAPPOR's, which were per value.
+    #: it reports) or ``"client_value"`` (one value of a device: RAPPOR's longitudinal guarantee, Erlingsson,
+    #: Pihur, Korolova, CCS 2014, section 3 -- all reports of one value, not when the value changes; only when
+    #: the spec asks for it by name, as memoized RAPPOR variants must). Version-1 records said nothing: read
+    #: them as ``"client"``, except RAPPOR's, which were per value.
     privacy_unit: Literal["client", "client_value"] = "client"
     #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
     group: StrictStr | None = None

@@ -50,6 +50,7 @@ SPEC = parse_spec(
                 "p": 0.25,
                 "q": 0.75,
                 "candidates": ["u1", "u2", "u3", "u4", "u5", "u6"],
+                "guarantee": "client_value",  # a memoized PRR: RAPPOR's longitudinal guarantee, per client and value
             },
             {
                 "name": "errors",
@@ -360,8 +361,9 @@ def test_seeded_noise_is_marked_insecure() -> None:
 
 
 def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
-    """The demo spec loads because its RAPPOR budget covers 60·r·ε₁ (per client, the default guarantee); the
-    ledger charges by the same rule, so no window of a long run is refused and the running total is exactly it."""
+    """The demo spec loads because its RAPPOR budget covers min(60·r·ε₁, ε∞) (``guarantee: client_value``, RAPPOR's
+    longitudinal guarantee: a memoized PRR refuses ``client``); the ledger charges by the same rule, so no window of
+    a long run is refused and the running total is exactly it, named per client and value in every record."""
     from pathlib import Path
 
     from schemas.spec import load_spec
@@ -383,11 +385,12 @@ def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
         assert rel.ledger.spent_epsilon == pytest.approx(metric.horizon_epsilon(live * r), rel=1e-12)
         assert rel.ledger.spent_epsilon <= float(metric.budget.epsilon)
         assert rel.privacy.epsilon_1 == pytest.approx(eps1)
-    # per client: additive, one ε₁ per report, so the horizon's total is W·r·ε₁ (above the per-value ε∞)
+        assert rel.privacy_unit == "client_value"
+    # per client and value: the memoized PRR caps the horizon's total at ε∞ (below W·r·ε₁)
     assert rel.ledger.spent_epsilon is not None
-    assert rel.ledger.spent_epsilon >= horizon * r * eps1 > metric.params().epsilon_inf
-    per_value = metric.model_copy(update={"guarantee": "client_value"})
-    assert per_value.horizon_epsilon(horizon * r) == pytest.approx(metric.params().epsilon_inf)
+    assert rel.ledger.spent_epsilon == pytest.approx(metric.params().epsilon_inf)
+    assert rel.ledger.spent_epsilon < horizon * r * eps1
+    assert metric.guarantee == "client_value" and metric.params().memoized
 
 
 def _spec_v(categories: list[str] | None) -> CollectionSpec:
