@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -448,3 +450,33 @@ def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: p
     rel = _release(p)
     assert rel.refused is not None and rel.refused.startswith("release failed: IndexError")
     assert not rel.estimates and rel.n == 2
+
+
+def test_local_window_charges_round_r_times_eps1_toward_the_larger_loss() -> None:
+    """Issue 22 finding 13: a bool or categorical window costs ``r·ε₁``; the plain float product fell one ulp below
+    the exact product in many cases of this 21 x 21 grid (prob x reports_per_window). Every record's ``epsilon_inf``
+    and every ledger charge is now at least the exact product (and within an ulp of it)."""
+    from fractions import Fraction
+
+    probs = [0.55 + 0.02 * i for i in range(21)]  # 0.55 .. 0.95
+    below_before = checked = 0
+    for prob in probs:
+        metrics: list[dict[str, object]] = [
+            {"name": f"b{r}", "kind": "bool", "prob": prob, "reports_per_window": r} for r in range(1, 22)
+        ]
+        window = {"size_s": 10, "grace_s": 2, "retention_s": 60}
+        spec = parse_spec({"name": "grid", "window": window, "metrics": metrics})
+        protocols, aggregator = resolve_protocols(spec), Aggregator(spec)
+        for r in range(1, 22):
+            name = f"b{r}"
+            ledger = MetricLedger(name, None, 60_000)
+            rel = build_release(spec, aggregator.empty(name, 0), ledger, partitions=1, protocols=protocols)
+            eps1 = rel.privacy.epsilon_1
+            assert eps1 is not None and rel.privacy.epsilon_inf is not None
+            exact = r * Fraction(eps1)
+            below_before += Fraction(eps1 * r) < exact  # the old charge
+            assert Fraction(rel.privacy.epsilon_inf) >= exact
+            assert Fraction(ledger.entries[0].first) >= exact
+            assert rel.privacy.epsilon_inf <= math.nextafter(float(exact), math.inf)
+            checked += 1
+    assert checked == 441 and below_before > 0  # the grid has cases the plain product under-charges
