@@ -16,7 +16,7 @@ from pydantic import (
 
 from mechanisms.directed import mul_up
 from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant
+from mechanisms.rappor import RapporParams, RapporVariant, prr_context
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (
@@ -118,6 +118,21 @@ class RapporMetric(_MetricBase):
         if self.guarantee == "client_value":
             return min(additive, params.epsilon_inf)
         return additive
+
+    def horizon_rule(self) -> str:
+        """A name of the rule :meth:`horizon_epsilon` charges by, for the ledger (``MetricLedger.charge_horizon``).
+
+        It changes whenever the rule or the randomness it counts on changes: the guarantee, ``r``, ε₁, ε∞ and the
+        PRR's configuration (:func:`mechanisms.rappor.prr_context`: variant, k, h, m, thresholds, candidates).
+        Releases under different rules are charged side by side, never credited to each other.
+        """
+        params = self.params()
+        candidates = None if params.variant.uses_bloom else list(self.candidates)
+        context = prr_context(params, candidates).hex()
+        return (
+            f"rappor/{self.guarantee}/r={self.reports_per_window}/eps1={params.epsilon_one!r}/"
+            f"epsinf={params.epsilon_inf!r}/prr={context}"
+        )
 
     def params(self) -> RapporParams:
         """The mechanism's :class:`~mechanisms.rappor.RapporParams` (its own checks; a bad value is a field error)."""

@@ -480,3 +480,49 @@ def test_local_window_charges_round_r_times_eps1_toward_the_larger_loss() -> Non
             assert rel.privacy.epsilon_inf <= math.nextafter(float(exact), math.inf)
             checked += 1
     assert checked == 441 and below_before > 0  # the grid has cases the plain product under-charges
+
+
+@pytest.mark.parametrize("guarantee", ["client", "client_value"])
+def test_a_spec_change_that_lowers_eps1_never_credits_the_old_charges_to_the_new_rule(guarantee: str) -> None:
+    """Issue 22 finding 5. A RAPPOR metric charged for a whole horizon of 60 windows, then a spec change that lowers
+    ε₁ for 60 more: per client (fresh reports, f = 0) h = 2 -> 1, ε₁ = 2 ln 3 -> ln 3; per client and value (f = ½)
+    q = 0.75 -> 0.7. The client's loss over any horizon is at most the sum, over the specs, of each spec's rule
+    applied to its windows in the horizon. Crediting the old charges to the new rule (charge the new rule's total
+    minus everything spent) charged the new windows 0 while the old ones were live: the ledger fell short of the
+    loss by up to 32.96 (30 windows of ln 3) per client and 4.39 (ε∞) per client and value -- mutation check:
+    ``MetricLedger.charge_horizon`` crediting every rule fails here, and so does one without the carries of an
+    old rule (4.39 per client and value). Now the ledger's total is at least that loss after every window."""
+    from fractions import Fraction
+
+    def spec_with(**change: object) -> CollectionSpec:
+        home = {"name": "home", "kind": "rappor", "k": 16, "m": 1, "candidates": ["a", "b"], "guarantee": guarantee}
+        window = {"size_s": 10, "grace_s": 2, "retention_s": 600}
+        return parse_spec({"name": "s", "window": window, "metrics": [{**home, **change}]})
+
+    if guarantee == "client":
+        old, new = spec_with(h=2, f=0), spec_with(h=1, f=0)
+    else:
+        old, new = spec_with(h=2, q=0.75), spec_with(h=2, q=0.7)
+    ledger = MetricLedger("home", None, 600_000)
+    spec_of: dict[int, CollectionSpec] = {}
+    worst_gap = Fraction(-1)
+    for w in range(120):
+        spec = spec_of[w] = old if w < 60 else new
+        metric = spec.metric("home")
+        assert isinstance(metric, RapporMetric)
+        empty = Aggregator(spec).empty("home", w * 10_000)
+        rel = build_release(spec, empty, ledger, partitions=1, protocols=resolve_protocols(spec))
+        # the loss over the 60 windows of the horizon: each spec's own rule over its windows there
+        loss = Fraction(0)
+        for s in (old, new):
+            m = s.metric("home")
+            live = sum(spec_of[v] is s for v in range(max(0, w - 59), w + 1))
+            if live and isinstance(m, RapporMetric):
+                loss += Fraction(m.horizon_epsilon(live * m.reports_per_window))
+        assert rel.ledger.spent_epsilon is not None
+        worst_gap = max(worst_gap, loss - Fraction(rel.ledger.spent_epsilon))
+    assert worst_gap <= 0, float(worst_gap)
+    old_metric, new_metric = old.metric("home"), new.metric("home")
+    assert isinstance(old_metric, RapporMetric) and isinstance(new_metric, RapporMetric)
+    assert new_metric.params().epsilon_one < old_metric.params().epsilon_one
+    assert old_metric.horizon_rule() != new_metric.horizon_rule()
