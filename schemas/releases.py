@@ -23,6 +23,7 @@ __all__ = [
     "LedgerSummary",
     "PrivacySpent",
     "Release",
+    "neighbours",
     "release_key",
 ]
 
@@ -31,6 +32,20 @@ __all__ = [
 RELEASE_SCHEMA_VERSION: Literal[2] = 2
 
 Real = StrictFloat | StrictInt
+
+
+def neighbours(kind: str, privacy_unit: str) -> str:
+    """The neighbour relation a release's ε is stated for (docs/privacy.md, "Neighbouring datasets, per kind").
+
+    Local kinds publish ``n``, so their ε is for a substitution of the client's values (participation public);
+    RAPPOR's ``client_value`` is its longitudinal guarantee (Erlingsson, Pihur, Korolova, CCS 2014, section 3);
+    the central kinds' ε is an add/remove ε, about 2ε under substitution.
+    """
+    if privacy_unit == "client_value":
+        return "one value of a client, RAPPOR's longitudinal guarantee"
+    if kind in ("keyed", "regression"):
+        return "a client added or removed (about 2x under substitution)"
+    return "a client's values substituted; participation (n) public"
 
 
 def release_key(metric: str, window_start_ms: int) -> str:
@@ -130,7 +145,10 @@ class Release(_Frozen):
     #: it reports) or ``"client_value"`` (one value of a device: RAPPOR's longitudinal guarantee, Erlingsson,
     #: Pihur, Korolova, CCS 2014, section 3 -- all reports of one value, not when the value changes; only when
     #: the spec asks for it by name, as memoized RAPPOR variants must). Version-1 records said nothing: read
-    #: them as ``"client"``, except RAPPOR's, which were per value.
+    #: them as ``"client"``, except RAPPOR's, which were per value. Neighbouring datasets (:func:`neighbours`):
+    #: local kinds (bool, categorical, RAPPOR ``client``) substitute a client's values, with ``n`` public (whether
+    #: and how often a client reported is not protected); ``client_value`` changes one value of a client in all
+    #: its reports of it; keyed and regression add or remove a client (about 2ε under substitution).
     privacy_unit: Literal["client", "client_value"] = "client"
     #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
     group: StrictStr | None = None

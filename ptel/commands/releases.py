@@ -29,7 +29,7 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from schemas.kafka_connection import Connection, client_kwargs
-from schemas.releases import Release
+from schemas.releases import Release, neighbours
 
 
 def register(subparsers: Any) -> None:
@@ -132,7 +132,7 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
         unit = "per client and value, RAPPOR's longitudinal guarantee" if per_value else "per client"
         total = f"ε={rel.ledger.spent_epsilon:.4g}" if rel.ledger.spent_epsilon is not None else ""
         total = total or f"ρ={rel.ledger.spent_rho:.4g}"
-        spent.append(f"[horizon {unit}: {total}]")
+        spent.append(f"[horizon {unit}: {total}; neighbours: {neighbours(rel.kind, rel.privacy_unit)}]")
     true_n = truth.n(rel) if truth else None
     # central kinds publish no exact n (it is not covered by their (ε, δ)): say so instead of a number
     n_text = f"n={rel.n}" if rel.n is not None else "n=(not published: central DP)"

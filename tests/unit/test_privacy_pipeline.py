@@ -241,3 +241,16 @@ def test_release_records_of_version_1_still_parse() -> None:
     assert rel.privacy.capacity_test_epsilon is None
     v2 = rel.model_copy(update={"schema_version": 2, "group": "g"})
     assert Release.from_bytes(v2.to_bytes()) == v2
+
+
+def test_the_neighbour_relation_is_stated_per_kind_where_the_guarantee_is_shown() -> None:
+    """Issue 22 finding 11: local kinds publish n (substitution, participation public), RAPPOR's client_value is its
+    longitudinal guarantee, and the central kinds' ε is add/remove (about 2x under substitution)."""
+    from schemas.releases import neighbours
+
+    for kind in ("bool", "categorical", "rappor"):
+        assert "participation (n) public" in neighbours(kind, "client")
+    assert "longitudinal" in neighbours("rappor", "client_value")
+    for kind in ("keyed", "regression"):
+        relation = neighbours(kind, "client")
+        assert "added or removed" in relation and "2x under substitution" in relation
