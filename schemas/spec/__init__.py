@@ -44,8 +44,8 @@ per client, ``max_keys_per_partition`` distinct keys, which bounds the agents' s
 horizon ``window.retention_s``: ``(epsilon, delta)`` or ``(rho, delta)``. For the local kinds the spec
 checks at load that the budget covers the local loss of ``reports_per_window * windows_per_horizon``
 reports (RAPPOR: per client only for fresh reports, f = 0; memoized variants must say ``guarantee:
-client_value``, RAPPOR's longitudinal guarantee, at most ε∞ per client and value); for keyed and regression metrics the budget
-is the central one the agents' accountant spends.
+client_value``, RAPPOR's longitudinal guarantee, at most ε∞ per client and value); for keyed and regression
+metrics the budget is the central one the agents' accountant spends.
 
 What producers and agents read besides the fields (stable names):
 
