@@ -42,7 +42,7 @@ def neighbours(kind: str, privacy_unit: str) -> str:
     the central kinds' ε is an add/remove ε, about 2ε under substitution.
     """
     if privacy_unit == "client_value":
-        return "one value of a client, RAPPOR's longitudinal guarantee"
+        return "every report of one value of a client changed (not when its value changes)"
     if kind in ("keyed", "regression"):
         return "a client added or removed (about 2x under substitution)"
     return "a client's values substituted; participation (n) public"

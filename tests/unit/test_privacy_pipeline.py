@@ -250,7 +250,7 @@ def test_the_neighbour_relation_is_stated_per_kind_where_the_guarantee_is_shown(
 
     for kind in ("bool", "categorical", "rappor"):
         assert "participation (n) public" in neighbours(kind, "client")
-    assert "longitudinal" in neighbours("rappor", "client_value")
+    assert "one value of a client" in neighbours("rappor", "client_value")
     for kind in ("keyed", "regression"):
         relation = neighbours(kind, "client")
         assert "added or removed" in relation and "2x under substitution" in relation
