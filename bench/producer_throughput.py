@@ -86,7 +86,7 @@ async def edge_run(
     await publisher.start()
     now = int(time.time())
     device_time = [float(now)]  # one round per (simulated) device window: within bounds (no agents here)
-    client = EdgeClient(spec, sink, batch_size=batch_size, clock=lambda: device_time[0])
+    client = EdgeClient(spec, sink, batch_size=batch_size, clock=lambda: device_time[0], quota_file=None)
     started = time.perf_counter()
     for r, events_of_round in enumerate(rounds):
         device_time[0] = float(now + r * spec.window.size_s)

@@ -39,7 +39,7 @@ from mechanisms.errors import ParameterError
 from mechanisms.rng import RandomSource
 from mechanisms.samplers import draw_discrete_laplace_int
 
-__all__ = ["CapacityTest", "make_capacity_test"]
+__all__ = ["CapacityTest", "make_capacity_test", "smallest_passable_capacity"]
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,21 @@ class CapacityTest:
         return alpha ** (self.margin + 1) / (1.0 + alpha)
 
 
-def make_capacity_test(capacity: int, d_in: int, epsilon: float, delta: float) -> CapacityTest:
-    """The ``(ε', δ')`` capacity test of a partial holding at most ``capacity`` keys, ``d_in`` per client.
-
-    ``m = ceil(b·ln(1/(δ'(1+α)))) - 1`` with ``b = Δ0/ε'`` rounded up, so that ``α^(m+1)/(1+α) <= δ'``
-    (rounded toward the larger margin, i.e. the smaller failure probability).
-    """
-    for name, value in (("capacity", capacity), ("d_in", d_in)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ParameterError(name, value, "must be an integer in [1, ∞)")
+def _check_test_parameters(d_in: int, epsilon: float, delta: float) -> None:
+    if isinstance(d_in, bool) or not isinstance(d_in, int) or d_in < 1:
+        raise ParameterError("d_in", d_in, "must be an integer in [1, ∞)")
     if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0):
         raise ParameterError("epsilon", epsilon, "must be in (0, ∞)")
     if not (isinstance(delta, int | float) and 0 < delta < 1):
         raise ParameterError("delta", delta, "must be in (0, 1)")
+
+
+def _scale_and_margin(d_in: int, epsilon: float, delta: float) -> tuple[Fraction, int]:
+    """``(b, m)``: ``b = Δ0/ε'`` (exact) and the smallest margin ``m >= 0`` with ``α^(m+1)/(1+α) <= δ'``.
+
+    ``m = ceil(b·ln(1/(δ'(1+α)))) - 1``, computed upward and then checked, so rounded toward the larger
+    margin (the smaller failure probability). It does not depend on the capacity ``C``.
+    """
     scale = Fraction(d_in) / Fraction(epsilon)
     b = float(scale)
     alpha = math.exp(-1.0 / b)
@@ -91,5 +93,37 @@ def make_capacity_test(capacity: int, d_in: int, epsilon: float, delta: float) -
     margin = max(0, math.ceil(div_up(need, 1.0 / b)) - 1)
     while alpha ** (margin + 1) / (1.0 + alpha) > delta:  # float slack: one more step is always enough
         margin += 1
+    return scale, margin
+
+
+def make_capacity_test(capacity: int, d_in: int, epsilon: float, delta: float) -> CapacityTest:
+    """The ``(ε', δ')`` capacity test of a partial holding at most ``capacity`` keys, ``d_in`` per client.
+
+    ``m = ceil(b·ln(1/(δ'(1+α)))) - 1`` with ``b = Δ0/ε'`` rounded up, so that ``α^(m+1)/(1+α) <= δ'``
+    (rounded toward the larger margin, i.e. the smaller failure probability).
+    """
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ParameterError("capacity", capacity, "must be an integer in [1, ∞)")
+    _check_test_parameters(d_in, epsilon, delta)
+    scale, margin = _scale_and_margin(d_in, epsilon, delta)
     threshold = capacity - d_in - margin
     return CapacityTest(capacity, d_in, float(epsilon), float(delta), scale, margin, threshold)
+
+
+def smallest_passable_capacity(d_in: int, epsilon: float, delta: float, keys: int = 0) -> int:
+    """The smallest capacity ``C`` at which a window holding ``keys`` distinct keys per partition is likely released.
+
+    The test passes iff ``S + Z <= τ``, ``τ = C - Δ0 - m`` (module docstring), ``Z ~ DLap(b)`` symmetric. For
+    ``S <= τ`` it passes with probability ``P(Z <= τ - S) >= P(Z <= 0) = 1/(1+α) > ½``; for ``S > τ`` with
+    probability ``P(Z <= τ - S) <= α/(1+α) < ½``, falling by the factor ``α = e^(-ε'/Δ0)`` per missing unit of
+    ``C``. So the answer is ``C = keys + Δ0 + m`` with the same margin ``m`` the test uses (exact: it is the
+    pipeline's own threshold, not an approximation of it). With the default test (``ε' = 0.05``, ``δ' = 1e-9``)
+    and ``Δ0 = 1`` that is 402: a keyed metric whose ``max_keys_per_partition`` is below it refuses even an
+    empty window more often than not (each missing unit multiplies its pass probability by ``α``), while every
+    window is charged. ``ptel spec check`` prints it; the spec warns at load (:class:`schemas.spec.KeyedMetric`).
+    """
+    _check_test_parameters(d_in, epsilon, delta)
+    if isinstance(keys, bool) or not isinstance(keys, int) or keys < 0:
+        raise ParameterError("keys", keys, "must be an integer in [0, ∞)")
+    _, margin = _scale_and_margin(d_in, epsilon, delta)
+    return keys + d_in + margin

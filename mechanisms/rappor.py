@@ -270,6 +270,17 @@ class RapporParams:
         """``p* = ½f(p + q) + (1 − f)p`` at the realized probabilities (one-time: the memoized round's)."""
         return float(self._star[1])
 
+    @property
+    def memoized(self) -> bool:
+        """Whether the reports of one value share random bits (a memoized random round).
+
+        True for the one-time variants (the memoized round is the report) and for the PRR variants unless the
+        realized PRR is deterministic (``f = 0``: ``B' = B``, so every report is a fresh IRR of ``B``). A memoized
+        client's reports are correlated, so a change of value is visible through the correlations and no
+        per-client bound of the form ``n·ε₁`` holds (docs/privacy.md, "RAPPOR over a horizon").
+        """
+        return not (self.variant.uses_irr and self.prr_probabilities == (Fraction(1), Fraction(0)))
+
     # -- privacy maps ----------------------------------------------------------------------------
     @cached_property
     def epsilon_one(self) -> float:

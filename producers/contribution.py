@@ -17,7 +17,9 @@ to disk -- atomically, fsynced, mode 0600 -- **before** the reports are handed t
 (:meth:`ContributionLimiter.persist`, once per send call), and read back when the app starts, so a restarted device
 never sends another ``reports_per_window`` reports in the same window (a crash between the write and the send only
 loses quota: the safe side). A state file that cannot be read or parsed fails closed
-(:class:`ContributionStateError`): the app must not send rather than start again from zero.
+(:class:`ContributionStateError`): the app must not send rather than start again from zero. So does a missing one
+when the caller says it must exist (``must_exist``): the edge client creates it together with the device's client
+secret (:class:`producers.edge_client.EdgeClient`, ``secret_file``), so a deleted file is detected.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ _KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late repo
 class ContributionLimiter:
     """Counts what each (metric, pseudonym) has sent and admits reports within the spec's bounds."""
 
-    def __init__(self, spec: CollectionSpec, state_file: Path | None = None) -> None:
+    def __init__(self, spec: CollectionSpec, state_file: Path | None = None, *, must_exist: bool = False) -> None:
+        """``must_exist``: a missing ``state_file`` fails closed (:class:`ContributionStateError`) instead of starting
+        from zero -- the edge client asks for it when the device's client secret already existed (the file was
+        created with the secret, so its absence means it was deleted)."""
         self.window_size_s = spec.window.size_s
         self._reports = {m.name: m.reports_per_window for m in spec.metrics}
         self._max_keys = {m.name: m.keys_per_window for m in spec.metrics if isinstance(m, KeyedMetric)}
@@ -58,6 +63,13 @@ class ContributionLimiter:
         self._changed = False
         if state_file is not None and state_file.exists():
             self._load(state_file)
+        elif state_file is not None and must_exist:
+            raise ContributionStateError(
+                f"contribution state {state_file} is missing while this device's client secret exists: it was "
+                "created with the secret, so it was deleted or moved; refusing to send rather than start from a "
+                "fresh quota -- restore it, or create an empty one only once no report of the current windows left "
+                "(or start over as a new client: a new secret)"
+            )
 
     # ------------------------------------------------------------------------------------------
     # persistence
@@ -80,10 +92,10 @@ class ContributionLimiter:
                 "device already sent -- restore the file, or delete it only if no report of the current windows left"
             ) from None
 
-    def persist(self) -> None:
+    def persist(self, *, force: bool = False) -> None:
         """Write what was admitted since the last call to :attr:`state_file` (atomic, fsynced, 0600) -- before the
-        reports are published. A no-op without a state file or without changes."""
-        if self.state_file is None or not self._changed:
+        reports are published. A no-op without a state file or without changes (``force``: write anyway)."""
+        if self.state_file is None or not (self._changed or force):
             return
         counts = {
             str(w): {m: {str(p): n for p, n in sent.items()} for m, sent in ms.items()}

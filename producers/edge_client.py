@@ -29,6 +29,7 @@ boundary, which the agents' grace covers.
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +58,21 @@ from schemas.wire import (
     shard_of,
 )
 
-__all__ = ["EdgeClient", "MessageSink", "SendStats"]
+__all__ = ["QUOTA_BESIDE_SECRET", "EdgeClient", "MessageSink", "QuotaBesideSecret", "SendStats", "quota_path"]
+
+
+class QuotaBesideSecret(enum.Enum):
+    """The default of :class:`EdgeClient`'s ``quota_file``: :func:`quota_path` of its ``secret_file``."""
+
+    BESIDE_SECRET = "beside-secret"
+
+
+QUOTA_BESIDE_SECRET = QuotaBesideSecret.BESIDE_SECRET
+
+
+def quota_path(secret_file: Path) -> Path:
+    """Where a device keeps its quota by default: beside its client secret, ``<secret>.quota``."""
+    return secret_file.with_name(secret_file.name + ".quota")
 
 
 class MessageSink(Protocol):
@@ -90,8 +105,15 @@ class EdgeClient:
         rng: RandomSource | None = None,
         enforce_bounds: bool = True,
         clock: Callable[[], float] = time.time,
-        quota_file: Path | None = None,
+        secret_file: Path | None = None,
+        quota_file: Path | QuotaBesideSecret | None = QUOTA_BESIDE_SECRET,
     ) -> None:
+        """``secret_file``: the device's client secret (created, mode 0600, if missing; :attr:`secret`). The quota
+        (the contribution bounds' counts, :mod:`producers.contribution`) is on by default: kept in
+        :func:`quota_path` of ``secret_file``, created together with a new secret, and a missing quota file beside an
+        existing secret fails closed (it was deleted). ``quota_file``: another path, or ``None`` to keep the quota in
+        memory only -- an explicit choice for simulations and gateways (many clients; the agents' bounds hold
+        anyway), never the silent default: without ``secret_file`` it must be given."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ProducerParameterError(
                 f"batch_size ({batch_size!r}) must be a non-negative integer (0: one report per message)"
@@ -104,9 +126,24 @@ class EdgeClient:
         self.wire_format: WireFormat = wire_format
         self.shards = shards
         self.privatizers: Mapping[str, MetricPrivatizer] = make_privatizers(spec, rng)
-        #: The contribution bounds; with ``quota_file`` (a device keeps it beside its client secret) what was sent
-        #: survives restarts (:mod:`producers.contribution`).
-        self.limiter: ContributionLimiter | None = ContributionLimiter(spec, quota_file) if enforce_bounds else None
+        secret_existed = secret_file is not None and Path(secret_file).exists()
+        if quota_file is QUOTA_BESIDE_SECRET:
+            if secret_file is None:
+                raise ProducerParameterError(
+                    "quota_file: give secret_file= (the quota is kept beside the device's client secret), a path, "
+                    "or None to keep the quota in memory only (simulations, gateways)"
+                )
+            quota_file = quota_path(Path(secret_file))
+        quota = quota_file if isinstance(quota_file, Path) else None
+        #: The contribution bounds; with a quota file (by default beside the client secret) what was sent survives
+        #: restarts (:mod:`producers.contribution`); a quota file missing beside an existing secret fails closed.
+        self.limiter: ContributionLimiter | None = (
+            ContributionLimiter(spec, quota, must_exist=secret_existed) if enforce_bounds else None
+        )
+        if self.limiter is not None and quota is not None and not quota.exists():
+            self.limiter.persist(force=True)  # created before the secret: a later deletion is detected
+        #: The device's client secret (``secret_file``), ``None`` when secrets are passed per call.
+        self.secret: ClientSecret | None = None if secret_file is None else ClientSecret.load_or_create(secret_file)
         self.stats = SendStats()
         #: The device clock, seconds since the epoch (the wall clock; a test may inject another).
         self.clock = clock
@@ -130,9 +167,13 @@ class EdgeClient:
         except KeyError:
             raise KeyError(f"metric {metric!r} is not in the spec") from None
 
-    async def send(self, metric: str, value: Any, *, secret: ClientSecret) -> bool:
+    async def send(self, metric: str, value: Any, *, secret: ClientSecret | None = None) -> bool:
         """Privatize and publish one event now (a single-report message stamped with the send time); False if
-        a contribution bound dropped it."""
+        a contribution bound dropped it. ``secret``: the client's (default: the device's own, ``secret_file``)."""
+        if secret is None:
+            if self.secret is None:
+                raise ProducerParameterError("secret: give the client's secret, or build the client with secret_file=")
+            secret = self.secret
         privatizer = self.privatizer(metric)
         report = privatizer.report(value, secret=secret, client_time=self.client_time())
         if self.limiter is not None:

@@ -23,6 +23,7 @@ __all__ = [
     "LedgerSummary",
     "PrivacySpent",
     "Release",
+    "neighbours",
     "release_key",
 ]
 
@@ -31,6 +32,20 @@ __all__ = [
 RELEASE_SCHEMA_VERSION: Literal[2] = 2
 
 Real = StrictFloat | StrictInt
+
+
+def neighbours(kind: str, privacy_unit: str) -> str:
+    """The neighbour relation a release's ε is stated for (docs/privacy.md, "Neighbouring datasets, per kind").
+
+    Local kinds publish ``n``, so their ε is for a substitution of the client's values (participation public);
+    RAPPOR's ``client_value`` is its longitudinal guarantee (Erlingsson, Pihur, Korolova, CCS 2014, section 3);
+    the central kinds' ε is an add/remove ε, about 2ε under substitution.
+    """
+    if privacy_unit == "client_value":
+        return "every report of one value of a client changed (not when its value changes)"
+    if kind in ("keyed", "regression"):
+        return "a client added or removed (about 2x under substitution)"
+    return "a client's values substituted; participation (n) public"
 
 
 def release_key(metric: str, window_start_ms: int) -> str:
@@ -89,8 +104,9 @@ class PrivacySpent(_Frozen):
     / ``central_delta`` (or ``central_rho`` for zCDP) the central mechanism applied at release, if any.
 
     RAPPOR: ``epsilon_inf`` is one client's loss in this window under the release's ``privacy_unit``:
-    ``r·ε₁`` per client (``min(r·ε₁, K·ε∞)`` for the basic variants), or ``min(r·ε₁, ε∞)`` per client and
-    value (``client_value``: the memoized PRR's bound, which says nothing of a client whose value changes).
+    ``r·ε₁`` per client (only for fresh reports, ``f = 0``), or ``min(r·ε₁, ε∞)`` per client and value
+    (``client_value``: RAPPOR's longitudinal guarantee, Erlingsson, Pihur, Korolova, CCS 2014, section 3, the
+    memoized PRR's bound, which says nothing of a client whose value changes; docs/privacy.md).
 
     Keyed: ``capacity_test_epsilon`` / ``capacity_test_delta`` are the private test that no partial was near
     its key capacity (:mod:`mechanisms.capacity_test`), charged with the central loss whether or not the
@@ -126,9 +142,13 @@ class Release(_Frozen):
     #: Name of the collection spec (``CollectionSpec.name``).
     spec: StrictStr
     #: Whom the ledger's budget protects over the spec's horizon: ``"client"`` (one device, whatever values
-    #: it reports) or ``"client_value"`` (one unchanged value of a device: RAPPOR's per-value bound, only
-    #: when the spec asks for it by name). Version-1 records said nothing: read them as ``"client"``, except
-    #: RAPPOR's, which were per value.
+    #: it reports) or ``"client_value"`` (one value of a device: RAPPOR's longitudinal guarantee, Erlingsson,
+    #: Pihur, Korolova, CCS 2014, section 3 -- all reports of one value, not when the value changes; only when
+    #: the spec asks for it by name, as memoized RAPPOR variants must). Version-1 records said nothing: read
+    #: them as ``"client"``, except RAPPOR's, which were per value. Neighbouring datasets (:func:`neighbours`):
+    #: local kinds (bool, categorical, RAPPOR ``client``) substitute a client's values, with ``n`` public (whether
+    #: and how often a client reported is not protected); ``client_value`` changes one value of a client in all
+    #: its reports of it; keyed and regression add or remove a client (about 2ε under substitution).
     privacy_unit: Literal["client", "client_value"] = "client"
     #: The worker group (consumer group) whose stage 2 made this record; ``None`` in version-1 records.
     group: StrictStr | None = None

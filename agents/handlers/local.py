@@ -14,6 +14,7 @@ from typing import Any
 
 from agents.handlers.base import KindHandler, M, P, ReleaseJob
 from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
+from mechanisms.directed import mul_up
 from schemas.releases import KeyRelease, PrivacySpent, Release
 
 
@@ -26,7 +27,7 @@ def local_release(
     m = handler.local_measurement(metric, job.protocol)
     eps1 = float(m.map(1))
     r = metric.reports_per_window
-    eps_window = eps1 * r  # r fresh randomizations of one client in one window compose: ε = r·ε₁
+    eps_window = mul_up(r, eps1)  # r fresh randomizations of one client in one window compose: ε = r·ε₁, rounded up
     entry = job.ledger.charge(job.rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
     p_star, q_star = m.support_probabilities
     level = float(job.spec.confidence)

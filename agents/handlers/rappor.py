@@ -2,9 +2,11 @@
 against the candidates in stage 2 (:func:`mechanisms.rappor_estimation.decode`; basic variants:
 :func:`~mechanisms.rappor_estimation.estimate_basic_histogram`), released keys the detected candidates.
 
-Privacy: ``r`` reports of one client in a window cost ``r·ε₁`` per client and ``min(r·ε₁, ε∞)`` per client and
-value (the memoized PRR, :meth:`schemas.spec.RapporMetric.horizon_epsilon`); the ledger is charged so that ``w``
-windows within the horizon total ``horizon_epsilon(w·r)`` -- the spec's load-time rule, charged incrementally.
+Privacy: ``r`` reports of one client in a window cost ``r·ε₁`` per client (fresh reports, ``f = 0``) and
+``min(r·ε₁, ε∞)`` per client and value (RAPPOR's longitudinal guarantee, the memoized PRR,
+:meth:`schemas.spec.RapporMetric.horizon_epsilon`); the ledger is charged so that ``w`` windows within the horizon
+under one rule (:meth:`~schemas.spec.RapporMetric.horizon_rule`) total ``horizon_epsilon(w·r)`` -- the spec's
+load-time rule, charged incrementally.
 """
 
 from __future__ import annotations
@@ -70,9 +72,13 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         # per client; min(r·ε₁, ε∞) per client and value
         eps_window = metric.horizon_epsilon(r)
         # over the horizon, w windows cost horizon_epsilon(w·r) in all -- the spec's load-time rule, charged
-        # incrementally: additive per client, capped by K·ε∞ (basic variants) or ε∞ (per value)
+        # incrementally: additive per client (fresh reports only), capped by ε∞ per client and value
         entry = job.ledger.charge_horizon(
-            job.rid, merged.window_start_ms, lambda w: metric.horizon_epsilon(w * r), MAX_DIVERGENCE
+            job.rid,
+            merged.window_start_ms,
+            lambda w: metric.horizon_epsilon(w * r),
+            MAX_DIVERGENCE,
+            rule=metric.horizon_rule(),  # a spec change starts a new rule: the old charges stay beside it
         )
         level = float(job.spec.confidence)
         candidates = list(metric.candidates)

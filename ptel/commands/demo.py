@@ -224,7 +224,7 @@ async def _simulate(
     try:
         population = Population(spec, args.clients, seed=args.seed, master=ClientSecret.generate())
         sink = _Sink(producer, spec.topics.reports)
-        client = EdgeClient(spec, sink, batch_size=args.batch_size)  # CSPRNG privatization, as on a device
+        client = EdgeClient(spec, sink, batch_size=args.batch_size, quota_file=None)  # simulated devices: in memory
         print(
             f"[4/7] simulating {args.clients} devices x {len(spec.metrics)} metrics for {args.windows} windows",
             flush=True,

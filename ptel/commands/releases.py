@@ -35,7 +35,7 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from schemas.kafka_connection import Connection, client_kwargs
-from schemas.releases import EstimateRecord, Release
+from schemas.releases import EstimateRecord, Release, neighbours
 
 
 def register(subparsers: Any) -> None:
@@ -197,10 +197,12 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     if p.capacity_test_epsilon is not None:
         spent.append(f"+ capacity test (ε={p.capacity_test_epsilon:.2g}, δ={p.capacity_test_delta or 0:.2g})")
     if rel.ledger.spent_epsilon is not None or rel.ledger.spent_rho is not None:
-        unit = "per client and value" if rel.privacy_unit == "client_value" else "per client"
+        # client_value: RAPPOR's longitudinal guarantee (Erlingsson et al., CCS 2014, section 3), named as such
+        per_value = rel.privacy_unit == "client_value"
+        unit = "per client and value, RAPPOR's longitudinal guarantee" if per_value else "per client"
         total = f"ε={rel.ledger.spent_epsilon:.4g}" if rel.ledger.spent_epsilon is not None else ""
         total = total or f"ρ={rel.ledger.spent_rho:.4g}"
-        spent.append(f"[horizon {unit}: {total}]")
+        spent.append(f"[horizon {unit}: {total}; neighbours: {neighbours(rel.kind, rel.privacy_unit)}]")
     true_n = truth.n(rel) if truth else None
     # central kinds publish no exact n (it is not covered by their (ε, δ)): say so instead of a number
     n_text = f"n={rel.n}" if rel.n is not None else "n=(not published: central DP)"
@@ -442,7 +444,7 @@ def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str])
     for x, r in zip(xs, rels, strict=True):
         if r.refused is not None:
             ax.plot([x], [0], "x", color="#c62828", ms=9, mew=2)
-    unit = "per client and value" if rels[-1].privacy_unit == "client_value" else "per client"
+    unit = "per client and value: RAPPOR's longitudinal" if rels[-1].privacy_unit == "client_value" else "per client"
     ax.set_title(f"privacy spent ({'ρ' if rho else 'ε'}, {unit}); x: refused", fontsize=9)
     ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
     ax.legend(fontsize=7)

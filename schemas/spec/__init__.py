@@ -43,8 +43,9 @@ per client, ``max_keys_per_partition`` distinct keys, which bounds the agents' s
 :func:`default_max_keys_per_partition`). ``budget`` is per metric over the retention
 horizon ``window.retention_s``: ``(epsilon, delta)`` or ``(rho, delta)``. For the local kinds the spec
 checks at load that the budget covers the local loss of ``reports_per_window * windows_per_horizon``
-reports (RAPPOR: at most ε∞, thanks to the memoized PRR); for keyed and regression metrics the budget
-is the central one the agents' accountant spends.
+reports (RAPPOR: per client only for fresh reports, f = 0; memoized variants must say ``guarantee:
+client_value``, RAPPOR's longitudinal guarantee, at most ε∞ per client and value); for keyed and regression
+metrics the budget is the central one the agents' accountant spends.
 
 What producers and agents read besides the fields (stable names):
 
@@ -85,7 +86,7 @@ from schemas.spec.base import (
 from schemas.spec.bool_metric import BoolMetric
 from schemas.spec.categorical_metric import BinsSpec, CategoricalMetric
 from schemas.spec.collection import CollectionSpec, Metric, load_spec, parse_spec
-from schemas.spec.keyed_metric import KeyedMetric, ThresholdReleaseSpec
+from schemas.spec.keyed_metric import CapacityWarning, KeyedMetric, ThresholdReleaseSpec
 from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
@@ -95,6 +96,7 @@ __all__ = [
     "BinsSpec",
     "BoolMetric",
     "BudgetSpec",
+    "CapacityWarning",
     "CategoricalMetric",
     "CollectionSpec",
     "KeyedMetric",

@@ -93,10 +93,12 @@ class CollectionSpec(_Frozen):
             raise SpecFieldError(f"metrics[{i}].budget.rho", "local metrics spend ε: give budget.epsilon")
         reports = metric.reports_per_window * self.window.windows_per_horizon
         loss = metric.horizon_epsilon(reports)
+        # RAPPOR's longitudinal guarantee is per client and value (RapporMetric.guarantee): say so
+        unit = "per client and value" if getattr(metric, "guarantee", "client") == "client_value" else "per client"
         if loss > budget.epsilon:
             raise SpecFieldError(
                 f"metrics[{i}].budget.epsilon",
-                f"the local loss over the retention horizon ({reports} reports per client) is {loss:.4g}, "
+                f"the local loss over the retention horizon ({reports} reports {unit}) is {loss:.4g}, "
                 f"above the budget {budget.epsilon}",
             )
 

@@ -6,6 +6,7 @@ Sources cited in brackets ([THRESHOLD]): docs/references.md.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
@@ -14,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.capacity_test import CapacityTest, make_capacity_test
+from mechanisms.capacity_test import CapacityTest, make_capacity_test, smallest_passable_capacity
 from mechanisms.directed import add_up, mul_up, sqrt_up
 from mechanisms.errors import MechanismError, ParameterError
 from mechanisms.key_threshold import make_key_threshold
@@ -90,6 +91,12 @@ class CapacityTestSpec(_Frozen):
         return self
 
 
+class CapacityWarning(UserWarning):
+    """A keyed metric's ``max_keys_per_partition`` is below :meth:`KeyedMetric.smallest_passable_capacity`: its
+    capacity test refuses even an empty window more often than not, so it is charged every window and rarely
+    released (a warning, not an error: such a spec is safe, only useless; tests use it to force refusals)."""
+
+
 class KeyedMetric(_MetricBase):
     """An open set of keys sent in clear, each with a boolean value privatized on the device by RR."""
 
@@ -139,6 +146,14 @@ class KeyedMetric(_MetricBase):
             self.key_capacity, d_in, float(self.capacity_test.epsilon), float(self.capacity_test.delta)
         )
 
+    def smallest_passable_capacity(self, keys: int = 0) -> int:
+        """The smallest ``max_keys_per_partition`` whose capacity test passes a window holding ``keys`` distinct
+        keys per partition with probability above ½: ``keys + Δ0 + m``
+        (:func:`mechanisms.capacity_test.smallest_passable_capacity`; 402 for ``Δ0 = 1`` at the default test)."""
+        d_in = min(self.keys_per_window, self.reports_per_window)
+        test = self.capacity_test
+        return smallest_passable_capacity(d_in, float(test.epsilon), float(test.delta), keys)
+
     def sensitivity(self) -> tuple[int, float, int]:
         """``d_in`` of the (key, RR bit) cell histogram: ``(Δ0, Δ1, Δ∞)`` for Laplace, ``(Δ0, Δ2, Δ∞)`` for Gaussian.
 
@@ -166,5 +181,16 @@ class KeyedMetric(_MetricBase):
                 "max_keys_per_partition",
                 f"must be at most {limit} for max_key_bytes = {self.max_key_bytes} (a partial's keys take up to "
                 f"{keyed_entry_bytes(self.max_key_bytes)} bytes each, {KEYED_PARTIAL_KEY_BYTES} in all)",
+            )
+        smallest = self.smallest_passable_capacity()
+        if self.key_capacity < smallest:
+            warnings.warn(
+                CapacityWarning(
+                    f"metric {self.name!r}: max_keys_per_partition = {self.key_capacity} is below {smallest}, the "
+                    f"smallest capacity whose test (capacity_test epsilon = {self.capacity_test.epsilon}, delta = "
+                    f"{self.capacity_test.delta}, keys_per_window = {self.keys_per_window}) passes even an empty "
+                    "window with probability above 1/2: its windows are charged but almost never released"
+                ),
+                stacklevel=2,
             )
         return self

@@ -16,7 +16,7 @@ from pydantic import (
 
 from mechanisms.directed import mul_up
 from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant
+from mechanisms.rappor import RapporParams, RapporVariant, prr_context
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (
@@ -53,9 +53,11 @@ class RapporMetric(_MetricBase):
     q: Real = 0.75  # prob_q: P(report 1 | PRR bit 1)
     #: Strings the analysis decodes against; for basic variants, one Bloom bit each, in order.
     candidates: tuple[StrictStr, ...]
-    #: The unit the budget protects over the horizon (see :meth:`horizon_epsilon`): ``client`` (default: a
-    #: client whatever values it holds, additive over its reports) or ``client_value`` (one unchanged value of
-    #: a client: the paper's longitudinal bound ε∞, which says nothing about a client whose value changes).
+    #: The unit the budget protects over the horizon (see :meth:`horizon_epsilon`): ``client`` (default: a client
+    #: whatever values it holds, any change of its history; only for reports with fresh randomness, i.e. ``f = 0``
+    #: with an IRR) or ``client_value`` (RAPPOR's longitudinal guarantee, Erlingsson, Pihur, Korolova, CCS 2014,
+    #: section 3: all reports of one value of a client, bounded by ε∞; it says nothing about *when* a client's
+    #: value changes). A memoized variant refuses ``client``: no useful per-client bound holds for it.
     guarantee: Literal["client", "client_value"] = "client"
 
     @model_validator(mode="after")
@@ -76,7 +78,17 @@ class RapporMetric(_MetricBase):
             raise SpecFieldError("k", f"is required for variant {self.variant}")
         if self.h > self.bits:
             raise SpecFieldError("h", f"must be at most k ({self.bits})")
-        self.params()  # the mechanism's own checks of f, p, q, k, h, m
+        params = self.params()  # the mechanism's own checks of f, p, q, k, h, m
+        if self.guarantee == "client" and params.memoized:
+            memo = f"its PRR is memoized (f = {self.f})" if params.variant.uses_irr else "its single round is memoized"
+            raise SpecFieldError(
+                "guarantee",
+                f"must be 'client_value' for the {self.variant} variant: {memo}, so a client's reports of one value "
+                "share randomness and a change of value shows through their correlations (no useful per-client bound "
+                "holds; docs/privacy.md). Valid choices: guarantee: client_value (RAPPOR's longitudinal guarantee, "
+                "per client and value, Erlingsson et al. CCS 2014 section 3), or guarantee: client with f: 0 and "
+                "variant standard or basic (a fresh report each time, n·ε₁ per client)",
+            )
         return self
 
     @property
@@ -87,25 +99,40 @@ class RapporMetric(_MetricBase):
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client over the horizon, under :attr:`guarantee`.
 
-        Each report is ε₁-LDP, and the reports of one value share its memoized PRR, whose joint loss is at
-        most ε∞ (Erlingsson, Pihur, Korolova, "RAPPOR: Randomized Aggregatable Privacy-Preserving Ordinal
-        Response", CCS 2014, sections 3 and 4, https://arxiv.org/abs/1407.6981). Reports of distinct values
-        use independent PRRs and compose additively, so a client holding ``D`` distinct values over
-        ``n`` reports loses at most ``Σ_v min(n_v·ε₁, ε∞) <= min(n·ε₁, D·ε∞)``. (``n_v`` reports sharing one
-        PRR lose at most ``n_v·ε₁``: per Bloom bit the log-likelihood ratio of ``s`` ones is concave in ``s``
-        for the symmetric PRR flip ``f/2``, hence subadditive.)
+        Erlingsson, Pihur, Korolova, "RAPPOR: Randomized Aggregatable Privacy-Preserving Ordinal Response",
+        CCS 2014, section 3, https://arxiv.org/abs/1407.6981; the proofs are in docs/privacy.md ("RAPPOR over a
+        horizon") and ``tests/unit/test_rappor_horizon_exact.py`` checks both rules by exact enumeration.
 
-        - ``client`` (default): ``D`` is unbounded for the open-string variants, so ``n·ε₁``; for the basic
-          variants a client can hold at most ``K = len(candidates)`` values: ``min(n·ε₁, K·ε∞)``.
-        - ``client_value``: the paper's per-value bound ``min(n·ε₁, ε∞)``, for one unchanged value only.
+        - ``client`` (only without memoization, ``f = 0`` with an IRR): the reports are independent given the
+          client's values and each is ε₁-LDP, so any two histories of ``n`` reports are ``n·ε₁`` apart (basic
+          composition; tight for two values with disjoint signals).
+        - ``client_value`` (RAPPOR's longitudinal guarantee): two histories that differ only in the value of one
+          group of reports (every report of value ``v`` carries ``v'`` instead, ``v'`` not otherwise held)
+          are at most ``min(n·ε₁, ε∞)`` apart: the other groups' PRRs are independent and identically
+          distributed in both; the group's reports are post-processing of one PRR (ε∞), and ``n_v`` reports of
+          one PRR lose at most ``n_v·ε₁`` (per Bloom bit the log-likelihood ratio of ``s`` ones among ``n_v``
+          reports is subadditive).
         """
         params = self.params()
         additive = mul_up(reports, params.epsilon_one)  # rounded toward the larger loss
         if self.guarantee == "client_value":
             return min(additive, params.epsilon_inf)
-        if self.variant in ("basic", "basic_one_time"):
-            return min(additive, mul_up(len(self.candidates), params.epsilon_inf))
         return additive
+
+    def horizon_rule(self) -> str:
+        """A name of the rule :meth:`horizon_epsilon` charges by, for the ledger (``MetricLedger.charge_horizon``).
+
+        It changes whenever the rule or the randomness it counts on changes: the guarantee, ``r``, ε₁, ε∞ and the
+        PRR's configuration (:func:`mechanisms.rappor.prr_context`: variant, k, h, m, thresholds, candidates).
+        Releases under different rules are charged side by side, never credited to each other.
+        """
+        params = self.params()
+        candidates = None if params.variant.uses_bloom else list(self.candidates)
+        context = prr_context(params, candidates).hex()
+        return (
+            f"rappor/{self.guarantee}/r={self.reports_per_window}/eps1={params.epsilon_one!r}/"
+            f"epsinf={params.epsilon_inf!r}/prr={context}"
+        )
 
     def params(self) -> RapporParams:
         """The mechanism's :class:`~mechanisms.rappor.RapporParams` (its own checks; a bad value is a field error)."""

@@ -260,7 +260,11 @@ async def produce_rounds(
         for r in range(rounds):
             sink = _RecordingSink(producer, spec.topics.reports)
             client = EdgeClient(
-                spec, sink, batch_size=batch_sizes[r % len(batch_sizes)], rng=SeededRandom(f"privatize/{seed}/{r}")
+                spec,
+                sink,
+                batch_size=batch_sizes[r % len(batch_sizes)],
+                rng=SeededRandom(f"privatize/{seed}/{r}"),
+                quota_file=None,  # simulated devices
             )
             start_ms = await wait_for_window_start(spec.window.size_s, margin_s=0.2)
             events = population.round()

@@ -39,7 +39,7 @@ from tests.integration.agents_support import (
 METRICS = [
     {"name": "crashed", "kind": "bool", "prob": 0.75},
     {"name": "theme", "kind": "categorical", "categories": ["a", "b", "c"], "protocol": "krr", "prob": 0.6},
-    {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"]},
+    {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"], "guarantee": "client_value"},
     {
         "name": "errors",
         "kind": "keyed",

@@ -49,6 +49,7 @@ METRICS: list[dict[str, Any]] = [
         "p": 0.25,
         "q": 0.75,
         "candidates": [f"https://site{i}.example/" for i in range(8)],
+        "guarantee": "client_value",  # a memoized PRR: RAPPOR's longitudinal guarantee, per client and value
     },
     {
         "name": "errors",

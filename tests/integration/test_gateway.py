@@ -81,7 +81,7 @@ async def test_devices_through_the_gateway_and_the_worker_count_exactly_once_per
                 token = served.keys.issue(f"device-{i}")
                 sink = GatewaySink(served.url, token, session=session)
                 # a hostile device: no on-device bounds, and a fresh secret (pseudonym) for every report
-                clients = [EdgeClient(spec, sink, enforce_bounds=False) for _ in range(4)]
+                clients = [EdgeClient(spec, sink, enforce_bounds=False, quota_file=None) for _ in range(4)]
                 assert await clients[0].send("crashed", i % 3 == 0, secret=ClientSecret.generate())
                 for client, key in zip(clients, ("a", "b", "c"), strict=False):
                     try:

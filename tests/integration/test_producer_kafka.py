@@ -58,7 +58,7 @@ async def test_consumed_reports_are_exactly_the_reports_sent(
     publisher = ReportPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, linger_ms=2), topic)
     sink = RecordingSink(publisher)
     async with publisher:
-        client = EdgeClient(spec, sink, batch_size=batch_size, rng=SeededRandom(11))
+        client = EdgeClient(spec, sink, batch_size=batch_size, rng=SeededRandom(11), quota_file=None)
         for events in population.round():
             await client.send_many(events.metric, events.values, secrets=population.secrets_of(events.clients))
     assert publisher.stats.acked == len(sink.sent) == client.stats.messages

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,7 @@ SPEC = parse_spec(
                 "p": 0.25,
                 "q": 0.75,
                 "candidates": ["u1", "u2", "u3", "u4", "u5", "u6"],
+                "guarantee": "client_value",  # a memoized PRR: RAPPOR's longitudinal guarantee, per client and value
             },
             {
                 "name": "errors",
@@ -360,8 +363,9 @@ def test_seeded_noise_is_marked_insecure() -> None:
 
 
 def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
-    """The demo spec loads because its RAPPOR budget covers 60·r·ε₁ (per client, the default guarantee); the
-    ledger charges by the same rule, so no window of a long run is refused and the running total is exactly it."""
+    """The demo spec loads because its RAPPOR budget covers min(60·r·ε₁, ε∞) (``guarantee: client_value``, RAPPOR's
+    longitudinal guarantee: a memoized PRR refuses ``client``); the ledger charges by the same rule, so no window of
+    a long run is refused and the running total is exactly it, named per client and value in every record."""
     from pathlib import Path
 
     from schemas.spec import load_spec
@@ -383,11 +387,12 @@ def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
         assert rel.ledger.spent_epsilon == pytest.approx(metric.horizon_epsilon(live * r), rel=1e-12)
         assert rel.ledger.spent_epsilon <= float(metric.budget.epsilon)
         assert rel.privacy.epsilon_1 == pytest.approx(eps1)
-    # per client: additive, one ε₁ per report, so the horizon's total is W·r·ε₁ (above the per-value ε∞)
+        assert rel.privacy_unit == "client_value"
+    # per client and value: the memoized PRR caps the horizon's total at ε∞ (below W·r·ε₁)
     assert rel.ledger.spent_epsilon is not None
-    assert rel.ledger.spent_epsilon >= horizon * r * eps1 > metric.params().epsilon_inf
-    per_value = metric.model_copy(update={"guarantee": "client_value"})
-    assert per_value.horizon_epsilon(horizon * r) == pytest.approx(metric.params().epsilon_inf)
+    assert rel.ledger.spent_epsilon == pytest.approx(metric.params().epsilon_inf)
+    assert rel.ledger.spent_epsilon < horizon * r * eps1
+    assert metric.guarantee == "client_value" and metric.params().memoized
 
 
 def _spec_v(categories: list[str] | None) -> CollectionSpec:
@@ -445,3 +450,79 @@ def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: p
     rel = _release(p)
     assert rel.refused is not None and rel.refused.startswith("release failed: IndexError")
     assert not rel.estimates and rel.n == 2
+
+
+def test_local_window_charges_round_r_times_eps1_toward_the_larger_loss() -> None:
+    """Issue 22 finding 13: a bool or categorical window costs ``r·ε₁``; the plain float product fell one ulp below
+    the exact product in many cases of this 21 x 21 grid (prob x reports_per_window). Every record's ``epsilon_inf``
+    and every ledger charge is now at least the exact product (and within an ulp of it)."""
+    from fractions import Fraction
+
+    probs = [0.55 + 0.02 * i for i in range(21)]  # 0.55 .. 0.95
+    below_before = checked = 0
+    for prob in probs:
+        metrics: list[dict[str, object]] = [
+            {"name": f"b{r}", "kind": "bool", "prob": prob, "reports_per_window": r} for r in range(1, 22)
+        ]
+        window = {"size_s": 10, "grace_s": 2, "retention_s": 60}
+        spec = parse_spec({"name": "grid", "window": window, "metrics": metrics})
+        protocols, aggregator = resolve_protocols(spec), Aggregator(spec)
+        for r in range(1, 22):
+            name = f"b{r}"
+            ledger = MetricLedger(name, None, 60_000)
+            rel = build_release(spec, aggregator.empty(name, 0), ledger, partitions=1, protocols=protocols)
+            eps1 = rel.privacy.epsilon_1
+            assert eps1 is not None and rel.privacy.epsilon_inf is not None
+            exact = r * Fraction(eps1)
+            below_before += Fraction(eps1 * r) < exact  # the old charge
+            assert Fraction(rel.privacy.epsilon_inf) >= exact
+            assert Fraction(ledger.entries[0].first) >= exact
+            assert rel.privacy.epsilon_inf <= math.nextafter(float(exact), math.inf)
+            checked += 1
+    assert checked == 441 and below_before > 0  # the grid has cases the plain product under-charges
+
+
+@pytest.mark.parametrize("guarantee", ["client", "client_value"])
+def test_a_spec_change_that_lowers_eps1_never_credits_the_old_charges_to_the_new_rule(guarantee: str) -> None:
+    """Issue 22 finding 5. A RAPPOR metric charged for a whole horizon of 60 windows, then a spec change that lowers
+    ε₁ for 60 more: per client (fresh reports, f = 0) h = 2 -> 1, ε₁ = 2 ln 3 -> ln 3; per client and value (f = ½)
+    q = 0.75 -> 0.7. The client's loss over any horizon is at most the sum, over the specs, of each spec's rule
+    applied to its windows in the horizon. Crediting the old charges to the new rule (charge the new rule's total
+    minus everything spent) charged the new windows 0 while the old ones were live: the ledger fell short of the
+    loss by up to 32.96 (30 windows of ln 3) per client and 4.39 (ε∞) per client and value -- mutation check:
+    ``MetricLedger.charge_horizon`` crediting every rule fails here, and so does one without the carries of an
+    old rule (4.39 per client and value). Now the ledger's total is at least that loss after every window."""
+    from fractions import Fraction
+
+    def spec_with(**change: object) -> CollectionSpec:
+        home = {"name": "home", "kind": "rappor", "k": 16, "m": 1, "candidates": ["a", "b"], "guarantee": guarantee}
+        window = {"size_s": 10, "grace_s": 2, "retention_s": 600}
+        return parse_spec({"name": "s", "window": window, "metrics": [{**home, **change}]})
+
+    if guarantee == "client":
+        old, new = spec_with(h=2, f=0), spec_with(h=1, f=0)
+    else:
+        old, new = spec_with(h=2, q=0.75), spec_with(h=2, q=0.7)
+    ledger = MetricLedger("home", None, 600_000)
+    spec_of: dict[int, CollectionSpec] = {}
+    worst_gap = Fraction(-1)
+    for w in range(120):
+        spec = spec_of[w] = old if w < 60 else new
+        metric = spec.metric("home")
+        assert isinstance(metric, RapporMetric)
+        empty = Aggregator(spec).empty("home", w * 10_000)
+        rel = build_release(spec, empty, ledger, partitions=1, protocols=resolve_protocols(spec))
+        # the loss over the 60 windows of the horizon: each spec's own rule over its windows there
+        loss = Fraction(0)
+        for s in (old, new):
+            m = s.metric("home")
+            live = sum(spec_of[v] is s for v in range(max(0, w - 59), w + 1))
+            if live and isinstance(m, RapporMetric):
+                loss += Fraction(m.horizon_epsilon(live * m.reports_per_window))
+        assert rel.ledger.spent_epsilon is not None
+        worst_gap = max(worst_gap, loss - Fraction(rel.ledger.spent_epsilon))
+    assert worst_gap <= 0, float(worst_gap)
+    old_metric, new_metric = old.metric("home"), new.metric("home")
+    assert isinstance(old_metric, RapporMetric) and isinstance(new_metric, RapporMetric)
+    assert new_metric.params().epsilon_one < old_metric.params().epsilon_one
+    assert old_metric.horizon_rule() != new_metric.horizon_rule()

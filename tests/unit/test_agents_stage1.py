@@ -39,7 +39,8 @@ SPEC = parse_spec(
         "metrics": [
             {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 2},
             {"name": "theme", "kind": "categorical", "categories": ["a", "b", "c"], "protocol": "krr", "prob": 0.5},
-            {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"]},
+            {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"],
+             "guarantee": "client_value"},
             {
                 "name": "errors",
                 "kind": "keyed",

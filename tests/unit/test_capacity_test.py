@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy.stats import binomtest
 
-from mechanisms.capacity_test import make_capacity_test
+from mechanisms.capacity_test import make_capacity_test, smallest_passable_capacity
 from mechanisms.errors import ParameterError
 from mechanisms.rng import SeededRandom
 
@@ -50,3 +50,44 @@ def test_unsafe_datasets_pass_at_most_delta_and_safe_ones_almost_always() -> Non
     alpha = math.exp(-1.0 / float(t.scale))
     p_fail_safe = alpha**21 / (1 + alpha)  # P(Z > 20)
     assert binomtest(n - safe, n, p_fail_safe, alternative="greater").pvalue > 1e-6
+
+
+def test_smallest_passable_capacity_is_the_pipelines_own_threshold_at_zero() -> None:
+    """Issue 22 finding 12: at the default test (ε' = 0.05, δ' = 1e-9) the margin is about 400·Δ0, so a keyed
+    metric below C = Δ0 + m (402 for Δ0 = 1) refuses even an empty window more often than not. The function is
+    exact: at C the threshold is ``keys`` (an empty window passes w.p. 1/(1+α) > ½), at C - 1 it is one below
+    (passes w.p. α/(1+α) < ½)."""
+    assert smallest_passable_capacity(1, 0.05, 1e-9) == 402
+    for d_in, eps, delta in ((1, 0.05, 1e-9), (4, 0.05, 1e-9), (3, 1.0, 1e-6), (2, 0.5, 1e-3), (1, 50.0, 0.4)):
+        for keys in (0, 1, 37):
+            c = smallest_passable_capacity(d_in, eps, delta, keys)
+            at = make_capacity_test(c, d_in, eps, delta)
+            assert at.threshold == keys
+            assert c == 1 or make_capacity_test(c - 1, d_in, eps, delta).threshold == keys - 1
+            alpha = math.exp(-1.0 / float(at.scale))
+            assert 1 / (1 + alpha) > 0.5 > alpha / (1 + alpha)  # P(Z <= 0) and P(Z <= -1)
+    with pytest.raises(ParameterError, match="keys"):
+        smallest_passable_capacity(1, 0.05, 1e-9, -1)
+    with pytest.raises(ParameterError, match="d_in"):
+        smallest_passable_capacity(0, 0.05, 1e-9)
+
+
+def test_a_keyed_spec_below_the_passable_capacity_warns_at_load_and_names_the_smallest() -> None:
+    from schemas.spec import CapacityWarning, KeyedMetric
+
+    base = {
+        "name": "errors",
+        "kind": "keyed",
+        "keys_per_window": 1,
+        "value": {"prob": 0.75},
+        "release": {"mechanism": "laplace", "scale": 2.0, "threshold": 40},
+    }
+    with pytest.warns(CapacityWarning, match=r"max_keys_per_partition = 401 is below 402"):
+        small = KeyedMetric.model_validate({**base, "max_keys_per_partition": 401})
+    assert small.smallest_passable_capacity() == 402
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CapacityWarning)
+        KeyedMetric.model_validate({**base, "max_keys_per_partition": 402})  # no warning at the smallest
+        KeyedMetric.model_validate(base)  # nor at the default capacity (19,553 for 64-byte keys)

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from mechanisms.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
+from producers.errors import ProducerParameterError
 from producers.ground_truth import GroundTruth
 from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
 from producers.simulate import SEED_CATEGORY_FREQUENCIES, Population
@@ -50,7 +51,9 @@ def population(n: int = 300) -> Population:
 @pytest.mark.parametrize("batch_size", [0, 7, 1000])
 async def test_every_message_carries_the_key_of_all_its_reports(batch_size: int) -> None:
     sink = ListSink()
-    client = EdgeClient(SPEC, sink, batch_size=batch_size, shards=8, rng=SeededRandom(1), clock=DeviceClock())
+    client = EdgeClient(
+        SPEC, sink, batch_size=batch_size, shards=8, rng=SeededRandom(1), clock=DeviceClock(), quota_file=None
+    )
     pop = population()
     total = 0
     for events in pop.round():
@@ -72,7 +75,7 @@ async def test_every_message_carries_the_key_of_all_its_reports(batch_size: int)
 
 async def test_single_event_path() -> None:
     sink = ListSink()
-    client = EdgeClient(SPEC, sink, clock=DeviceClock())
+    client = EdgeClient(SPEC, sink, clock=DeviceClock(), quota_file=None)
     secret = ClientSecret(bytes(range(32)))
     await client.send("theme", "A", secret=secret)
     ((key, value),) = sink.sent
@@ -149,7 +152,7 @@ def test_produce_command_rejects_bad_input(tmp_path: Path, capsys: pytest.Captur
 async def test_devices_never_send_over_their_contribution_bounds() -> None:
     sink = ListSink()
     clock = DeviceClock()
-    client = EdgeClient(SPEC, sink, clock=clock)
+    client = EdgeClient(SPEC, sink, clock=clock, quota_file=None)
     secret = ClientSecret(bytes(range(32)))
     # crashed_today: reports_per_window = 1
     assert await client.send("crashed_today", True, secret=secret)
@@ -168,7 +171,7 @@ async def test_devices_never_send_over_their_contribution_bounds() -> None:
     other = ClientSecret(bytes(32))
     mask = await client.send_many("theme", ["A", "B"], secrets=[other, other])
     assert mask.tolist() == [True, False] and client.stats.dropped == 4
-    unbounded = EdgeClient(SPEC, ListSink(), enforce_bounds=False)
+    unbounded = EdgeClient(SPEC, ListSink(), enforce_bounds=False, quota_file=None)
     mask = await unbounded.send_many("theme", ["A", "B"], secrets=[other, other])
     assert mask.tolist() == [True, True]
 
@@ -178,7 +181,7 @@ async def test_reports_carry_the_send_time_and_the_pseudonym_of_its_window() -> 
     # carries the device clock at send time -- and a device has one pseudonym per window
     sink = ListSink()
     clock = DeviceClock(T0 + 9.99)
-    client = EdgeClient(SPEC, sink, clock=clock)
+    client = EdgeClient(SPEC, sink, clock=clock, quota_file=None)
     secret, other = ClientSecret(bytes(range(32))), ClientSecret(bytes(32))
     assert await client.send("theme", "A", secret=secret)
     clock.t = T0 + 10.2
@@ -251,7 +254,7 @@ async def test_a_chunk_crossing_a_window_boundary_is_restamped_where_it_crosses(
     size = SPEC.window.size_s
     clock = DeviceClock(T0 + size - 1.0)  # 1 s before a boundary
     sink = TickingSink(clock, 0.01 if batch_size == 0 else 0.1)  # the boundary falls mid-call
-    client = EdgeClient(SPEC, sink, batch_size=batch_size, clock=clock, rng=SeededRandom(4))
+    client = EdgeClient(SPEC, sink, batch_size=batch_size, clock=clock, rng=SeededRandom(4), quota_file=None)
     pop = population(300)
     theme = next(ev for ev in pop.round() if ev.metric == "theme")
     secrets = pop.secrets_of(theme.clients)
@@ -271,3 +274,34 @@ async def test_a_chunk_crossing_a_window_boundary_is_restamped_where_it_crosses(
     truth.add_rows("theme", windows, theme.values, privatizer.indices(theme.values))  # type: ignore[attr-defined]
     cells = truth.to_json()["metrics"]["theme"]["windows"]
     assert {int(w): c["n"] for w, c in cells.items()} == dict(Counter(windows.tolist()))
+
+
+async def test_the_quota_is_on_by_default_beside_the_secret_and_a_deleted_one_fails_closed(tmp_path: Path) -> None:
+    """Issue 22 finding 9: the quota used to be opt-in (``quota_file=None`` by default) and a deleted quota file
+    reset it. Now a device's client keeps it beside its secret by default, creates it with the secret, and refuses
+    to start when it is missing beside an existing secret; in-memory quota is an explicit ``quota_file=None``."""
+    from producers.contribution import ContributionStateError
+    from producers.edge_client import quota_path
+
+    doc = SPEC.model_dump(mode="json", exclude_none=True)
+    doc["metrics"] = [{"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 1}]
+    spec = parse_spec(doc)
+    secret_file = tmp_path / "device" / "client.secret"
+    now = [1_700_000_003.0]
+    with pytest.raises(ProducerParameterError, match="quota_file"):
+        EdgeClient(spec, ListSink())  # no silent in-memory quota
+    client = EdgeClient(spec, ListSink(), clock=lambda: now[0], secret_file=secret_file)
+    quota = quota_path(secret_file)
+    assert quota.exists() and secret_file.exists() and quota.stat().st_mode & 0o777 == 0o600  # created together
+    assert await client.send("crashed", True)  # the device's own secret
+    restarted = EdgeClient(spec, ListSink(), clock=lambda: now[0], secret_file=secret_file)
+    assert restarted.secret is not None and client.secret is not None
+    assert restarted.secret.pseudonym("crashed", 1) == client.secret.pseudonym("crashed", 1)
+    assert not await restarted.send("crashed", True)  # the quota of this window is used, across the restart
+    quota.unlink()  # deleting the quota no longer buys a fresh one
+    with pytest.raises(ContributionStateError, match="missing while this device's client secret exists"):
+        EdgeClient(spec, ListSink(), clock=lambda: now[0], secret_file=secret_file)
+    assert not quota.exists()
+    in_memory = EdgeClient(spec, ListSink(), clock=lambda: now[0], quota_file=None)  # explicit opt-out
+    with pytest.raises(ProducerParameterError, match="secret"):
+        await in_memory.send("crashed", True)

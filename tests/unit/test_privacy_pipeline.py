@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
 from agents.worker import Worker, WorkerSettings
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
-from schemas.spec import CollectionSpec, RapporMetric, parse_spec
+from schemas.spec import CollectionSpec, RapporMetric, SpecError, parse_spec
 
 SPEC = parse_spec(
     {
@@ -175,32 +176,46 @@ def test_a_second_group_releases_nothing_unless_it_adopts_the_ledger(worker: Wor
         adopting._cpu.shutdown(wait=True)
 
 
-def test_rappor_is_charged_per_client_unless_the_spec_names_the_per_value_guarantee() -> None:
-    doc = {
+def test_rappor_is_charged_per_client_only_with_fresh_reports_and_memoized_variants_name_the_per_value_unit() -> None:
+    """``guarantee: client`` (the default) holds only for reports with fresh randomness (f = 0 with an IRR): n·ε₁.
+    Every memoized variant refuses it, naming the field and the valid choices; ``client_value`` (RAPPOR's
+    longitudinal guarantee) charges min(n·ε₁, ε∞) per client and value. Exact check of both rules:
+    tests/unit/test_rappor_horizon_exact.py."""
+    home = {"name": "home", "kind": "rappor", "k": 16, "h": 2, "m": 4, "candidates": ["a", "b", "c"]}
+    doc: dict[str, object] = {
         "name": "rappor",
         "window": {"size_s": 10, "grace_s": 2, "retention_s": 100},
-        "metrics": [
-            {"name": "home", "kind": "rappor", "k": 16, "h": 2, "m": 4, "candidates": ["a", "b", "c"]},
-            {"name": "one", "kind": "rappor", "variant": "basic", "h": 1, "candidates": ["a", "b", "c"]},
-        ],
+        "metrics": [{**home, "f": 0}, {"name": "one", "kind": "rappor", "variant": "basic", "h": 1, "f": 0,
+                                       "candidates": ["a", "b", "c"]}],
     }
     spec = parse_spec(doc)
-    home, basic = spec.metric("home"), spec.metric("one")
-    assert isinstance(home, RapporMetric) and isinstance(basic, RapporMetric)
-    eps1, epsinf = home.params().epsilon_one, home.params().epsilon_inf
-    # a client whose value changes every window spends ε₁ per report, beyond the per-value ε∞
-    assert home.horizon_epsilon(10) == pytest.approx(10 * eps1) and home.horizon_epsilon(10) > epsinf
-    assert home.horizon_epsilon(10) >= 10 * eps1  # rounded toward the larger loss
-    # basic RAPPOR: at most K = 3 values, each bounded by ε∞
-    b1, binf = basic.params().epsilon_one, basic.params().epsilon_inf
-    assert basic.horizon_epsilon(1000) == pytest.approx(min(1000 * b1, 3 * binf))
-    per_value = home.model_copy(update={"guarantee": "client_value"})
-    assert per_value.horizon_epsilon(10) == pytest.approx(min(10 * eps1, epsinf))
-    doc["metrics"][0]["budget"] = {"epsilon": 2 * epsinf}  # type: ignore[index]
-    with pytest.raises(Exception, match=r"budget\.epsilon"):
-        parse_spec(doc)  # 10 windows per client do not fit a per-value budget
-    doc["metrics"][0]["guarantee"] = "client_value"  # type: ignore[index]
-    parse_spec(doc)
+    fresh, basic = spec.metric("home"), spec.metric("one")
+    assert isinstance(fresh, RapporMetric) and isinstance(basic, RapporMetric)
+    assert not fresh.params().memoized and fresh.params().epsilon_inf == math.inf
+    eps1 = fresh.params().epsilon_one
+    assert fresh.horizon_epsilon(10) >= 10 * eps1 and fresh.horizon_epsilon(10) == pytest.approx(10 * eps1)
+    assert basic.horizon_epsilon(1000) == pytest.approx(1000 * basic.params().epsilon_one)  # no K·ε∞ cap
+    basic_shape: dict[str, object] = {"h": 1, "m": 1, "k": None}
+    refused: dict[str, dict[str, object]] = {
+        "standard": {},
+        "one_time": {"f": 0},
+        "basic": basic_shape,
+        "basic_one_time": {**basic_shape, "f": 0},
+    }
+    for variant, extra in refused.items():
+        metric = {**home, "variant": variant, **extra}
+        with pytest.raises(SpecError, match=r"metrics\[0\]\.guarantee: must be 'client_value'.*Valid choices"):
+            parse_spec({**doc, "metrics": [metric]})
+        per_value = parse_spec({**doc, "metrics": [{**metric, "guarantee": "client_value"}]}).metric("home")
+        assert isinstance(per_value, RapporMetric)
+        p = per_value.params()
+        assert per_value.horizon_epsilon(10) == pytest.approx(min(10 * p.epsilon_one, p.epsilon_inf))
+    memo = parse_spec({**doc, "metrics": [{**home, "guarantee": "client_value"}]}).metric("home")
+    assert isinstance(memo, RapporMetric) and memo.horizon_epsilon(10) == memo.params().epsilon_inf
+    budget = {"epsilon": 2 * memo.params().epsilon_inf}
+    parse_spec({**doc, "metrics": [{**home, "guarantee": "client_value", "budget": budget}]})
+    with pytest.raises(SpecError, match=r"budget\.epsilon"):  # 10 fresh reports per client exceed it
+        parse_spec({**doc, "metrics": [{**home, "f": 0, "budget": {"epsilon": 2 * memo.params().epsilon_inf}}]})
 
 
 def test_release_records_of_version_1_still_parse() -> None:
@@ -226,3 +241,16 @@ def test_release_records_of_version_1_still_parse() -> None:
     assert rel.privacy.capacity_test_epsilon is None
     v2 = rel.model_copy(update={"schema_version": 2, "group": "g"})
     assert Release.from_bytes(v2.to_bytes()) == v2
+
+
+def test_the_neighbour_relation_is_stated_per_kind_where_the_guarantee_is_shown() -> None:
+    """Issue 22 finding 11: local kinds publish n (substitution, participation public), RAPPOR's client_value is its
+    longitudinal guarantee, and the central kinds' ε is add/remove (about 2x under substitution)."""
+    from schemas.releases import neighbours
+
+    for kind in ("bool", "categorical", "rappor"):
+        assert "participation (n) public" in neighbours(kind, "client")
+    assert "one value of a client" in neighbours("rappor", "client_value")
+    for kind in ("keyed", "regression"):
+        relation = neighbours(kind, "client")
+        assert "added or removed" in relation and "2x under substitution" in relation

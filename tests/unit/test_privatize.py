@@ -150,7 +150,10 @@ def test_oue_and_olh_reports() -> None:
 def _rappor(variant: str) -> RapporPrivatizer:
     cands = tuple(f"v{i}" for i in range(16))
     kw: dict[str, object] = {"k": 32, "h": 2, "m": 4} if variant in ("standard", "one_time") else {"h": 1, "m": 1}
-    metric = RapporMetric(name="r", kind="rappor", variant=variant, f=0.5, p=0.25, q=0.75, candidates=cands, **kw)
+    per_value = "client_value"  # memoized: RAPPOR's longitudinal guarantee
+    metric = RapporMetric(
+        name="r", kind="rappor", variant=variant, f=0.5, p=0.25, q=0.75, candidates=cands, guarantee=per_value, **kw
+    )
     return RapporPrivatizer(metric, 10, SeededRandom(6))
 
 

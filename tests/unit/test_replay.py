@@ -120,7 +120,7 @@ async def test_rejected_lines_are_counted_and_never_sent(tmp_path: Path, batch_s
     path = tmp_path / "events.jsonl"
     expected = write_jsonl(path)
     sink = ListSink()
-    client = EdgeClient(SPEC, sink, batch_size=batch_size)
+    client = EdgeClient(SPEC, sink, batch_size=batch_size, quota_file=None)
     truth = GroundTruth(SPEC, source="replay")
     args = argparse.Namespace(replay=path, rate=0.0)
     sent, rejected = await replay(args, SPEC, client, ClientSecret(bytes(32)), truth, _Progress(False, None))
@@ -148,7 +148,7 @@ async def test_replayed_event_times_never_reach_the_wire(tmp_path: Path) -> None
     path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     sink = ListSink()
     send_time = 1_700_000_005
-    client = EdgeClient(SPEC, sink, batch_size=0, clock=lambda: send_time + 0.5)
+    client = EdgeClient(SPEC, sink, batch_size=0, clock=lambda: send_time + 0.5, quota_file=None)
     truth = GroundTruth(SPEC, source="replay")
     args = argparse.Namespace(replay=path, rate=0.0)
     sent, rejected = await replay(args, SPEC, client, ClientSecret(bytes(32)), truth, _Progress(False, None))
@@ -165,7 +165,7 @@ async def test_a_fast_simulation_collapses_into_the_send_window_and_is_clipped_t
     # pseudonyms, so the devices' per-window bounds clip them; the truth holds only what was sent, there
     sink = ListSink()
     send_time = 1_700_000_003
-    client = EdgeClient(SPEC, sink, batch_size=64, clock=lambda: send_time + 0.25)
+    client = EdgeClient(SPEC, sink, batch_size=64, clock=lambda: send_time + 0.25, quota_file=None)
     truth = GroundTruth(SPEC, source="simulation")
     args = argparse.Namespace(windows=3, duration=None, clients=50, seed=0, rate=0.0, realtime=False)
     await simulate(args, SPEC, client, ClientSecret(bytes(32)), truth, _Progress(False, None))

@@ -136,7 +136,8 @@ def test_the_issue_example_message() -> None:
             {"epsilon": 4.0},
             (
                 "metrics[3].budget.epsilon",
-                "the local loss over the retention horizon (60 reports per client) is 64.46, above the budget 4.0",
+                "the local loss over the retention horizon (60 reports per client and value) is 4.394, above the "
+                "budget 4.0",
             ),
         ),
         (

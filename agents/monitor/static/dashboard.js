@@ -53,7 +53,8 @@ function num(x) {
 }
 
 function unitText(rel) {
-  return rel.privacy_unit === "client_value" ? "per client and value" : "per client";
+  // client_value: RAPPOR's longitudinal guarantee (Erlingsson et al., CCS 2014, section 3), named as such
+  return rel.privacy_unit === "client_value" ? "per client and value (RAPPOR's longitudinal guarantee)" : "per client";
 }
 
 // The privacy one release spent, as text: local ε (ε₁ per report, ε∞ per window), central (ε, δ) or (ρ, δ).
