@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mechanisms.capacity_test import make_capacity_test
 from mechanisms.directed import mul_up
 from mechanisms.rappor_advisor import RapporAdvice, advise
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
@@ -46,17 +45,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
-
-
-def min_key_capacity(d_in: int, epsilon: float, delta: float) -> int:
-    """The smallest ``max_keys_per_partition`` whose capacity test can pass at all with probability at least 1/2:
-    ``C = Δ0 + m`` (``m`` the test's margin, which does not depend on ``C``), where its pass threshold
-    ``τ = C − Δ0 − m`` is 0 -- even a window without keys passes only when ``Z <= τ``. Below it the window is
-    refused more often than not whatever the data; above it, a window whose largest partition holds ``S`` keys
-    passes with probability at least 1/2 while ``S <= C − Δ0 − m``. (Written against :mod:`mechanisms.capacity_test`
-    here; a pure function of the same computation may land in ``mechanisms/``.)"""
-    margin = make_capacity_test(d_in + 1, d_in, epsilon, delta).margin  # the margin is the same for every capacity
-    return d_in + margin
 
 
 def clients_for_share(metric: RapporMetric, share: float, limit: int = 10**9) -> int | None:
@@ -124,13 +112,15 @@ def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
         else:
             per_window = metric.horizon_epsilon(metric.reports_per_window)
             horizon = metric.horizon_epsilon(metric.reports_per_window * windows)
+            value_unit = isinstance(metric, RapporMetric) and metric.guarantee == "client_value"
+            unit_note = " per client and value (RAPPOR's longitudinal guarantee)" if value_unit else " per client"
             lines.append(
                 f"  per window: ε = {per_window:.4g} (local, {metric.reports_per_window} report(s) a client)   "
-                f"horizon ({windows} windows): ε = {horizon:.4g}   [{_budget(metric, 'ε')}]"
+                f"horizon ({windows} windows): ε = {horizon:.4g}{unit_note}   [{_budget(metric, 'ε')}]"
             )
         if isinstance(metric, KeyedMetric):
             d_in = min(metric.keys_per_window, metric.reports_per_window)
-            least = min_key_capacity(d_in, float(metric.capacity_test.epsilon), float(metric.capacity_test.delta))
+            least = metric.smallest_passable_capacity()
             test = metric.capacity_check()
             lines.append(
                 f"  key capacity: max_keys_per_partition = {metric.key_capacity}; the smallest the capacity test can "

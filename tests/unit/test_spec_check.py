@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mechanisms.capacity_test import make_capacity_test
+from mechanisms.capacity_test import make_capacity_test, smallest_passable_capacity
 from ptel.cli import main
-from ptel.commands.spec import _advice, check_lines, clients_for_share, min_key_capacity
+from ptel.commands.spec import _advice, check_lines, clients_for_share
 from schemas.spec import KeyedMetric, RapporMetric, load_spec
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
@@ -33,15 +33,18 @@ def test_demo_spec_check_prints_every_metric_and_its_costs(capsys: pytest.Captur
         assert f"{m.name} ({m.kind}):" in out
     assert "per window: ε = 1.05, δ = 5.15e-08 (central)" in out and "ε = 63, δ = 3.09e-06" in out  # keyed
     assert "per window: ε = 1.25, δ = 0 (central)" in out and "[budget ε = 75]" in out  # regression + point test
-    assert "horizon (60 windows): ε = 64.46   [budget ε = 64.5]" in out  # RAPPOR per client
+    assert (
+        "horizon (60 windows): ε = 4.394 per client and value (RAPPOR's longitudinal guarantee)   [budget ε = 4.4]"
+        in out
+    )  # RAPPOR: client_value
     keyed = spec.metric("errors")
     assert isinstance(keyed, KeyedMetric)
-    least = min_key_capacity(4, 0.05, 1e-9)
+    least = smallest_passable_capacity(4, 0.05, 1e-9)
     assert f"the smallest the capacity test can pass is {least}" in out
 
 
 def test_min_key_capacity_is_where_an_empty_window_starts_to_pass() -> None:
-    least = min_key_capacity(4, 0.05, 1e-9)
+    least = smallest_passable_capacity(4, 0.05, 1e-9)
     assert least == 4 + make_capacity_test(10_000, 4, 0.05, 1e-9).margin
     assert _pass_probability(least, 4, 0) >= 0.5 > _pass_probability(least - 1, 4, 0)  # the mutation: one less fails
 
