@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
 from agents.partials import KeyedCounts, Shape
 from agents.release_fields import estimate_records
+from mechanisms.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.estimates import Estimate
 from mechanisms.randomized_response import make_randomized_response_bool
 from schemas.conformance import Accepted, MetricRules, Protocol
@@ -38,7 +39,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
     column_types: ClassVar[tuple[type, ...]] = (KeyedColumns,)
 
     def shape(self, metric: KeyedMetric) -> Shape:
-        return Shape("keyed")
+        return Shape("keyed", key_capacity=metric.key_capacity)
 
     def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
         c = cast(KeyedColumns, table.columns)  # one ASCII key length per table (a byte a character)
@@ -65,7 +66,8 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         columns = [cast(KeyedColumns, a.columns) for a in accepted]
         keys = [k for c in columns for k in c.keys]
         admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
-        ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
+        # the capacity the window opened with (a spec change mid-window does not move it: see Partial.key_capacity)
+        ok = partial.fit_key_capacity(keys, admitted, partial.key_capacity)
         bits = concat([c.bits for c in columns])
         partial.add_keyed(list(itertools.compress(keys, ok.tolist())), bits[ok])
         refused = admitted & ~ok
@@ -95,7 +97,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         )
         value_rr = self.local_measurement(metric, None)
         eps1 = float(value_rr.map(1))
-        test = metric.capacity_check()
+        test = _capacity_test(metric, merged)
         spent = (
             PrivacySpent(epsilon_1=eps1, central_epsilon=float(first), central_delta=float(delta))
             if rel.mechanism == "laplace"
@@ -149,6 +151,15 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
             privacy=spent,
             ledger=entry,
         )
+
+
+def _capacity_test(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
+    """The spec's capacity test (``Δ0``, ``ε'``, ``δ'``) at the capacity ``C`` the window's partials were capped under
+    (:attr:`agents.partials.Partial.key_capacity`), not the spec's ``C`` now: a capacity raised while the window was
+    open would otherwise test counts capped under the old ``C`` against the new one's threshold (issue 22, finding
+    3). ``ε'`` and ``δ'`` do not depend on ``C``: the charge is the spec's."""
+    spec_test = metric.capacity_check()
+    return make_capacity_test(merged.key_capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
 
 
 def _noise_variance(distribution: str, scale: float) -> float:
