@@ -23,9 +23,10 @@ spec that reads the reports topic): what has been released of these reports and 
   one record, and a hand-over of an earlier window is stale (never released again, by any group);
 - ``b"ledger/<metric>"`` -> the metric's privacy ledger (:class:`agents.ledger.MetricLedger`);
 - ``b"noise-key"`` -> 32 secret bytes from ``os.urandom``: each release's central noise is drawn from
-  :class:`mechanisms.rng.DerivedRandom` under this key and the release key ``"<metric>|<start>"``, so a release
+  :class:`mechanisms.rng.DerivedRandom` under this key, the release key ``"<metric>|<start>"`` and a commitment to
+  the window's exact counts and the metric's parameters (:func:`agents.app.noise_commitment`), so a release
   retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
-  consumer may have seen);
+  consumer may have seen), and other counts of the window never get the same noise;
 - ``b"owner"`` -> JSON ``{"group"}``: the one worker group allowed to release from these reports (see
   :mod:`agents.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
 
@@ -116,11 +117,14 @@ class ReleaserState:
         group: str = "",
         backlog_windows: int = 1,
         clock: Callable[[], int] = _wall_ms,
+        hold_ms: int | None = None,
     ) -> None:
         if window_ms < 1:
             raise StateError(f"window_ms must be positive, got {window_ms}")
         if backlog_windows < 0:
             raise StateError(f"backlog_windows must be >= 0, got {backlog_windows}")
+        if hold_ms is not None and hold_ms < 0:
+            raise StateError(f"hold_ms must be >= 0, got {hold_ms}")
         self.frontier = ReleaseFrontier(partitions)
         self.pending: dict[tuple[str, int], Partial] = {}
         self.ledgers = ledgers
@@ -130,6 +134,13 @@ class ReleaserState:
         self.group = group
         self.backlog_windows = int(backlog_windows)
         self.clock = clock
+        #: A window ``[s, e)`` is released no earlier than wall time ``e + hold_ms`` (:meth:`release_time`), and once
+        #: complete on every partition. The worker holds it for the grace, the idle timeout, the clock skew and a poll
+        #: (:meth:`agents.worker.WorkerSettings.release_hold_ms`): by then every partition closed it in normal
+        #: operation, whoever reported when, so the release time is the window's end plus a constant of the
+        #: settings -- not a function of arrivals (the idle timer restarts with each record: issue 22, finding 6).
+        #: ``None``: no wall-clock gate, windows are released once complete (tests of the merge logic alone).
+        self.hold_ms = hold_ms
         #: metric -> first window start not yet released (absent: :attr:`origin_ms`).
         self.cursors: dict[str, int] = {}
         #: First window start of the dataset (``None`` until :meth:`restore`).
@@ -191,20 +202,31 @@ class ReleaserState:
         self._dirty.add(FRONTIER_KEY)
         return out
 
+    def release_time(self, window_start_ms: int) -> int:
+        """The wall time (ms) before which window ``window_start_ms`` is never released: its end plus
+        :attr:`hold_ms` (its end without a hold)."""
+        return int(window_start_ms) + self.window_ms + (self.hold_ms or 0)
+
     def due(self) -> list[tuple[str, int]]:
         """Every (metric, window start) due for release, oldest first: for each metric of the spec, every window
         from its cursor up to the frontier (data or not; windows wholly before ``frontier - retention`` are
-        skipped, as they are for every dataset), and pending windows of metrics no longer in the spec."""
+        skipped, as they are for every dataset) whose :meth:`release_time` has come.
+
+        Metrics no longer in the spec get no record, whether or not anyone reported in their open windows (their
+        pending counts are dropped by :meth:`release`): a record only for windows with data would tell that someone
+        reported (issue 22, finding 4). Their cursors stay, so a metric that comes back continues where it
+        stopped."""
         edge = self.frontier.complete_before
         if edge is None:
             return []
+        if self.hold_ms is not None:  # only windows whose release time has come: start + window + hold <= now
+            edge = min(edge, int(self.clock()) - self.window_ms - self.hold_ms + 1)
         horizon = -(-(edge - self.retention_ms) // self.window_ms) * self.window_ms  # first start in the horizon
         out = [
             (metric, start)
             for metric in self.ledgers
             for start in range(max(self.cursor(metric), horizon), edge, self.window_ms)
         ]
-        out += [k for k in self.pending if k[0] not in self.ledgers and k[1] < edge]
         return sorted(out, key=lambda k: (k[1], k[0]))[:MAX_RELEASES_PER_CALL]
 
     def release(self, build: ReleaseBuilder, max_bytes: int | None = None) -> list[Release]:
@@ -224,10 +246,7 @@ class ReleaserState:
             merged = self.pending.pop((metric, start), None)
             if merged is None:
                 merged = self.empty(metric, start)
-            known = metric in self.ledgers
-            # a metric removed from the spec while its window was open: a throwaway ledger (budget-free, never
-            # written); the release refuses it ("spec changed") and charges nothing
-            ledger = self.ledgers[metric] if known else MetricLedger(metric, None, self.retention_ms)
+            ledger = self.ledgers[metric]
             ledger.noise_key = self.noise_key
             rel = build(merged, ledger)
             size = len(rel.to_bytes()) if max_bytes is not None else 0
@@ -237,11 +256,12 @@ class ReleaserState:
                 raise StateError(f"release key {rel.key} does not match window {metric}@{start}")
             out.append(rel.model_copy(update={"group": self.group or None}))
             self._dirty.add(_pending_key(metric, start))
-            if known:
-                self.cursors[metric] = start + self.window_ms
-                self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
-        for key in [k for k in self.pending if k[0] in self.ledgers and k[1] < self.cursor(k[0])]:
-            del self.pending[key]  # before the horizon's edge: skipped like every dataset's
+            self.cursors[metric] = start + self.window_ms
+            self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
+        for key in [k for k in self.pending if k[0] not in self.ledgers or k[1] < self.cursor(k[0])]:
+            # before the horizon's edge: skipped like every dataset's; or of a metric no longer in the spec: never
+            # released, data or not (see due())
+            del self.pending[key]
             self.stale_partials += 1
             self._dirty.add(_pending_key(*key))
         return out

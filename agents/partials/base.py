@@ -12,6 +12,7 @@ record it accepts encodes back to the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from abc import ABC, abstractmethod
@@ -177,6 +178,27 @@ class Partial(ABC):
         out = self.counts_only()
         out.max_partition_keys = self.keys_held()
         return out
+
+    def digest(self) -> bytes:
+        """SHA-256 of these counts in a canonical form (header fields, dense arrays little-endian, keys and cells
+        sorted; client maps and offsets left out): equal for equal counts whatever order they were added in."""
+        s = self.sections()
+        head = {
+            "metric": self.metric,
+            "kind": self.kind,
+            "window_start_ms": self.window_start_ms,
+            "n": self.n,
+            "over_bound": self.over_bound,
+            "max_partition_keys": self.max_partition_keys,
+            "key_capacity": self.key_capacity,
+            "arrays": [list(s.counts.shape), list(s.cohort_n.shape)],
+            "keyed": sorted(s.keyed.items()),
+            "cells": sorted(s.cells.items()),
+        }
+        h = hashlib.sha256(json.dumps(head, separators=(",", ":")).encode())
+        for a in (s.counts, s.cohort_n):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        return h.digest()
 
     def is_empty(self) -> bool:
         """No report (counted or over the bound) reached this partial."""
