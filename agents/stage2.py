@@ -27,6 +27,8 @@ spec that reads the reports topic): what has been released of these reports and 
   the window's exact counts and the metric's parameters (:func:`agents.app.noise_commitment`), so a release
   retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
   consumer may have seen), and other counts of the window never get the same noise;
+- ``b"outbox/<metric>/<start>"`` -> a release record built and charged but not yet emitted (tombstoned by the
+  transaction that emits it): see :meth:`ReleaserState.release`;
 - ``b"owner"`` -> JSON ``{"group"}``: the one worker group allowed to release from these reports (see
   :mod:`agents.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
 
@@ -81,7 +83,17 @@ def _ledger_key(metric: str) -> bytes:
 
 def is_dataset_key(key: bytes) -> bool:
     """Whether a stage-2 state record belongs to the dataset's ledger topic (else to the group's state topic)."""
-    return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/"))
+    return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/", b"outbox/"))
+
+
+def _outbox_key(metric: str, start: int) -> bytes:
+    return f"outbox/{metric}/{start}".encode()
+
+
+def _outbox_order(key: bytes) -> tuple[int, str]:
+    """Window start, then metric: the order releases are built in."""
+    metric, _, start = key.decode().removeprefix("outbox/").rpartition("/")
+    return int(start), metric
 
 
 @dataclass
@@ -118,6 +130,7 @@ class ReleaserState:
         backlog_windows: int = 1,
         clock: Callable[[], int] = _wall_ms,
         hold_ms: int | None = None,
+        outbox: bool = False,
     ) -> None:
         if window_ms < 1:
             raise StateError(f"window_ms must be positive, got {window_ms}")
@@ -141,6 +154,12 @@ class ReleaserState:
         #: settings -- not a function of arrivals (the idle timer restarts with each record: issue 22, finding 6).
         #: ``None``: no wall-clock gate, windows are released once complete (tests of the merge logic alone).
         self.hold_ms = hold_ms
+        #: Release through the dataset's outbox (the worker does): a release is built and recorded in the ledger
+        #: topic by one transaction, and emitted -- those recorded bytes -- by a later one (see :meth:`release`).
+        #: ``False``: built and returned at once (tests of the merge logic alone).
+        self.staged = outbox
+        #: Releases recorded but not yet emitted: ``outbox/<metric>/<start>`` -> the release record's bytes.
+        self.outbox: dict[bytes, bytes] = {}
         #: metric -> first window start not yet released (absent: :attr:`origin_ms`).
         self.cursors: dict[str, int] = {}
         #: First window start of the dataset (``None`` until :meth:`restore`).
@@ -238,10 +257,21 @@ class ReleaserState:
 
         Builds nothing while a fresh dataset record (noise key, origin, owner) is unwritten: the windows wait for
         the next call, after :meth:`state_records` has handed it to a transaction.
+
+        Staged (:attr:`staged`, the worker): the releases built here are not returned but recorded in the dataset's
+        outbox (``outbox/<metric>/<start>`` in the ledger topic) with the cursors and the ledger, and the *next* call
+        returns the recorded bytes -- after that transaction committed -- and tombstones them with their emission.
+        So every copy of a release a reader of the releases topic can see, even ``read_uncommitted`` (an aborted
+        emission, its retry, a group that adopts the ledger and finds the outbox), is the same bytes, drawn once:
+        never the same window twice with other noise or on other counts (issue 22, finding 7). An aborted build
+        leaves nothing on the releases topic (only in the ledger topic, which operators read).
         """
         out: list[Release] = []
         if self._unwritten:
             return out
+        for recorded in sorted(self.outbox, key=_outbox_order):  # recorded by an earlier, committed transaction
+            out.append(Release.from_bytes(self.outbox.pop(recorded)))
+            self._dirty.add(recorded)  # tombstoned with the emission
         for metric, start in self.due():
             merged = self.pending.pop((metric, start), None)
             if merged is None:
@@ -254,7 +284,12 @@ class ReleaserState:
                 rel = too_large(rel, size, max_bytes)
             if rel.key != release_key(metric, start):
                 raise StateError(f"release key {rel.key} does not match window {metric}@{start}")
-            out.append(rel.model_copy(update={"group": self.group or None}))
+            rel = rel.model_copy(update={"group": self.group or None})
+            if self.staged:
+                self.outbox[_outbox_key(metric, start)] = rel.to_bytes()
+                self._fresh(_outbox_key(metric, start))  # emitted by the next call, after this one is written
+            else:
+                out.append(rel)
             self._dirty.add(_pending_key(metric, start))
             self.cursors[metric] = start + self.window_ms
             self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
@@ -286,6 +321,8 @@ class ReleaserState:
         if key == OWNER_KEY:
             return json.dumps({"group": self.owner}).encode()
         kind, _, rest = key.decode().partition("/")
+        if kind == "outbox":
+            return self.outbox.get(key)
         if kind == "ledger":
             return self.ledgers[rest].to_bytes()
         if kind == "cursor":
@@ -302,6 +339,7 @@ class ReleaserState:
             latest[key] = value
         self.pending.clear()
         self.cursors.clear()
+        self.outbox.clear()
         self.frontier = ReleaseFrontier(self.frontier.partitions)
         self.origin_ms = self.created_ms = self.owner = None
         noise_key: bytes | None = None
@@ -327,6 +365,9 @@ class ReleaserState:
                     self.owner = str(json.loads(value)["group"])
                     continue
                 kind, _, rest = key.decode().partition("/")
+                if kind == "outbox":
+                    self.outbox[key] = bytes(value)
+                    continue
                 if kind == "ledger":
                     if rest in self.ledgers:
                         self.ledgers[rest] = MetricLedger.from_bytes(value, self.ledgers[rest])

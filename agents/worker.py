@@ -369,6 +369,7 @@ class Worker:
             group=group,
             backlog_windows=self.settings.backlog_windows(self.window),
             hold_ms=self.settings.release_hold_ms(self.window),
+            outbox=True,
         )
         group_records = await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
         dataset_records = await read_to_end(bootstrap, ledger_tp)  # complete now: the previous holder is fenced
@@ -472,7 +473,7 @@ class Worker:
         hand-over: a window's release time is its end plus the hold, not the time the next hand-over happens to
         arrive."""
         slot = self._stage2
-        if slot is not None and slot.state.due():
+        if slot is not None and (slot.state.outbox or slot.state.due()):
             await self._release(slot, None)
 
     async def _release(self, slot: _Stage2Slot, offsets: dict[TopicPartition, int] | None) -> None:

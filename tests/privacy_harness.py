@@ -35,6 +35,14 @@ ALPHA = 1e-6
 SIZE_S = 10
 GRACE_S = 2
 T0_S = 1_700_000_000 // SIZE_S * SIZE_S  # a window start, seconds
+#: A keyed metric: Laplace noise of scale 1 on (key, RR bit) cells, threshold 20, one key per client and window.
+KEYED: dict[str, object] = {
+    "name": "errors",
+    "kind": "keyed",
+    "keys_per_window": 1,
+    "value": {"prob": 0.75},
+    "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 20},
+}
 #: ``(metric, value, device secret, broker time s)``: one report a device sends.
 Send = tuple[str, object, ClientSecret, int]
 
@@ -107,7 +115,8 @@ def stage1(
     restart_as: CollectionSpec | None = None,
     close_at_s: int | None = None,
 ) -> list[Handover]:
-    """One source partition's stage 1 over ``recs``, then idle until every window closed: its hand-overs.
+    """One source partition's stage 1 over ``recs``, then idle up to ``close_at_s`` (default: the first window,
+    ``T0``, closes; later windows stay open): its hand-overs.
 
     ``restart_as``: after ``recs`` the worker restarts under this spec (its state restored from the state records
     and its client maps replayed, as :class:`agents.worker.Worker` does) before the windows close."""
@@ -123,12 +132,17 @@ def stage1(
         state.restore(written)
         start = state.replay_from()
         state.rebuild_clients([r for r in recs if start is not None and r.offset >= start])
-    far = (close_at_s if close_at_s is not None else T0_S + 10 * SIZE_S) * 1000
+    far = (close_at_s if close_at_s is not None else T0_S + 2 * SIZE_S) * 1000  # default: window T0 closes
     state.advance_idle(far, 0, True, far)
     last = state.take_closed()
     if last is not None:
         out.append(last)
     return out
+
+
+#: Stage 2 releases through the dataset's outbox, as the worker does (:attr:`ReleaserState.staged`); the audit's
+#: mutation checks turn it off.
+STAGED = True
 
 
 def stage2(
@@ -137,9 +151,13 @@ def stage2(
     *,
     group: str = "audit",
     dataset: list[tuple[bytes, bytes | None]] | None = None,
+    emission_aborted: bool = False,
 ) -> tuple[list[Release], list[tuple[bytes, bytes | None]]]:
     """Stage 2 of a group over ``handovers`` (a fresh secret noise key unless ``dataset`` holds the dataset's own
-    records, as a group that adopts the ledger reads them): its releases and the dataset records it wrote."""
+    records, as a group that adopts the ledger reads them), one transaction after another as the worker runs them:
+    the fresh dataset records, the build (releases recorded in the outbox), the emission. Returns the releases a
+    ``read_uncommitted`` reader sees and the dataset records committed: all of them, or with ``emission_aborted``
+    those before the emission's transaction (which aborted after its releases were written)."""
     retention = spec.window.retention_s * 1000
     ledgers = {m.name: MetricLedger(m.name, m.budget, retention) for m in spec.metrics}
     st = ReleaserState(
@@ -151,15 +169,22 @@ def stage2(
         group=group,
         backlog_windows=0,
         clock=lambda: T0_S * 1000,
+        outbox=STAGED,
     )
     st.restore(dataset or [])
     st.claim()
     written = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
     for h in handovers:
         st.apply(h)
-    releases = st.release(release_builder(spec, resolve_protocols(spec)))
-    written += [kv for kv in st.state_records() if is_dataset_key(kv[0])]
-    return releases, written
+    build = release_builder(spec, resolve_protocols(spec))
+    releases = st.release(build)  # a restored outbox (an adopted ledger) is emitted first; due windows are built
+    built = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
+    if not STAGED and emission_aborted:
+        return releases, written  # built and emitted in one transaction: nothing of it committed
+    written += built
+    releases += st.release(build)  # the emission of what the build recorded
+    emitted = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
+    return releases, written if emission_aborted else written + emitted
 
 
 def released_keys(releases: list[Release], window_key: str) -> frozenset[str]:

@@ -11,6 +11,7 @@ partition's partial was near that capacity (propose-test-release, :mod:`mechanis
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -90,8 +91,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         m = rel.build(rng)
         # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity, plus the
         # capacity test -- charged before anything is drawn, whatever the test says
-        first, delta = m.map(metric.sensitivity())
-        _, charged_first, charged_delta = metric.window_cost()
+        first, delta, charged_first, charged_delta = _window_losses(metric)
         entry = job.ledger.charge(
             job.rid, merged.window_start_ms, (charged_first, charged_delta), str(m.output_measure)
         )
@@ -153,13 +153,27 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         )
 
 
+@functools.lru_cache(maxsize=256)
+def _window_losses(metric: KeyedMetric) -> tuple[float, float, float, float]:
+    """The mechanism's ``(ε or ρ, δ)`` at the cells' sensitivity and the window's charge (with the capacity test):
+    exact arithmetic, a function of the metric's parameters only (a frozen model), so computed once per metric."""
+    first, delta = metric.release.build().map(metric.sensitivity())
+    _, charged_first, charged_delta = metric.window_cost()
+    return float(first), float(delta), float(charged_first), float(charged_delta)
+
+
 def _capacity_test(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
     """The spec's capacity test (``Δ0``, ``ε'``, ``δ'``) at the capacity ``C`` the window's partials were capped under
     (:attr:`agents.partials.Partial.key_capacity`), not the spec's ``C`` now: a capacity raised while the window was
     open would otherwise test counts capped under the old ``C`` against the new one's threshold (issue 22, finding
     3). ``ε'`` and ``δ'`` do not depend on ``C``: the charge is the spec's."""
+    return _capacity_test_at(metric, merged.key_capacity)
+
+
+@functools.lru_cache(maxsize=256)
+def _capacity_test_at(metric: KeyedMetric, capacity: int) -> CapacityTest:
     spec_test = metric.capacity_check()
-    return make_capacity_test(merged.key_capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
+    return make_capacity_test(capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
 
 
 def _noise_variance(distribution: str, scale: float) -> float:

@@ -30,8 +30,8 @@ def _spec(scale: float = 1.0) -> CollectionSpec:
     return parse_spec({"name": "noise", "window": {"size_s": 10, "grace_s": 2}, "metrics": [keyed]})
 
 
-def _partial(spec: CollectionSpec, counts: dict[str, int]) -> KeyedCounts:
-    p = Aggregator(spec).empty("errors", 0)
+def _partial(spec: CollectionSpec, counts: dict[str, int], start: int = 0) -> KeyedCounts:
+    p = Aggregator(spec).empty("errors", start)
     assert isinstance(p, KeyedCounts)
     for key, c in counts.items():
         p.add_keyed([key] * c, [1] * c)
@@ -71,3 +71,18 @@ def test_the_commitment_covers_the_metrics_parameters() -> None:
     one, two = _spec(1.0), _spec(2.0)
     assert noise_commitment(one, _partial(one, {"k": 100})) != noise_commitment(two, _partial(two, {"k": 100}))
     assert noise_commitment(one, _partial(one, {"k": 100})) == noise_commitment(one, _partial(one, {"k": 100}))
+
+
+def test_every_visible_copy_of_a_release_is_the_recorded_bytes() -> None:
+    """The worker's stage 2 releases through the dataset's outbox: built and recorded by one transaction, emitted by
+    the next. An emission that aborts (a ``read_uncommitted`` reader saw it), then a group that adopts the ledger
+    with other counts of the window: it emits the recorded bytes, and builds nothing of that window again."""
+    from agents.stage1_records import Handover
+    from tests.privacy_harness import T0_S, stage2
+
+    spec, start = _spec(), T0_S * 1000
+    a, b = _partial(spec, {"k": 100}, start), _partial(spec, {"k": 101}, start)
+    first, committed = stage2(spec, [Handover(0, start + 10_000, (a,))], emission_aborted=True)
+    adopted, _ = stage2(spec, [Handover(0, start + 10_000, (b,))], group="second", dataset=committed)
+    assert [r.key for r in first] == [r.key for r in adopted] == [f"errors|{start}"]
+    assert first[0].to_bytes() == adopted[0].to_bytes()

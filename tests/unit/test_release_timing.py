@@ -23,16 +23,9 @@ from agents.windows import WindowSpec
 from agents.worker import WorkerSettings
 from producers.client_secret import ClientSecret
 from schemas.conformance import resolve_protocols
-from tests.privacy_harness import SIZE_S, T0_S, make_spec, records
+from tests.privacy_harness import KEYED, SIZE_S, T0_S, make_spec, records
 
 POLL_MS = 100
-KEYED = {
-    "name": "errors",
-    "kind": "keyed",
-    "keys_per_window": 1,
-    "value": {"prob": 0.75},
-    "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 20},
-}
 
 
 def _release_time(target_at_ms: int | None, hold_ms: int | None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from agents.partials import KeyedCounts, merge
 from producers.client_secret import ClientSecret
 from tests.privacy_harness import (
+    KEYED,
     T0_S,
     Send,
     make_spec,
@@ -24,13 +25,6 @@ from tests.privacy_harness import (
     stage2,
 )
 
-KEYED = {
-    "name": "errors",
-    "kind": "keyed",
-    "keys_per_window": 1,
-    "value": {"prob": 0.75},
-    "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 20},
-}
 WINDOW = f"errors|{T0_S * 1000}"
 
 
