@@ -4,6 +4,7 @@
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
 #   make lint   -- ruff check + mypy
+#   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
 # Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
@@ -14,7 +15,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test lint bench broker-start broker-stop clean
+.PHONY: setup browser demo test lint audit bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
@@ -53,6 +54,9 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+audit: setup
+	PTEL_AUDIT_SCALE=10 $(BIN)/pytest -s tests/unit/test_privacy_audit.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ and transactions in :mod:`agents.stage1_pipeline`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 from agents.changelog import shorten_concurrent_transactions_backoff
@@ -33,15 +34,19 @@ def release_builder(
 ) -> Callable[[Partial, MetricLedger], Release]:
     """The stage-2 release builder: :func:`agents.release.build_release` with each release's noise source.
 
-    Central noise is drawn from ``DerivedRandom(K, "<metric>|<window_start>")`` under the stage's secret key
-    ``K`` (:attr:`agents.stage2.ReleaserState.noise_key`, handed over on the ledger): a retried release is
-    byte-identical to an aborted attempt. ``insecure_noise_seed`` (tests only: it makes every noise draw
+    Central noise is drawn from ``DerivedRandom(K, "<metric>|<window_start>|<commitment>")`` under the stage's
+    secret key ``K`` (:attr:`agents.stage2.ReleaserState.noise_key`, handed over on the ledger), with the commitment
+    :func:`noise_commitment` of the exact counts and the metric's parameters: a retried release of the same counts is
+    byte-identical to an aborted attempt, and a release of *other* counts of the same window (an aborted attempt seen
+    by a ``read_uncommitted`` reader, then a group that adopts the ledger with counts of its own) draws independent
+    noise -- never the same noise on two count vectors, whose difference would be exact (issue 22, finding 7).
+    ``insecure_noise_seed`` (tests only: it makes every noise draw
     predictable, i.e. removes the privacy of keyed and regression releases, and such records say so in
     ``insecure_noise``) draws it from ``SeededRandom("<seed>|<metric>|<window_start>")`` instead.
     """
 
     def builder(merged: Partial, ledger: MetricLedger) -> Release:
-        context = release_key(merged.metric, merged.window_start_ms)
+        context = f"{release_key(merged.metric, merged.window_start_ms)}|{noise_commitment(spec, merged)}"
         rng: RandomSource
         if insecure_noise_seed is not None:
             rng = SeededRandom(f"{insecure_noise_seed}|{context}")
@@ -53,6 +58,14 @@ def release_builder(
         return build_release(spec, merged, ledger, partitions=spec.topics.partitions, protocols=protocols, rng=rng)
 
     return builder
+
+
+def noise_commitment(spec: CollectionSpec, merged: Partial) -> str:
+    """Hex SHA-256 of the window's exact counts (:meth:`Partial.digest`) and its metric's parameters in the spec
+    (the same noise scaled by two mechanisms would give the counts away too): what a release's noise is bound to."""
+    metric = next((m for m in spec.metrics if m.name == merged.metric), None)
+    params = b"" if metric is None else metric.model_dump_json().encode()
+    return hashlib.sha256(merged.digest() + b"|" + params).hexdigest()
 
 
 def build_worker(

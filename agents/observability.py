@@ -28,7 +28,9 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   ``up``                                      gauge     0 once the worker has failed
   ==========================================  ========  ===============================================================
 
-  The exact dead-letter counts are operator data (see ``docs/privacy.md``): serve ``/metrics`` to operators only.
+  The exact dead-letter counts are operator data (see ``docs/privacy.md``): ``/metrics`` is an *operator* route
+  (:data:`ROUTES`, :mod:`agents.http_surface`): it needs the operator token (``Authorization: Bearer``) when one is
+  configured, and without one it answers on a loopback listener only.
 - ``GET /healthz`` -- 200 while the worker has not failed (liveness), else 503 with the error;
 - ``GET /readyz`` -- 200 when the worker has partitions assigned and a fetch response arrived within
   ``ready_after_s`` (the broker is reachable), else 503 with the reason: it turns false within that many seconds of
@@ -46,10 +48,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agents.http_surface import OperatorAccess, RouteTable, is_loopback
 from agents.worker import Worker
 
 #: Buckets of the release-latency histogram, seconds after window end + grace.
@@ -181,8 +185,24 @@ class WorkerObserver(Collector):
         return bytes(generate_latest(self.registry))
 
 
-def build_app(observer: WorkerObserver) -> web.Application:
-    """The aiohttp application serving ``/metrics``, ``/healthz`` and ``/readyz``."""
+#: Every route of the worker's server and who may read it (see :mod:`agents.http_surface`).
+ROUTES = RouteTable("worker", {"/metrics": "operator", "/healthz": "public", "/readyz": "public"})
+
+
+def build_app(observer: WorkerObserver, access: OperatorAccess | None = None) -> web.Application:
+    """The aiohttp application serving ``/metrics`` (operators: ``access``; loopback without a token by default),
+    ``/healthz`` and ``/readyz``. Refuses to build with a route :data:`ROUTES` does not classify."""
+    rule = access if access is not None else OperatorAccess()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        if route is None:  # no route matched: aiohttp's 404/405
+            return await handler(request)
+        denied = rule.denial(ROUTES.surface(route.canonical), request.headers.get("Authorization"))
+        if denied is not None:
+            return web.json_response({"error": denied[1]}, status=denied[0])
+        return await handler(request)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=observer.metrics_text(), headers={"Content-Type": "text/plain; version=0.0.4"})
@@ -197,16 +217,23 @@ def build_app(observer: WorkerObserver) -> web.Application:
         r = observer.readiness()
         return web.json_response({"ready": r.ready, "reason": r.reason}, status=200 if r.ready else 503)
 
-    app = web.Application()
+    app = web.Application(middlewares=[guard])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    ROUTES.check(registered_paths(app))
     return app
 
 
-async def serve(observer: WorkerObserver, host: str, port: int) -> web.AppRunner:
-    """Start the HTTP server (stop it with ``await runner.cleanup()``)."""
-    runner = web.AppRunner(build_app(observer), access_log=None)
+def registered_paths(app: web.Application) -> list[str]:
+    """The path pattern of every route registered on ``app``."""
+    return [r.canonical for r in app.router.resources()]
+
+
+async def serve(observer: WorkerObserver, host: str, port: int, token: str | None = None) -> web.AppRunner:
+    """Start the HTTP server (stop it with ``await runner.cleanup()``); ``token``: the operator token of
+    ``/metrics`` (without one it answers on a loopback ``host`` only)."""
+    runner = web.AppRunner(build_app(observer, OperatorAccess(token, is_loopback(host))), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

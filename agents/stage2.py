@@ -23,9 +23,12 @@ spec that reads the reports topic): what has been released of these reports and 
   one record, and a hand-over of an earlier window is stale (never released again, by any group);
 - ``b"ledger/<metric>"`` -> the metric's privacy ledger (:class:`agents.ledger.MetricLedger`);
 - ``b"noise-key"`` -> 32 secret bytes from ``os.urandom``: each release's central noise is drawn from
-  :class:`mechanisms.rng.DerivedRandom` under this key and the release key ``"<metric>|<start>"``, so a release
+  :class:`mechanisms.rng.DerivedRandom` under this key, the release key ``"<metric>|<start>"`` and a commitment to
+  the window's exact counts and the metric's parameters (:func:`agents.app.noise_commitment`), so a release
   retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
-  consumer may have seen);
+  consumer may have seen), and other counts of the window never get the same noise;
+- ``b"outbox/<metric>/<start>"`` -> a release record built and charged but not yet emitted (tombstoned by the
+  transaction that emits it): see :meth:`ReleaserState.release`;
 - ``b"owner"`` -> JSON ``{"group"}``: the one worker group allowed to release from these reports (see
   :mod:`agents.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
 
@@ -80,7 +83,17 @@ def _ledger_key(metric: str) -> bytes:
 
 def is_dataset_key(key: bytes) -> bool:
     """Whether a stage-2 state record belongs to the dataset's ledger topic (else to the group's state topic)."""
-    return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/"))
+    return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/", b"outbox/"))
+
+
+def _outbox_key(metric: str, start: int) -> bytes:
+    return f"outbox/{metric}/{start}".encode()
+
+
+def _outbox_order(key: bytes) -> tuple[int, str]:
+    """Window start, then metric: the order releases are built in."""
+    metric, _, start = key.decode().removeprefix("outbox/").rpartition("/")
+    return int(start), metric
 
 
 @dataclass
@@ -116,11 +129,15 @@ class ReleaserState:
         group: str = "",
         backlog_windows: int = 1,
         clock: Callable[[], int] = _wall_ms,
+        hold_ms: int | None = None,
+        outbox: bool = False,
     ) -> None:
         if window_ms < 1:
             raise StateError(f"window_ms must be positive, got {window_ms}")
         if backlog_windows < 0:
             raise StateError(f"backlog_windows must be >= 0, got {backlog_windows}")
+        if hold_ms is not None and hold_ms < 0:
+            raise StateError(f"hold_ms must be >= 0, got {hold_ms}")
         self.frontier = ReleaseFrontier(partitions)
         self.pending: dict[tuple[str, int], Partial] = {}
         self.ledgers = ledgers
@@ -130,6 +147,19 @@ class ReleaserState:
         self.group = group
         self.backlog_windows = int(backlog_windows)
         self.clock = clock
+        #: A window ``[s, e)`` is released no earlier than wall time ``e + hold_ms`` (:meth:`release_time`), and once
+        #: complete on every partition. The worker holds it for the grace, the idle timeout, the clock skew and a poll
+        #: (:meth:`agents.worker.WorkerSettings.release_hold_ms`): by then every partition closed it in normal
+        #: operation, whoever reported when, so the release time is the window's end plus a constant of the
+        #: settings -- not a function of arrivals (the idle timer restarts with each record: issue 22, finding 6).
+        #: ``None``: no wall-clock gate, windows are released once complete (tests of the merge logic alone).
+        self.hold_ms = hold_ms
+        #: Release through the dataset's outbox (the worker does): a release is built and recorded in the ledger
+        #: topic by one transaction, and emitted -- those recorded bytes -- by a later one (see :meth:`release`).
+        #: ``False``: built and returned at once (tests of the merge logic alone).
+        self.staged = outbox
+        #: Releases recorded but not yet emitted: ``outbox/<metric>/<start>`` -> the release record's bytes.
+        self.outbox: dict[bytes, bytes] = {}
         #: metric -> first window start not yet released (absent: :attr:`origin_ms`).
         self.cursors: dict[str, int] = {}
         #: First window start of the dataset (``None`` until :meth:`restore`).
@@ -191,20 +221,31 @@ class ReleaserState:
         self._dirty.add(FRONTIER_KEY)
         return out
 
+    def release_time(self, window_start_ms: int) -> int:
+        """The wall time (ms) before which window ``window_start_ms`` is never released: its end plus
+        :attr:`hold_ms` (its end without a hold)."""
+        return int(window_start_ms) + self.window_ms + (self.hold_ms or 0)
+
     def due(self) -> list[tuple[str, int]]:
         """Every (metric, window start) due for release, oldest first: for each metric of the spec, every window
         from its cursor up to the frontier (data or not; windows wholly before ``frontier - retention`` are
-        skipped, as they are for every dataset), and pending windows of metrics no longer in the spec."""
+        skipped, as they are for every dataset) whose :meth:`release_time` has come.
+
+        Metrics no longer in the spec get no record, whether or not anyone reported in their open windows (their
+        pending counts are dropped by :meth:`release`): a record only for windows with data would tell that someone
+        reported (issue 22, finding 4). Their cursors stay, so a metric that comes back continues where it
+        stopped."""
         edge = self.frontier.complete_before
         if edge is None:
             return []
+        if self.hold_ms is not None:  # only windows whose release time has come: start + window + hold <= now
+            edge = min(edge, int(self.clock()) - self.window_ms - self.hold_ms + 1)
         horizon = -(-(edge - self.retention_ms) // self.window_ms) * self.window_ms  # first start in the horizon
         out = [
             (metric, start)
             for metric in self.ledgers
             for start in range(max(self.cursor(metric), horizon), edge, self.window_ms)
         ]
-        out += [k for k in self.pending if k[0] not in self.ledgers and k[1] < edge]
         return sorted(out, key=lambda k: (k[1], k[0]))[:MAX_RELEASES_PER_CALL]
 
     def release(self, build: ReleaseBuilder, max_bytes: int | None = None) -> list[Release]:
@@ -216,18 +257,26 @@ class ReleaserState:
 
         Builds nothing while a fresh dataset record (noise key, origin, owner) is unwritten: the windows wait for
         the next call, after :meth:`state_records` has handed it to a transaction.
+
+        Staged (:attr:`staged`, the worker): the releases built here are not returned but recorded in the dataset's
+        outbox (``outbox/<metric>/<start>`` in the ledger topic) with the cursors and the ledger, and the *next* call
+        returns the recorded bytes -- after that transaction committed -- and tombstones them with their emission.
+        So every copy of a release a reader of the releases topic can see, even ``read_uncommitted`` (an aborted
+        emission, its retry, a group that adopts the ledger and finds the outbox), is the same bytes, drawn once:
+        never the same window twice with other noise or on other counts (issue 22, finding 7). An aborted build
+        leaves nothing on the releases topic (only in the ledger topic, which operators read).
         """
         out: list[Release] = []
         if self._unwritten:
             return out
+        for recorded in sorted(self.outbox, key=_outbox_order):  # recorded by an earlier, committed transaction
+            out.append(Release.from_bytes(self.outbox.pop(recorded)))
+            self._dirty.add(recorded)  # tombstoned with the emission
         for metric, start in self.due():
             merged = self.pending.pop((metric, start), None)
             if merged is None:
                 merged = self.empty(metric, start)
-            known = metric in self.ledgers
-            # a metric removed from the spec while its window was open: a throwaway ledger (budget-free, never
-            # written); the release refuses it ("spec changed") and charges nothing
-            ledger = self.ledgers[metric] if known else MetricLedger(metric, None, self.retention_ms)
+            ledger = self.ledgers[metric]
             ledger.noise_key = self.noise_key
             rel = build(merged, ledger)
             size = len(rel.to_bytes()) if max_bytes is not None else 0
@@ -235,13 +284,19 @@ class ReleaserState:
                 rel = too_large(rel, size, max_bytes)
             if rel.key != release_key(metric, start):
                 raise StateError(f"release key {rel.key} does not match window {metric}@{start}")
-            out.append(rel.model_copy(update={"group": self.group or None}))
+            rel = rel.model_copy(update={"group": self.group or None})
+            if self.staged:
+                self.outbox[_outbox_key(metric, start)] = rel.to_bytes()
+                self._fresh(_outbox_key(metric, start))  # emitted by the next call, after this one is written
+            else:
+                out.append(rel)
             self._dirty.add(_pending_key(metric, start))
-            if known:
-                self.cursors[metric] = start + self.window_ms
-                self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
-        for key in [k for k in self.pending if k[0] in self.ledgers and k[1] < self.cursor(k[0])]:
-            del self.pending[key]  # before the horizon's edge: skipped like every dataset's
+            self.cursors[metric] = start + self.window_ms
+            self._dirty |= {_cursor_key(metric), _ledger_key(metric)}
+        for key in [k for k in self.pending if k[0] not in self.ledgers or k[1] < self.cursor(k[0])]:
+            # before the horizon's edge: skipped like every dataset's; or of a metric no longer in the spec: never
+            # released, data or not (see due())
+            del self.pending[key]
             self.stale_partials += 1
             self._dirty.add(_pending_key(*key))
         return out
@@ -266,6 +321,8 @@ class ReleaserState:
         if key == OWNER_KEY:
             return json.dumps({"group": self.owner}).encode()
         kind, _, rest = key.decode().partition("/")
+        if kind == "outbox":
+            return self.outbox.get(key)
         if kind == "ledger":
             return self.ledgers[rest].to_bytes()
         if kind == "cursor":
@@ -282,6 +339,7 @@ class ReleaserState:
             latest[key] = value
         self.pending.clear()
         self.cursors.clear()
+        self.outbox.clear()
         self.frontier = ReleaseFrontier(self.frontier.partitions)
         self.origin_ms = self.created_ms = self.owner = None
         noise_key: bytes | None = None
@@ -307,6 +365,9 @@ class ReleaserState:
                     self.owner = str(json.loads(value)["group"])
                     continue
                 kind, _, rest = key.decode().partition("/")
+                if kind == "outbox":
+                    self.outbox[key] = bytes(value)
+                    continue
                 if kind == "ledger":
                     if rest in self.ledgers:
                         self.ledgers[rest] = MetricLedger.from_bytes(value, self.ledgers[rest])

@@ -95,6 +95,27 @@ class WorkerSettings:
         """What every client of the worker connects with: :attr:`kafka`, else plaintext to :attr:`bootstrap`."""
         return self.kafka if self.kafka is not None else self.bootstrap
 
+    #: Added to the hold of every release (:meth:`release_hold_ms`) for the hand-over's transaction and stage 2's.
+    release_slack_ms: int = 1_000
+
+    def release_hold_ms(self, window: WindowSpec) -> int:
+        """How long after its end stage 2 holds a window before releasing it (:attr:`ReleaserState.hold_ms`):
+        the grace, the idle timeout, the clock skew, a poll and :attr:`release_slack_ms`.
+
+        Every partition closes window ``[s, e)`` by then in normal operation, whoever reported when: the last
+        record that keeps it open has a broker time ``t < e + grace``; the partition is idle from ``t +
+        idle_timeout`` and advances to ``t_fetch - skew >= e + grace`` once ``t_fetch >= e + grace + skew``, at the
+        next poll. So the release time is ``e + hold`` (plus the stage-2 tick): the window and the settings, not
+        the arrivals (issue 22, finding 6). Only a lagging worker (overload, an outage) releases later, when the
+        window completes."""
+        idle = self.idle
+        return (
+            window.grace_ms
+            + max(idle.idle_timeout_ms, idle.clock_skew_ms)
+            + idle.clock_skew_ms
+            + (self.poll_timeout_ms + self.release_slack_ms)
+        )
+
     def backlog_windows(self, window: WindowSpec) -> int:
         """:attr:`backlog_s` in whole windows, rounded up."""
         return -(-self.backlog_s // window.size_s)
@@ -222,6 +243,7 @@ class Worker:
                             await self._stage2_batch(tp, records)
                     active = {tp.partition for tp, r in batches.items() if r and tp.topic == self.topics.reports}
                     await self._idle_tick(consumer, active)
+                    await self._release_tick()
                 except BaseException as err:
                     self._stage1.fail(err)
                     raise
@@ -346,6 +368,8 @@ class Worker:
             empty=self.aggregator.empty,
             group=group,
             backlog_windows=self.settings.backlog_windows(self.window),
+            hold_ms=self.settings.release_hold_ms(self.window),
+            outbox=True,
         )
         group_records = await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
         dataset_records = await read_to_end(bootstrap, ledger_tp)  # complete now: the previous holder is fenced
@@ -442,8 +466,23 @@ class Worker:
                         applied.stale,
                         applied.conflicts,
                     )
+        await self._release(slot, {tp: records[-1].offset + 1})
+
+    async def _release_tick(self) -> None:
+        """Release the windows whose release time has come (:meth:`ReleaserState.due`) without waiting for the next
+        hand-over: a window's release time is its end plus the hold, not the time the next hand-over happens to
+        arrive."""
+        slot = self._stage2
+        if slot is not None and (slot.state.outbox or slot.state.due()):
+            await self._release(slot, None)
+
+    async def _release(self, slot: _Stage2Slot, offsets: dict[TopicPartition, int] | None) -> None:
+        """Release every due window and commit the releases with stage 2's state (and the partials ``offsets``
+        consumed, if any) in one transaction."""
         releases = slot.state.release(self.builder, max_bytes=MAX_RELEASE_BYTES)
         changes = slot.state.state_records()
+        if not releases and not changes and offsets is None:
+            return
         producer = slot.producer
         async with producer.transaction():
             sent = [
@@ -452,7 +491,8 @@ class Worker:
             ]
             sent += await self._send_stage2_state(producer, changes)
             await delivered(sent)  # a release the broker refused aborts the batch: its windows stay unreleased
-            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.settings.group)
+            if offsets is not None:
+                await producer.send_offsets_to_transaction(offsets, self.settings.group)
         self.stats.transactions += 1
         self.stats.releases += len(releases)
         now = now_ms()

@@ -70,6 +70,7 @@ SPEC = parse_spec(
                 "p": 0.25,
                 "q": 0.75,
                 "candidates": ["h1", "h2", "h3", "h4", "h5", "h6"],
+                "guarantee": "client_value",  # memoized PRR (f > 0): RAPPOR's longitudinal guarantee
             },
             {
                 "name": "crash_signature",

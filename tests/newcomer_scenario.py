@@ -97,6 +97,7 @@ def scenario_spec(size_s: int) -> CollectionSpec:
                     "p": 0.5,
                     "q": 0.75,
                     "candidates": [f"host{i}.example" for i in range(10)] + ["decoy-a.example", "decoy-b.example"],
+                    "guarantee": "client_value",  # memoized PRR (f > 0): RAPPOR's longitudinal guarantee
                 },
             ],
         }

@@ -14,6 +14,7 @@ partition's partial was near that capacity (propose-test-release, :mod:`mechanis
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from numpy.typing import NDArray
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
 from agents.partials import KeyedCounts, Shape
 from agents.release_fields import estimate_records, finite
+from mechanisms.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.estimates import Estimate
 from mechanisms.key_threshold import make_key_threshold
 from mechanisms.randomized_response import make_randomized_response_bool
@@ -42,7 +44,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
     column_types: ClassVar[tuple[type, ...]] = (KeyedColumns,)
 
     def shape(self, metric: KeyedMetric) -> Shape:
-        return Shape("keyed")
+        return Shape("keyed", key_capacity=metric.key_capacity)
 
     def columns_fit(self, rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:
         c = cast(KeyedColumns, table.columns)  # one ASCII key length per table (a byte a character)
@@ -69,7 +71,8 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         columns = [cast(KeyedColumns, a.columns) for a in accepted]
         keys = [k for c in columns for k in c.keys]
         admitted = partial.admit_keyed(pseudonyms, keys, metric.reports_per_window, metric.keys_per_window)
-        ok = partial.fit_key_capacity(keys, admitted, metric.key_capacity)
+        # the capacity the window opened with (a spec change mid-window does not move it: see Partial.key_capacity)
+        ok = partial.fit_key_capacity(keys, admitted, partial.key_capacity)
         bits = concat([c.bits for c in columns])
         partial.add_keyed(list(itertools.compress(keys, ok.tolist())), bits[ok])
         refused = admitted & ~ok
@@ -92,14 +95,13 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         m = make_key_threshold(rel.build(rng))
         # the loss the spec's budget check uses: the mechanism's map at the cell histogram's sensitivity, plus the
         # capacity test -- charged before anything is drawn, whatever the test says
-        first, delta = m.map(metric.sensitivity())
-        _, charged_first, charged_delta = metric.window_cost()
+        first, delta, charged_first, charged_delta = _window_losses(metric)
         entry = job.ledger.charge(
             job.rid, merged.window_start_ms, (charged_first, charged_delta), str(m.output_measure)
         )
         value_rr = self.local_measurement(metric, None)
         eps1 = float(value_rr.map(1))
-        test = metric.capacity_check()
+        test = _capacity_test(metric, merged)
         spent = (
             PrivacySpent(epsilon_1=eps1, central_epsilon=float(first), central_delta=float(delta))
             if rel.mechanism == "laplace"
@@ -173,3 +175,27 @@ def keyed_estimates(
         value_true = estimate_records(["true"], Estimate.of([t_hat], [var]), level)[0]
         released.append(KeyRelease(key=key, count=finite(total), value_true=value_true))
     return released, records
+
+
+@functools.lru_cache(maxsize=256)
+def _window_losses(metric: KeyedMetric) -> tuple[float, float, float, float]:
+    """The mechanism's ``(ε or ρ, δ)`` at the cells' sensitivity and the window's charge (with the capacity test):
+    exact arithmetic, a function of the metric's parameters only (a frozen model), so computed once per metric."""
+    first, delta = make_key_threshold(metric.release.build()).map(metric.sensitivity())
+    _, charged_first, charged_delta = metric.window_cost()
+    return float(first), float(delta), float(charged_first), float(charged_delta)
+
+
+def _capacity_test(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
+    """The spec's capacity test (``Δ0``, ``ε'``, ``δ'``) at the capacity ``C`` the window's partials were capped under
+    (:attr:`agents.partials.Partial.key_capacity`), not the spec's ``C`` now: a capacity raised while the window was
+    open would otherwise test counts capped under the old ``C`` against the new one's threshold (issue 22, finding
+    3). ``ε'`` and ``δ'`` do not depend on ``C``: the charge is the spec's."""
+    return _capacity_test_at(metric, merged.key_capacity)
+
+
+@functools.lru_cache(maxsize=256)
+def _capacity_test_at(metric: KeyedMetric, capacity: int) -> CapacityTest:
+    spec_test = metric.capacity_check()
+    return make_capacity_test(capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
+

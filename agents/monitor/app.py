@@ -29,6 +29,7 @@ import faust
 from pydantic import SecretStr
 
 from agents.errors import ConfigurationError
+from agents.http_surface import is_loopback
 from agents.monitor.transport import ReadCommittedTransport
 from schemas.kafka_connection import Connection, KafkaConnection
 from schemas.spec import CollectionSpec
@@ -65,7 +66,7 @@ class MonitorSettings:
     @property
     def loopback(self) -> bool:
         """Whether the web server binds to a loopback address only."""
-        return self.web_bind in ("127.0.0.1", "::1", "localhost") or self.web_bind.startswith("127.")
+        return is_loopback(self.web_bind)
 
     def __post_init__(self) -> None:
         servers = [s.strip() for s in self.bootstrap.split(",")]
@@ -77,6 +78,9 @@ class MonitorSettings:
             raise ConfigurationError("web_bind", self.web_bind, "must be a host name or address")
         if self.app_id is not None and not self.app_id.strip():
             raise ConfigurationError("app_id", self.app_id, "must not be empty")
+        if self.faust_views and not self.loopback:
+            # Faust serves its raw table views itself, without the operator rule: the operator listener only
+            raise ConfigurationError("faust_views", True, f"needs a loopback web_bind (not {self.web_bind!r})")
 
     @property
     def connection(self) -> Connection:

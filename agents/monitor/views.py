@@ -18,17 +18,19 @@ path                                      returns
 The JSON views lived at ``/metrics/...`` and ``/dead-letters/`` before ``/metrics`` became Prometheus's: those paths
 answer with a permanent redirect (308) to their ``/api/`` place for one release.
 
-Who may read what (``docs/privacy.md``, ``docs/operations.md``): on a loopback bind every view is open to this
-host. Off loopback the monitor needs an operator token (or ``--behind-proxy``: a reverse proxy in front does the
-authentication): then ``/api/*`` and ``/metrics`` require ``Authorization: Bearer <token>`` and only ``/healthz``
-and ``/readyz`` stay open for orchestrators, and ``/dashboard/`` (a page and its script, which hold no data: the
-page sends the token it is given with every ``/api/`` request it makes).
+Who may read what (``docs/privacy.md``, ``docs/operations.md``): every route is classified *public* or *operator*
+in :data:`ROUTES` (:mod:`agents.http_surface`); :func:`register_views` refuses to register a route the table does
+not classify. Operator routes -- the exact dead-letter table ``/api/dead-letters/`` and the Prometheus ``/metrics``
+(faust's sensors count the dead-letter topic's messages exactly: issue 22, finding 2) -- always require the operator
+token when one is configured, and answer on loopback only without one. Public routes hold what the release records
+publish (or nothing: the dashboard's page and script, health, readiness, redirects); off loopback the release views
+(``/api/*``) still ask for the token unless ``--behind-proxy`` (a reverse proxy in front authenticates), while
+``/healthz``, ``/readyz`` and ``/dashboard/`` stay open (the page sends the token it is given with every ``/api/``
+request it makes).
 
 The dead-letter counts are exact, and some reasons count reports of central metrics (``key_capacity``, ``late`` of
 keyed reports): beside a central release they would tell whether one more client reported, which its (ε, δ) does
-not cover. So they are operator data everywhere: with a token configured they always require it, without one they
-answer on loopback only. The release views hold only what the release
-records publish.
+not cover.
 
 A view answers from the tables of the worker it reaches. The releases tables have one partition, so the worker that
 consumes the releases topic holds all of them; the dead-letter counts span the P partitions of the dead-letter
@@ -38,20 +40,20 @@ monitor worker per spec for complete answers (it is light: one update per releas
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from agents.http_surface import OperatorAccess, RouteTable, operator_denial
 from agents.monitor import dashboard
 from agents.monitor.dead_letters import totals
 from agents.monitor.summaries import history_of
 from agents.monitor.tables import MonitorTables
 from schemas.spec import CollectionSpec
 
-__all__ = ["metrics_index", "register_views"]
+__all__ = ["ROUTES", "metrics_index", "operator_denial", "register_views"]
 
 #: Fields of the newest release shown per metric in ``/metrics/``.
 INDEX_FIELDS = ("key", "window_start_ms", "window_end_ms", "n", "refused")
@@ -67,16 +69,39 @@ def metrics_index(spec: CollectionSpec, latest: Any) -> dict[str, Any]:
     return {"spec": spec.name, "metrics": metrics}
 
 
-def operator_denial(authorization: str | None, token: str | None, loopback: bool) -> tuple[int, str] | None:
-    """Why a request for an operator view is refused, as ``(status, reason)``; ``None``: allowed."""
-    if token is None:
-        if loopback:
-            return None
-        return 403, "operator view: configure an operator token (--operator-token-file) to serve it off loopback"
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not authorization or not hmac.compare_digest(given.encode(), token.encode()):
-        return 401, "operator view: send Authorization: Bearer <operator token>"
-    return None
+#: Every route of the monitor's web server -- ours and Faust's own (its index ``/``; its ``/router`` and ``/table``
+#: views are off unless ``--faust-views``, and then they are operator data, raw tables, served on the operator
+#: listener only: ``MonitorSettings`` refuses ``faust_views`` off loopback, as Faust serves them without our rule)
+#: -- and who may read it.
+ROUTES = RouteTable(
+    "monitor",
+    {
+        "/api/metrics/": "public",
+        "/api/overview/": "public",
+        "/api/stream/": "public",
+        "/api/metrics/{metric}/latest/": "public",
+        "/api/metrics/{metric}/history/": "public",
+        "/dashboard/": "public",
+        "/dashboard/{asset}": "public",
+        "/dashboard/vendor/{asset}": "public",  # the vendored charting library: no data
+        "/healthz": "public",
+        "/readyz": "public",
+        "/metrics/": "public",  # redirects to /api/ (one release)
+        "/dead-letters/": "public",  # a redirect: the view it names checks the operator rule itself
+        "/metrics/{metric}/latest/": "public",
+        "/metrics/{metric}/history/": "public",
+        "/": "public",  # Faust's production index: {"status": "OK"}
+        "/api/dead-letters/": "operator",
+        "/metrics": "operator",
+        "/router/": "operator",
+        "/table/": "operator",
+        "/table/{name}/": "operator",
+        "/table/{name}/{key}/": "operator",
+        "/router/{name}/": "operator",
+        "/router/{name}/{key}/": "operator",
+        "/router/topics": "operator",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +117,7 @@ class Access:
         """Why a request is refused (``(status, reason)``), or ``None``. Operator views always need the token when one
         is set, and loopback without one; other views need it off loopback unless a proxy authenticates."""
         if operator:
-            return operator_denial(authorization, self.token, self.loopback)
+            return OperatorAccess(self.token, self.loopback).denial("operator", authorization)
         if self.loopback or (self.behind_proxy and self.token is None):
             return None
         return operator_denial(authorization, self.token, False)
@@ -113,6 +138,11 @@ def register_views(
     """Add the views to ``app``'s web server (see the module docstring for the paths and who may read which)."""
     known = {m.name for m in spec.metrics}
     access = Access(operator_token, loopback, behind_proxy)
+
+    def page_of(path: str, name: str, handler: Any) -> None:
+        """Register ``handler`` at ``path`` behind the rule of its surface in :data:`ROUTES` (unclassified: refused)."""
+        surface = ROUTES.surface(path)
+        app.page(path, name=name)(handler if path in OPEN else guarded(handler, operator=surface == "operator"))
 
     def guarded(handler: Any, *, operator: bool = False) -> Any:
         async def view(self: Any, request: Any, **kwargs: Any) -> Any:
@@ -177,24 +207,41 @@ def register_views(
             return view.error(404, f"no dashboard asset {asset!r}", spec=spec.name)
         return view.bytes(found[0], content_type=found[1], headers={"Cache-Control": "no-cache"})
 
-    app.page("/api/metrics/", name="metrics")(guarded(metrics))
-    app.page("/api/overview/", name="overview")(guarded(overview))
-    app.page("/api/stream/", name="stream")(guarded(stream))
-    app.page("/dashboard/", name="dashboard")(page)
-    app.page("/dashboard/{asset}", name="dashboard-asset")(asset_view)
+    page_of("/api/metrics/", "metrics", metrics)
+    page_of("/api/overview/", "overview", overview)
+    page_of("/api/stream/", "stream", stream)
+    page_of("/dashboard/", "dashboard", page)
+    page_of("/dashboard/{asset}", "dashboard-asset", asset_view)
 
     async def vendor_view(view: Any, request: Any, asset: str) -> Any:
         return await asset_view(view, request, f"vendor/{asset}")
 
-    app.page("/dashboard/vendor/{asset}", name="dashboard-vendor")(vendor_view)
-    app.page("/api/metrics/{metric}/latest/", name="metric-latest")(guarded(metric_latest))
-    app.page("/api/metrics/{metric}/history/", name="metric-history")(guarded(metric_history))
-    app.page("/api/dead-letters/", name="dead-letters")(guarded(dead_letters, operator=True))
-    app.page("/metrics", name="prometheus")(guarded(prometheus_text))
-    app.page("/healthz", name="healthz")(healthz)
-    app.page("/readyz", name="readyz")(readyz)
+    page_of("/dashboard/vendor/{asset}", "dashboard-vendor", vendor_view)
+    page_of("/api/metrics/{metric}/latest/", "metric-latest", metric_latest)
+    page_of("/api/metrics/{metric}/history/", "metric-history", metric_history)
+    page_of("/api/dead-letters/", "dead-letters", dead_letters)
+    page_of("/metrics", "prometheus", prometheus_text)
+    page_of("/healthz", "healthz", healthz)
+    page_of("/readyz", "readyz", readyz)
     for old in ("/metrics/", "/dead-letters/", "/metrics/{metric}/latest/", "/metrics/{metric}/history/"):
-        app.page(old, name=f"moved{old}")(_moved(old))
+        page_of(old, f"moved{old}", _moved(old))
+
+
+#: Public routes served to anyone on any listener (orchestrators' probes, the dashboard's data-free page and
+#: assets, redirects); the other public routes follow :meth:`Access.denial` off loopback.
+OPEN = frozenset(
+    {
+        "/healthz",
+        "/readyz",
+        "/dashboard/",
+        "/dashboard/{asset}",
+        "/dashboard/vendor/{asset}",
+        "/metrics/",
+        "/dead-letters/",
+        "/metrics/{metric}/latest/",
+        "/metrics/{metric}/history/",
+    }
+)
 
 
 def _moved(path: str) -> Any:

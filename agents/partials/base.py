@@ -12,6 +12,7 @@ record it accepts encodes back to the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from abc import ABC, abstractmethod
@@ -49,6 +50,8 @@ class Shape:
     bits: int = 0
     x_bounds: tuple[float, float] = (0.0, 1.0)
     y_bounds: tuple[float, float] = (0.0, 1.0)
+    #: Keyed metrics: ``C``, the distinct keys one stage-1 partial may hold (``KeyedMetric.key_capacity``).
+    key_capacity: int = 0
 
 
 class Sections(NamedTuple):
@@ -88,6 +91,13 @@ class Partial(ABC):
     #: partial's own key count once handed over; the maximum over partitions once merged). The statistic of the
     #: window's private capacity test (:mod:`mechanisms.capacity_test`). Written for every layout (0 but keyed).
     max_partition_keys: int = 0
+    #: Keyed metrics: ``C``, the key capacity this window's partial was capped under -- fixed when the window opened
+    #: on its partition and kept until it closes, whatever the spec says meanwhile (a capacity raised mid-window
+    #: must not be the one the capacity test checks counts capped under the old one against). Once merged: the
+    #: smallest over partitions, ``C = min_p C_p``, and :attr:`max_partition_keys` is then ``max_p max(0, D_p -
+    #: (C_p - C))``, each partition's keys measured against ``C`` (its distance from its own capacity is kept, so
+    #: the test's safety argument holds per partition). ``0``: not keyed.
+    key_capacity: int = 0
 
     # ------------------------------------------------------------------------------------------
     # the layout's part
@@ -121,6 +131,7 @@ class Partial(ABC):
     def empty(cls, metric: str, shape: Shape, window_start_ms: int) -> Self:
         """A zero partial with the dense shapes of ``shape``."""
         out = cls(metric=metric, kind=shape.kind, window_start_ms=int(window_start_ms))
+        out.key_capacity = shape.key_capacity
         counts, cohort_n = cls.dense_shapes(shape)
         out.load(Sections(zeros(counts), zeros(cohort_n), {}, {}))
         return out
@@ -156,6 +167,7 @@ class Partial(ABC):
             n=self.n,
             over_bound=self.over_bound,
             max_partition_keys=self.max_partition_keys,
+            key_capacity=self.key_capacity,
         )
         out.load(self.sections().copy())
         return out
@@ -166,6 +178,27 @@ class Partial(ABC):
         out = self.counts_only()
         out.max_partition_keys = self.keys_held()
         return out
+
+    def digest(self) -> bytes:
+        """SHA-256 of these counts in a canonical form (header fields, dense arrays little-endian, keys and cells
+        sorted; client maps and offsets left out): equal for equal counts whatever order they were added in."""
+        s = self.sections()
+        head = {
+            "metric": self.metric,
+            "kind": self.kind,
+            "window_start_ms": self.window_start_ms,
+            "n": self.n,
+            "over_bound": self.over_bound,
+            "max_partition_keys": self.max_partition_keys,
+            "key_capacity": self.key_capacity,
+            "arrays": [list(s.counts.shape), list(s.cohort_n.shape)],
+            "keyed": sorted(s.keyed.items()),
+            "cells": sorted(s.cells.items()),
+        }
+        h = hashlib.sha256(json.dumps(head, separators=(",", ":")).encode())
+        for a in (s.counts, s.cohort_n):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        return h.digest()
 
     def is_empty(self) -> bool:
         """No report (counted or over the bound) reached this partial."""
@@ -187,6 +220,8 @@ class Partial(ABC):
             "first_offset": self.first_offset,
             "max_partition_keys": self.max_partition_keys,
         }
+        if self.key_capacity:  # keyed partials only (added by issue 22: other records keep their bytes)
+            header["key_capacity"] = self.key_capacity
         head = json.dumps(header, separators=(",", ":")).encode()
         body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
         return _MAGIC + struct.pack(">I", len(head)) + head + body
@@ -234,6 +269,7 @@ class Partial(ABC):
                 # absent in records of older versions: a hand-over's partial is one partition's (its key count
                 # is exact); a merged one's key count is the union's, at least the maximum (the safe side)
                 max_partition_keys=int(header.get("max_partition_keys", len(header["keyed"]))),
+                key_capacity=int(header.get("key_capacity", _unknown_capacity(layout, header))),
             )
             out.load(sections)
             return out
@@ -296,9 +332,28 @@ def merge(partials: Iterable[P]) -> P:
             )
         out.n += p.n
         out.over_bound += p.over_bound
-        out.max_partition_keys = max(out.max_partition_keys, p.max_partition_keys)
+        _merge_key_capacity(out, p)
         out.add_counts(p)
     return out
+
+
+def _unknown_capacity(layout: type[Partial], header: dict[str, Any]) -> int:
+    """``key_capacity`` of a record without it (written before issue 22): for a keyed partial the capacity it was
+    capped under is unknown, so it is taken as full -- fail closed: no new key enters it, and the capacity test
+    refuses its window; ``0`` for every other layout."""
+    return max(1, len(header["keyed"])) if layout is not Conflicted and header["kind"] == "keyed" else 0
+
+
+def _merge_key_capacity(out: Partial, p: Partial) -> None:
+    """``out``'s capacity statistic with ``p``'s merged in: ``C = min(C_out, C_p)`` and the keys of each measured
+    against ``C`` (see :attr:`Partial.key_capacity`): ``max(0, D - (C_own - C))``."""
+    capacity = min(out.key_capacity, p.key_capacity)
+
+    def against(q: Partial) -> int:
+        return max(0, q.max_partition_keys - (q.key_capacity - capacity))
+
+    out.max_partition_keys = max(against(out), against(p))
+    out.key_capacity = capacity
 
 
 def same_counts(a: Partial, b: Partial) -> bool:

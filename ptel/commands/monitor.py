@@ -10,7 +10,6 @@ spec's retention, dead-letter counts by reason, exact under redelivery -- and se
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from ptel.commands.options import (
     add_spec_argument,
     kafka_connection_or_report,
     load_spec_or_report,
+    operator_token_or_report,
 )
 
 
@@ -67,15 +67,8 @@ def run(args: Any) -> int:
     connection = kafka_connection_or_report(args)
     if connection is None:
         return 2
-    token = os.environ.get("PTEL_MONITOR_OPERATOR_TOKEN")
-    if args.operator_token_file is not None:
-        try:
-            token = args.operator_token_file.read_text(encoding="utf-8").strip()
-        except OSError as err:
-            print(f"ptel monitor: --operator-token-file {args.operator_token_file}: {err.strerror}", file=sys.stderr)
-            return 2
-    if token is not None and len(token) < 16:
-        print("ptel monitor: the operator token must have at least 16 characters", file=sys.stderr)
+    ok, token = operator_token_or_report(args.operator_token_file, "PTEL_MONITOR_OPERATOR_TOKEN", "monitor")
+    if not ok:
         return 2
     try:
         settings = MonitorSettings(

@@ -8,6 +8,7 @@ a spec that cannot be loaded is reported on stderr and the command exits with :d
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -76,3 +77,19 @@ def load_spec_or_report(path: Path) -> CollectionSpec | None:
     except SpecError as err:
         print(err, file=sys.stderr)
         return None
+
+
+def operator_token_or_report(path: Path | None, env_var: str, command: str) -> tuple[bool, str | None]:
+    """``(ok, token)``: the operator token from ``path`` (``--operator-token-file``) or ``$env_var``; ``ok`` is false
+    (the reason printed) when the file cannot be read or the token has fewer than 16 characters."""
+    token = os.environ.get(env_var)
+    if path is not None:
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            print(f"ptel {command}: --operator-token-file {path}: {err.strerror}", file=sys.stderr)
+            return False, None
+    if token is not None and len(token) < 16:
+        print(f"ptel {command}: the operator token must have at least 16 characters", file=sys.stderr)
+        return False, None
+    return True, token or None

@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from agents.app import build_worker, default_group
@@ -28,6 +29,7 @@ from ptel.commands.options import (
     add_spec_argument,
     kafka_connection_or_report,
     load_spec_or_report,
+    operator_token_or_report,
 )
 from schemas.releases import Release
 
@@ -82,6 +84,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--metrics-bind", default="127.0.0.1", help="address of that server (default 127.0.0.1)")
     p.add_argument(
+        "--operator-token-file",
+        type=Path,
+        default=None,
+        help="bearer token of /metrics (operator data: exact dead-letter counts); or $PTEL_WORKER_OPERATOR_TOKEN; "
+        "without one /metrics answers on a loopback --metrics-bind only",
+    )
+    p.add_argument(
         "--ready-after",
         type=float,
         default=10.0,
@@ -105,6 +114,9 @@ def release_line(rel: Release) -> str:
 def run(args: Any) -> int:
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         print(f"ptel worker: --metrics-port ({args.metrics_port}) must be in [1, 65535]", file=sys.stderr)
+        return 2
+    ok, args.operator_token = operator_token_or_report(args.operator_token_file, "PTEL_WORKER_OPERATOR_TOKEN", "worker")
+    if not ok:
         return 2
     if not 0 < args.ready_after < float("inf"):
         print(f"ptel worker: --ready-after ({args.ready_after}) must be a number of seconds in (0, ∞)", file=sys.stderr)
@@ -160,7 +172,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
     async with worker:
         if args.metrics_port is not None:
             observer = WorkerObserver(worker, ready_after_s=args.ready_after)
-            runner = await serve(observer, args.metrics_bind, args.metrics_port)
+            runner = await serve(observer, args.metrics_bind, args.metrics_port, token=args.operator_token)
             print(f"metrics: http://{args.metrics_bind}:{args.metrics_port}/metrics (/healthz, /readyz)", flush=True)
         try:
             await worker.run()

@@ -179,8 +179,26 @@ def test_records_of_the_single_partial_class_restore_and_encode_back_byte_identi
     assert p.kind == kind
     expected = Conflicted if name.startswith("conflicted") else PARTIAL_TYPES[kind]
     assert type(p) is expected
-    assert p.to_bytes() == data
+    if kind == "keyed" and expected is not Conflicted:
+        # a keyed record from before the key capacity was recorded (issue 22, finding 3) restores as full (fail
+        # closed) and encodes back with that one field added
+        assert p.key_capacity == max(1, p.keys_held())
+        assert p.to_bytes() == _with_capacity(data, p.key_capacity)
+    else:
+        assert p.to_bytes() == data
     assert Partial.from_bytes(p.counts_only().to_bytes()).to_bytes() == p.counts_only().to_bytes()
+
+
+def _with_capacity(data: bytes, capacity: int) -> bytes:
+    """``data`` (a ``PTP1`` record) with ``"key_capacity": capacity`` appended to its JSON header."""
+    import json
+    import struct
+
+    (hlen,) = struct.unpack(">I", data[4:8])
+    header = json.loads(data[8 : 8 + hlen])
+    header["key_capacity"] = capacity
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return data[:4] + struct.pack(">I", len(head)) + head + data[8 + hlen :]
 
 
 @pytest.mark.parametrize("name", sorted(ENCODED))

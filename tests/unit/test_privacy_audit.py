@@ -1,326 +1,501 @@
-"""End-to-end privacy audit: neighbouring report streams through the real stage-1 and stage-2 code.
+"""End-to-end privacy audit with power: neighbouring report streams through the real stage-1 and stage-2 code, each
+scenario checked against its claim *and* against its known-bad variant.
 
-Each scenario builds two neighbouring datasets -- one client (the target) added or removed, chosen adversarially --
-encodes them with the producers' own privatizers and wire encoder, runs them through the real
+Each scenario builds two neighbouring datasets -- one client (the target) added or removed, or its values changed,
+chosen adversarially -- encodes them with the producers' own privatizers and wire encoder, runs them through the real
 :class:`agents.stage1.PartitionState` and :class:`agents.stage2.ReleaserState` with the real release builder
-(:func:`agents.app.release_builder`, CSPRNG noise under a fresh secret key per trial), and looks only at what an
-analyst observes: the release records, their presence and their ledger summaries (and, for RAPPOR, the target's own
-reports, which readers of the reports topic see; the releases are post-processing of them).
+(:func:`agents.app.release_builder`, CSPRNG noise under a fresh secret key per trial: :mod:`tests.privacy_harness`),
+and looks only at what an analyst observes: the release records, their presence and their ledger summaries (and, for
+the local kinds, the target's own reports, which readers of the reports topic see; the releases are post-processing
+of them). The RAPPOR and spec-change scenarios privatize all clients of a side in one vectorized call.
 
-For a fixed distinguishing event ``E`` the audit estimates ``P(E)`` on both neighbours over many trials and computes a
-statistical lower bound on the privacy loss, in both directions,
+For a fixed distinguishing event ``E`` the audit estimates ``P(E)`` on both neighbours over ``n`` trials each and
+computes a statistical lower bound on the privacy loss, in both directions,
 
     ε_LB = ln((p̲₁ − δ) / p̄₀),
 
-with ``p̲₁`` the lower and ``p̄₀`` the upper Clopper-Pearson bound (``scipy.stats.beta``) at confidence ``1 − α`` each,
-``α = 1e-6``, and ``δ`` the δ the ledger claims. A correct mechanism has ``ε_LB <= ε`` (the claim) except with
-probability at most ``2α``: the audit's false-failure rate is at most 2e-6 per scenario (the trials use the CSPRNG, so
-this is a true probability, not a fixed seed). Each scenario fails on the pipeline before the whole-system fixes
-(commit 954c09f): the numbers are in ``docs/privacy.md``.
+with ``p̲₁`` the lower and ``p̄₀`` the upper Clopper-Pearson bound at confidence ``1 − α`` each, ``α = 1e-6``, and
+``δ`` the δ the ledger claims. A correct pipeline has ``ε_LB <= ε`` (the claim) except with probability at most
+``2α``: the false-failure rate is at most 2e-6 per scenario (the trials use the CSPRNG: a true probability, not a
+fixed seed). Each scenario states its power, the *detectable* ε -- the largest ε_LB ``n`` trials can show
+(:func:`tests.privacy_harness.detectable_epsilon`) -- and checks it is above the claim, and a second test injects the
+known-bad variant and asserts that the audit sees it (ε_LB above the claim): a scenario that cannot fail is caught
+there. The numbers are in docs/privacy.md; ``-s`` prints them.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from scipy.stats import beta
 
-from agents.app import release_builder
+import agents.app
+import agents.handlers.keyed
+import tests.privacy_harness
 from agents.kinds import Aggregator
-from agents.ledger import MetricLedger
-from agents.release import build_release
-from agents.stage1 import PartitionState
-from agents.stage1_records import Handover, SourceRecord
-from agents.stage2 import ReleaserState, is_dataset_key
-from agents.validation import Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
+from agents.partials import KeyedCounts
+from agents.stage1_records import Handover
+from agents.stage2 import ReleaserState
+from mechanisms.capacity_test import CapacityTest, make_capacity_test
+from mechanisms.rng import DerivedRandom
 from producers.client_secret import ClientSecret
 from producers.privatize import make_privatizers
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
-from schemas.spec import CollectionSpec, RapporMetric, parse_spec
-from schemas.wire import RapporColumns, encode_report
+from schemas.spec import CollectionSpec, KeyedMetric, RapporMetric
+from schemas.wire import BoolColumns, RapporColumns
+from tests.privacy_harness import (
+    KEYED,
+    SIZE_S,
+    T0_S,
+    Send,
+    both_ways,
+    claim_of,
+    detectable_epsilon,
+    make_spec,
+    neighbours,
+    records,
+    released_keys,
+    stage1,
+    stage2,
+)
 
 pytestmark = pytest.mark.statistical
 
-ALPHA = 1e-6
-SIZE_S = 10
-T0_S = 1_700_000_000 // SIZE_S * SIZE_S  # a window start, seconds
+#: ``make audit`` multiplies every scenario's trials (``PTEL_AUDIT_SCALE=10``: more power, about 10x the time).
+SCALE = max(1, int(os.environ.get("PTEL_AUDIT_SCALE", "1")))
 
 
-def _spec(metrics: list[dict[str, object]], retention_s: int = 600) -> CollectionSpec:
-    return parse_spec(
-        {"name": "audit", "window": {"size_s": SIZE_S, "grace_s": 2, "retention_s": retention_s}, "metrics": metrics}
-    )
+def scaled(trials: int) -> int:
+    """``trials`` times :data:`SCALE`."""
+    return trials * SCALE
 
 
-def epsilon_lower_bound(hits_1: int, n_1: int, hits_0: int, n_0: int, delta: float = 0.0) -> float:
-    """``ln((p̲₁ − δ)/p̄₀)`` with Clopper-Pearson bounds at ``1 − ALPHA`` (−inf when the bound is not positive)."""
-    low_1 = 0.0 if hits_1 == 0 else float(beta.ppf(ALPHA, hits_1, n_1 - hits_1 + 1))
-    high_0 = 1.0 if hits_0 == n_0 else float(beta.ppf(1 - ALPHA, hits_0 + 1, n_0 - hits_0))
-    if low_1 - delta <= 0:
-        return -math.inf
-    return math.log((low_1 - delta) / high_0)
+WINDOW = f"errors|{T0_S * 1000}"
 
 
-def both_ways(a: int, b: int, n: int, delta: float) -> float:
-    """The larger lower bound of the two directions (event frequencies ``a`` and ``b`` out of ``n`` each)."""
-    return max(epsilon_lower_bound(a, n, b, n, delta), epsilon_lower_bound(b, n, a, n, delta))
-
-
-# ----------------------------------------------------------------------------------------------
-# the pipeline, without Kafka
-
-
-def _records(spec: CollectionSpec, sends: Sequence[tuple[str, object, ClientSecret, int]]) -> list[SourceRecord]:
-    """``(metric, value, device secret, broker time s)`` sends, privatized and encoded as a device would, in order."""
-    privatizers = make_privatizers(spec)
-    out = []
-    for offset, (metric, value, secret, t_s) in enumerate(sends):
-        report = privatizers[metric].report(value, secret=secret, client_time=t_s)
-        out.append(SourceRecord(offset, t_s * 1000 + offset % 1000, None, encode_report(report)))
-    return out
-
-
-def _neighbours(
-    spec: CollectionSpec,
-    before: Sequence[tuple[str, object, ClientSecret, int]],
-    target: tuple[str, object, ClientSecret, int],
-    after: Sequence[tuple[str, object, ClientSecret, int]] = (),
-) -> tuple[list[SourceRecord], list[SourceRecord]]:
-    """Neighbouring streams, with and without ``target``'s report between ``before`` and ``after``: every report is
-    privatized once, so the two streams differ in the target's record only (privatizing the others twice would
-    draw their randomized response twice, and the streams would differ in more than one client)."""
-    records = _records(spec, [*before, target, *after])
-    at = len(before)
-    without = [SourceRecord(i, r.timestamp, r.key, r.value) for i, r in enumerate(records[:at] + records[at + 1 :])]
-    return records, without
-
-
-def stage1(spec: CollectionSpec, records: list[SourceRecord]) -> list[Handover]:
-    """One source partition's stage 1 over ``records``, then idle until every window closed: its hand-overs."""
-    protocols = resolve_protocols(spec)
-    window = WindowSpec(spec.window.size_s, spec.window.grace_s)
-    state = PartitionState(0, window, Validator(spec, protocols), Aggregator(spec), IdlePolicy(1_000, 500))
-    state.process(records)
-    out = []
-    first = state.take_closed()
-    if first is not None:
-        out.append(first)
-    far = (T0_S + 10 * SIZE_S) * 1000
-    state.advance_idle(far, 0, True, far)
-    last = state.take_closed()
-    if last is not None:
-        out.append(last)
-    return out
-
-
-def stage2(
-    spec: CollectionSpec,
-    handovers: list[Handover],
-    *,
-    group: str = "audit",
-    dataset: list[tuple[bytes, bytes | None]] | None = None,
-) -> tuple[list[Release], list[tuple[bytes, bytes | None]]]:
-    """Stage 2 of a group over ``handovers`` (a fresh secret noise key unless ``dataset`` holds the dataset's own
-    records, as a group that adopts the ledger reads them): its releases and the dataset records it wrote."""
-    retention = spec.window.retention_s * 1000
-    ledgers = {m.name: MetricLedger(m.name, m.budget, retention) for m in spec.metrics}
-    st = ReleaserState(
-        1,
-        ledgers,
-        retention,
-        window_ms=spec.window.size_s * 1000,
-        empty=Aggregator(spec).empty,
-        group=group,
-        backlog_windows=0,
-        clock=lambda: T0_S * 1000,
-    )
-    st.restore(dataset or [])
-    st.claim()
-    written = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
-    for h in handovers:
-        st.apply(h)
-    releases = st.release(release_builder(spec, resolve_protocols(spec)))
-    written += [kv for kv in st.state_records() if is_dataset_key(kv[0])]
-    return releases, written
-
-
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
+    scenario: str
     claimed_epsilon: float
     claimed_delta: float
+    trials: int
+    hits: tuple[int, int]
     lower_bound: float
+    detectable: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.scenario}: claim ε={self.claimed_epsilon:.4g} δ={self.claimed_delta:.3g}; n={self.trials}/side, "
+            f"hits {self.hits}; ε_LB={self.lower_bound:.3f}; detectable ε={self.detectable:.3f}"
+        )
 
 
-def audit(
-    trials: int, neighbours: tuple[Callable[[], bool], Callable[[], bool]], claim: tuple[float, float]
-) -> Outcome:
-    """Run each neighbour's experiment ``trials`` times; the ε lower bound of its event against the claim."""
-    hits = [sum(run() for _ in range(trials)) for run in neighbours]
-    return Outcome(claim[0], claim[1], both_ways(hits[0], hits[1], trials, claim[1]))
+def audit(scenario: str, trials: int, counts: tuple[int, int], claim: tuple[float, float]) -> Outcome:
+    """The ε lower bound of event frequencies ``counts`` (of ``trials`` each) against ``claim``."""
+    out = Outcome(
+        scenario,
+        claim[0],
+        claim[1],
+        trials,
+        counts,
+        both_ways(counts[0], counts[1], trials, claim[1]),
+        detectable_epsilon(trials, claim[1]),
+    )
+    print(f"\n{out}")
+    return out
 
 
-def _claim(releases: list[Release], key: str) -> tuple[float, float]:
-    """The (ε, δ) charged for the release of ``key`` -- the only window the target reports in, so its whole loss
-    over the horizon: the central mechanism's and the capacity test's (charged whether released or refused)."""
-    (rel,) = [r for r in releases if r.key == key]
-    p = rel.privacy
-    epsilon = (p.central_epsilon or 0.0) + (p.capacity_test_epsilon or 0.0)
-    delta = (p.central_delta or 0.0) + (p.capacity_test_delta or 0.0)
-    assert epsilon > 0
-    return float(epsilon), float(delta)
+def repeat(trials: int, sides: tuple[Callable[[], bool], Callable[[], bool]]) -> tuple[int, int]:
+    return sum(sides[0]() for _ in range(trials)), sum(sides[1]() for _ in range(trials))
+
+
+def holds(out: Outcome) -> None:
+    """The claim holds and the audit had the power to refute it."""
+    assert out.detectable > out.claimed_epsilon, out
+    assert out.lower_bound <= out.claimed_epsilon, out
+
+
+def refuted(out: Outcome) -> None:
+    """The mutation is detected."""
+    assert out.lower_bound > out.claimed_epsilon, out
+
+
+@pytest.fixture
+def mutate() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
 
 
 # ----------------------------------------------------------------------------------------------
-# scenarios
+# 1. the key-capacity test near its pass threshold (mutation: Δ0 forced to 1 in the test)
 
-KEYED = {
-    "name": "errors",
-    "kind": "keyed",
-    "keys_per_window": 1,
-    "value": {"prob": 0.75},
-    "release": {"mechanism": "laplace", "scale": 1.0, "threshold": 20},
+CAPACITY = {
+    **KEYED,
+    "keys_per_window": 4,
+    "reports_per_window": 4,
+    "max_keys_per_partition": 200,
+    "capacity_test": {"epsilon": 0.5, "delta": 1e-9},
+    "release": {"mechanism": "laplace", "scale": 40.0, "threshold": 1500},  # δ of the threshold: negligible
 }
 
 
-def test_a_target_key_in_a_full_window_changes_nothing_else() -> None:
-    """Capacity 3 keys per partial: the target's key takes the last slot, so the popular key that comes after it is
-    not counted; without the target it is released. The event: "popular" released."""
-    spec = _spec([{**KEYED, "max_keys_per_partition": 3}])
-    secrets = [ClientSecret.generate() for _ in range(561)]
+def _delta0_is_one(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
+    """The known-bad test: the spec's ``ε'``, ``δ'`` at ``Δ0 = 1`` whatever ``keys_per_window`` is."""
+    spec_test = metric.capacity_check()
+    return make_capacity_test(merged.key_capacity, 1, spec_test.epsilon, spec_test.delta)
+
+
+def capacity_near_threshold(trials: int) -> Outcome:
+    """A partition holding ``τ`` keys (the pass threshold of the test the pipeline uses, so the decision is
+    ``S + Z <= τ`` with ``Z`` near 0: about even odds), and the target adding its Δ0 = 4 keys. The event: the window
+    is released (not refused by the capacity test). Claim: the window's charge, ``ε = 4/40 + ε' = 0.6``."""
+    spec = make_spec([CAPACITY])
+    metric = spec.metric("errors")
+    assert isinstance(metric, KeyedMetric)
+    empty = Aggregator(spec).empty("errors", T0_S * 1000)
+    assert isinstance(empty, KeyedCounts)
+    tau = agents.handlers.keyed._capacity_test(metric, empty).threshold  # the test the pipeline runs (or its mutant)
+    assert 0 < tau < metric.key_capacity - 4
     t = T0_S + 1
-    base = [("errors", ("a", True), secrets[i], t) for i in range(30)]
-    base += [("errors", ("b", True), secrets[30 + i], t) for i in range(30)]
-    popular = [("errors", ("popular", True), secrets[60 + i], t) for i in range(500)]
-    target = [("errors", ("target", True), secrets[560], t)]
-    records_with, records_without = _neighbours(spec, base, target[0], popular)
-    without, with_target = stage1(spec, records_without), stage1(spec, records_with)
+    base: list[Send] = [("errors", (f"k{i}", True), ClientSecret.generate(), t) for i in range(tau)]
+    secret = ClientSecret.generate()
+    target_keys = [("errors", (f"t{j}", True), secret, t) for j in range(4)]
+    recs = records(spec, [*base, *target_keys])
+    with_target, without = stage1(spec, recs), stage1(spec, recs[:tau])
 
     def released(handovers: list[Handover]) -> Callable[[], bool]:
-        def run() -> bool:
-            releases, _ = stage2(spec, handovers)
-            return any(k.key == "popular" for r in releases for k in r.released_keys)
+        return lambda: any(r.key == WINDOW and r.refused is None for r in stage2(spec, handovers)[0])
 
-        return run
-
-    claim = _claim(stage2(spec, without)[0], f"errors|{T0_S * 1000}")
-    out = audit(200, (released(without), released(with_target)), claim)
-    print(f"\n{out}")
-    assert out.lower_bound <= out.claimed_epsilon, out
+    claim = claim_of(stage2(spec, without)[0], WINDOW)
+    return audit("capacity near threshold", trials, repeat(trials, (released(without), released(with_target))), claim)
 
 
-def test_whether_a_record_exists_does_not_tell_whether_anyone_reported() -> None:
+def test_the_capacity_test_near_its_threshold_holds_its_claim() -> None:
+    holds(capacity_near_threshold(scaled(400)))
+
+
+def test_the_audit_detects_a_capacity_test_at_delta0_1(mutate: pytest.MonkeyPatch) -> None:
+    mutate.setattr(agents.handlers.keyed, "_capacity_test", _delta0_is_one)
+    refuted(capacity_near_threshold(scaled(400)))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. whether a record exists (mutation: a record only for windows with data)
+
+
+def _only_windows_with_data(self: ReleaserState, due: Callable[[ReleaserState], list[tuple[str, int]]]) -> list[
+    tuple[str, int]
+]:  # fmt: skip
+    return [k for k in due(self) if k in self.pending]
+
+
+def empty_window(trials: int) -> Outcome:
     """The target is the only reporter of a keyed metric in its window. The event: a record of that window exists."""
-    spec = _spec([KEYED])
+    spec = make_spec([KEYED])
     alone = [("errors", ("k", True), ClientSecret.generate(), T0_S + 3 * SIZE_S + 1)]
-    with_target, without = stage1(spec, _records(spec, alone)), stage1(spec, [])
+    close = T0_S + 5 * SIZE_S  # window T0 + 30 s closes (its end + grace is T0 + 42 s)
+    # the frontier reaches the window either way: a partition that saw nothing idles forward too
+    with_target, without = stage1(spec, records(spec, alone), close_at_s=close), stage1(spec, [], close_at_s=close)
     window = f"errors|{(T0_S + 3 * SIZE_S) * 1000}"
 
     def exists(handovers: list[Handover]) -> Callable[[], bool]:
+        return lambda: any(r.key == window for r in stage2(spec, handovers)[0])
+
+    claim = claim_of(stage2(spec, with_target)[0], window)
+    return audit("empty window", trials, repeat(trials, (exists(without), exists(with_target))), claim)
+
+
+def test_whether_a_record_exists_does_not_tell_whether_anyone_reported() -> None:
+    holds(empty_window(scaled(100)))
+
+
+def test_the_audit_detects_records_only_for_windows_with_data(mutate: pytest.MonkeyPatch) -> None:
+    due = ReleaserState.due
+    mutate.setattr(ReleaserState, "due", lambda self: _only_windows_with_data(self, due))
+    refuted(empty_window(scaled(100)))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. copies of one window: retries, restarts, other groups (mutations: fresh noise on re-release; no adoption)
+
+#: The value's RR keeps the truth with probability 0.999: the key's reports fill one (key, bit) cell, whose count
+#: carries one noise draw per copy.
+SHARP_PROB = 0.999
+SHARP = {**KEYED, "value": {"prob": SHARP_PROB}}
+
+
+def _one_key(spec: CollectionSpec) -> tuple[list[Handover], list[Handover]]:
+    """100 clients report key ``k``; the target is one more: stage 1's hand-overs with and without it."""
+    t = T0_S + 1
+    sends: list[Send] = [("errors", ("k", True), ClientSecret.generate(), t) for _ in range(100)]
+    with_target, without = neighbours(spec, sends, ("errors", ("k", True), ClientSecret.generate(), t))
+    return stage1(spec, with_target), stage1(spec, without)
+
+
+def _all_high(releases: list[Release]) -> bool:
+    """Every copy of ``k``'s noisy ``True`` cell is at least the true count with the target (101).
+
+    A key is released with its total ``s = ĉ0 + ĉ1`` and the debiased ``T̂ = (p·ĉ1 − (1−p)·ĉ0)/(2p − 1)``
+    (``agents.handlers.keyed.keyed_estimates``), so the cell is ``ĉ1 = T̂·(2p − 1) + (1 − p)·s``: one noise draw,
+    the sharpest event for one client's report (the total carries two)."""
+    p = SHARP_PROB
+    copies = [
+        k.value_true.value * (2 * p - 1) + (1 - p) * k.count
+        for r in releases
+        for k in r.released_keys
+        if k.key == "k" and k.value_true is not None and k.value_true.value is not None and k.count is not None
+    ]
+    return bool(copies) and all(c >= 100.5 for c in copies)  # integer cells, float round-off well below 0.5
+
+
+def retries(trials: int) -> Outcome:
+    """A release, its retry after an aborted transaction, a restarted stage 2 and its retry: four copies an analyst
+    may see (``read_uncommitted``). The event: every copy ``>= 101``. One copy's loss is the window's charge; four
+    independent copies would sharpen the event to ``e^(4ε)``."""
+    spec = make_spec([SHARP])
+    with_target, without = _one_key(spec)
+
+    def copies(handovers: list[Handover]) -> Callable[[], bool]:
         def run() -> bool:
-            # the frontier must reach the window either way: a partition that saw nothing idles forward too
-            moved = handovers or [Handover(0, (T0_S + 10 * SIZE_S) * 1000 - 12_000, ())]
-            return any(r.key == window for r in stage2(spec, moved)[0])
+            first, committed = stage2(spec, handovers, emission_aborted=True)
+            again = [stage2(spec, handovers, dataset=committed, emission_aborted=True)[0] for _ in range(3)]
+            return _all_high(first + [r for rs in again for r in rs])
 
         return run
 
-    claim = _claim(stage2(spec, with_target)[0], window)
-    out = audit(200, (exists(without), exists(with_target)), claim)
-    print(f"\n{out}")
-    assert out.lower_bound <= out.claimed_epsilon, out
+    claim = claim_of(stage2(spec, without)[0], WINDOW)
+    return audit("retries and restarts", trials, repeat(trials, (copies(with_target), copies(without))), claim)
 
 
-def test_a_client_whose_rappor_value_changes_every_window_is_outside_the_per_value_guarantee() -> None:
-    """The target reports a RAPPOR metric in each of W windows: one value throughout (A), or a new value each window
-    (B). Its reports (which readers of the reports topic see) tell A from B through the memoized permanent response:
-    under A every report of a Bloom bit shares one PRR bit, so some bits are set in nearly every report. The event:
-    at least 3 of the k bits set in at least 135 of W = 200 reports. A memoized variant has no useful per-client
-    bound (issue 22; tests/unit/test_rappor_horizon_exact.py), so the spec refuses ``guarantee: client`` for it; the
-    ledger's claim under RAPPOR's longitudinal guarantee (``client_value``, ε∞ over the horizon) does not cover
-    A against B -- they are not neighbours under it -- and the audit sees the difference exceed it."""
-    rappor = {"name": "home", "kind": "rappor", "k": 32, "h": 2, "m": 1, "f": 0.5, "p": 0.5, "q": 0.75}
-    candidates = [f"v{i}" for i in range(250)]
-    with pytest.raises(Exception, match="guarantee: must be 'client_value'"):
-        _spec([{**rappor, "candidates": candidates}], retention_s=200 * SIZE_S)
-    rappor["guarantee"] = "client_value"
-    spec = _spec([{**rappor, "candidates": candidates}], retention_s=200 * SIZE_S)
-    metric = spec.metric("home")
-    assert isinstance(metric, RapporMetric)
-    windows = 200
-    privatizer = make_privatizers(spec)["home"]
-    times = np.array([T0_S + w * SIZE_S for w in range(windows)], dtype=np.uint32)
+def test_a_retried_or_restarted_stage2_adds_nothing() -> None:
+    holds(retries(scaled(200)))
 
-    def reports(values: list[str]) -> Callable[[], bool]:
+
+def test_the_audit_detects_fresh_noise_on_re_release(mutate: pytest.MonkeyPatch) -> None:
+    """No outbox (a retry rebuilds the release) and fresh noise for each build."""
+    mutate.setattr(tests.privacy_harness, "STAGED", False)
+    mutate.setattr(agents.app, "DerivedRandom", lambda key, context: DerivedRandom(os.urandom(32), context))
+    refuted(retries(scaled(600)))
+
+
+def groups(trials: int, adopt: bool = True) -> Outcome:
+    """Four groups over the same reports (a second ``--group``, a renamed spec, ...), each adopting the ledger of the
+    one before (``adopt=False``: the known-bad variant, each with a fresh dataset of its own). The event: every copy
+    of the key's count ``>= 101``."""
+    spec = make_spec([SHARP])
+    with_target, without = _one_key(spec)
+
+    def copies(handovers: list[Handover]) -> Callable[[], bool]:
         def run() -> bool:
-            secret = ClientSecret.generate()  # a fresh device: fresh permanent responses
-            batch = privatizer.batch(values, secrets=[secret] * windows, client_times=times)
-            columns = batch.columns
-            assert isinstance(columns, RapporColumns)
-            bits = np.unpackbits(np.asarray(columns.bits, dtype=np.uint8).reshape(windows, -1), axis=1)
-            return int(np.count_nonzero(bits.sum(axis=0) >= 135)) >= 3
+            releases, dataset = stage2(spec, handovers)
+            for group in ("second", "third", "fourth"):
+                more, written = stage2(spec, handovers, group=group, dataset=dataset if adopt else None)
+                releases, dataset = releases + more, dataset + written
+            return _all_high(releases)
 
         return run
 
-    ledger = MetricLedger("home", metric.budget, spec.window.retention_s * 1000)
-    aggregator, protocols = Aggregator(spec), resolve_protocols(spec)
-    last = None
-    for w in range(windows):  # the ledger's own charges, window after window
-        empty = aggregator.empty("home", w * SIZE_S * 1000)
-        last = build_release(spec, empty, ledger, partitions=1, protocols=protocols)
-    assert last is not None and last.ledger.spent_epsilon is not None
-    claim = (float(last.ledger.spent_epsilon), float(last.ledger.spent_delta))
-    constant = reports(["v0"] * windows)
-    changing = reports([f"v{w}" for w in range(windows)])
-    out = audit(1500, (changing, constant), claim)
-    print(f"\n{out}")
-    assert out.claimed_epsilon == pytest.approx(metric.params().epsilon_inf)
-    assert out.lower_bound > out.claimed_epsilon, out  # the per-value bound ε∞ does not cover a change of value
-
-
-def test_a_retried_or_restarted_stage2_releases_the_same_bytes() -> None:
-    """A release rebuilt after an aborted transaction or a restart, from the committed state, is byte-identical:
-    the second copy an analyst may see (read_uncommitted) tells nothing new. The event: the copies differ."""
-    spec = _spec([KEYED])
-    sends = [("errors", (f"k{i % 3}", True), ClientSecret.generate(), T0_S + 1) for i in range(90)]
-    handovers = stage1(spec, _records(spec, sends))
-    differ = 0
-    for _ in range(30):
-        first, dataset = stage2(spec, handovers)
-        again, _ = stage2(spec, handovers, dataset=[kv for kv in dataset if kv[0] == b"noise-key"])
-        differ += [r.to_bytes() for r in first] != [r.to_bytes() for r in again]
-    assert differ == 0
+    claim = claim_of(stage2(spec, without)[0], WINDOW)
+    return audit("four groups", trials, repeat(trials, (copies(with_target), copies(without))), claim)
 
 
 def test_a_second_group_never_releases_a_window_again() -> None:
-    """Four groups over the same reports (a second --group, a renamed spec, ...). The event: every copy of the key's
-    released count is at least the true count + 1 -- independent copies would sharpen it, 4 copies to e^(4ε). With
-    the dataset's ledger each later group continues the cursors of the one before: one copy only."""
-    # the value's RR keeps the truth with probability 0.999: the key's reports fill one (key, bit) cell, whose count
-    # carries one noise draw per copy
-    spec = _spec([{**KEYED, "value": {"prob": 0.999}}])
-    t = T0_S + 1
-    sends = [("errors", ("k", True), ClientSecret.generate(), t) for _ in range(100)]
-    records_with, records_without = _neighbours(spec, sends, ("errors", ("k", True), ClientSecret.generate(), t))
-    without, with_target = stage1(spec, records_without), stage1(spec, records_with)
+    holds(groups(scaled(200)))
 
-    def all_copies_high(handovers: list[Handover]) -> Callable[[], bool]:
+
+def test_the_audit_detects_groups_that_release_again() -> None:
+    refuted(groups(scaled(600), adopt=False))
+
+
+def other_counts(trials: int) -> Outcome:
+    """An aborted release of counts without the target's report (a ``read_uncommitted`` reader saw it), then a group
+    that adopts the ledger and counted the target (its stage 1 closed the window later). Without the target both
+    count 100. The event: the second copy exceeds the first. Claim: one window's charge (the first copy is the same
+    on both sides)."""
+    spec = make_spec([SHARP])
+    with_target, without = _one_key(spec)
+
+    def higher(second_handovers: list[Handover]) -> Callable[[], bool]:
         def run() -> bool:
-            releases, dataset = stage2(spec, handovers)
-            for group in ("second", "third", "fourth"):  # each adopts the ledger of the one before
-                more, written = stage2(spec, handovers, group=group, dataset=dataset)
-                releases, dataset = releases + more, dataset + written
-            copies = [k.count for r in releases for k in r.released_keys if k.key == "k"]
-            return bool(copies) and all(c >= 101 for c in copies)
+            aborted, committed = stage2(spec, without, emission_aborted=True)
+            adopted, _ = stage2(spec, second_handovers, group="second", dataset=committed)
+            (a,) = [k.count for r in aborted for k in r.released_keys if k.key == "k"] or [0.0]
+            (b,) = [k.count for r in adopted for k in r.released_keys if k.key == "k"] or [0.0]
+            return b > a
 
         return run
 
-    claim = _claim(stage2(spec, without)[0], f"errors|{T0_S * 1000}")
-    out = audit(1000, (all_copies_high(with_target), all_copies_high(without)), claim)
-    print(f"\n{out}")
-    assert out.lower_bound <= out.claimed_epsilon, out
+    claim = claim_of(stage2(spec, without)[0], WINDOW)
+    return audit("aborted copy, other counts", trials, repeat(trials, (higher(with_target), higher(without))), claim)
+
+
+def test_other_counts_of_a_window_never_share_its_noise() -> None:
+    holds(other_counts(scaled(200)))
+
+
+def test_the_audit_detects_a_rebuilt_release_with_noise_bound_to_the_window(mutate: pytest.MonkeyPatch) -> None:
+    """No outbox (the adopting group rebuilds the window from its own counts), noise bound to the window only
+    (96f2fc1): the two copies differ by the counts' exact difference."""
+    mutate.setattr(tests.privacy_harness, "STAGED", False)
+    mutate.setattr(agents.app, "noise_commitment", lambda spec, merged: "")
+    refuted(other_counts(scaled(200)))
+
+
+def test_the_audit_detects_a_rebuilt_release_with_noise_bound_to_the_counts(mutate: pytest.MonkeyPatch) -> None:
+    """No outbox, noise bound to the exact counts: equal counts give identical copies, other counts independent
+    ones -- whether the copies are identical tells whether the counts differ."""
+    mutate.setattr(tests.privacy_harness, "STAGED", False)
+    refuted(other_counts(scaled(200)))
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. a capacity raised while the window is open (mutation: tested against the new capacity)
+
+
+def _spec_capacity(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
+    """The known-bad test (96f2fc1): against the spec's capacity now, not the one the window was capped under."""
+    spec_test = metric.capacity_check()
+    return make_capacity_test(metric.key_capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
+
+
+def capacity_raised(trials: int) -> Outcome:
+    """Capacity 3 while the window fills (``a``, ``b``, then the target's key or ``popular``, 500 clients), 5,000
+    after a restart before it closes. The event: ``popular`` is released. (The window is full on both sides, so the
+    correct test refuses it on both: the attack needs a full window.)"""
+    old = make_spec([{**KEYED, "max_keys_per_partition": 3}])
+    new = make_spec([{**KEYED, "max_keys_per_partition": 5000}])
+    t = T0_S + 1
+    base: list[Send] = [("errors", (k, True), ClientSecret.generate(), t) for k in ("a", "b") for _ in range(30)]
+    popular: list[Send] = [("errors", ("popular", True), ClientSecret.generate(), t) for _ in range(500)]
+    with_target, without = neighbours(old, base, ("errors", ("target", True), ClientSecret.generate(), t), popular)
+    sides = stage1(old, without, restart_as=new), stage1(old, with_target, restart_as=new)
+
+    def popular_released(handovers: list[Handover]) -> Callable[[], bool]:
+        return lambda: "popular" in released_keys(stage2(new, handovers)[0], WINDOW)
+
+    claim = claim_of(stage2(new, sides[0])[0], WINDOW)
+    events = popular_released(sides[0]), popular_released(sides[1])
+    return audit("capacity raised mid-window", trials, repeat(trials, events), claim)
+
+
+def test_a_capacity_raised_mid_window_changes_nothing_else() -> None:
+    holds(capacity_raised(scaled(100)))
+
+
+def test_the_audit_detects_a_capacity_test_against_the_new_capacity(mutate: pytest.MonkeyPatch) -> None:
+    mutate.setattr(agents.handlers.keyed, "_capacity_test", _spec_capacity)
+    refuted(capacity_raised(scaled(100)))
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. RAPPOR with strong IRR, a value that changes (mutation: the memoized PRR under the n·ε₁ claim)
+
+STRONG_IRR = {
+    "name": "home",
+    "kind": "rappor",
+    "variant": "basic",
+    "k": 2,
+    "h": 1,
+    "m": 1,
+    "f": 0.8,
+    "p": 0.1,
+    "q": 0.9,
+    "candidates": ["v0", "v1"],
+    # f > 0 memoizes the PRR, so the spec refuses `guarantee: client` (docs/privacy.md, "RAPPOR over a horizon");
+    # the scenario's claim n·ε₁ is set below, for the fresh-PRR-per-report realisation (a fresh secret per report)
+    "guarantee": "client_value",
+}
+
+
+def rappor_value_change(clients: int, memoized: bool) -> Outcome:
+    """A client reports once in each of 4 windows: values ``(v0, v0, v1, v1)`` or ``(v0, v0, v0, v0)``. Its reports
+    are what readers of the reports topic see. The event (issue 22, finding 1): reports 1-2 agree, 3-4 agree, the
+    halves differ. Claim: ``n·ε₁`` with ``n = 4`` -- the charge of a variant with a fresh PRR per report, realised
+    here by a fresh device secret per report (``memoized=False``); a memoized PRR (one secret per client: the
+    known-bad variant under that claim) links the reports of one value and shows the change."""
+    spec = make_spec([STRONG_IRR], retention_s=4 * SIZE_S)
+    metric = spec.metric("home")
+    assert isinstance(metric, RapporMetric)
+    k = metric.params().k
+    privatizer = make_privatizers(spec)["home"]
+    n = 4
+    times = np.tile(np.array([T0_S + w * SIZE_S for w in range(n)], dtype=np.uint32), clients)
+
+    def events(history: list[str]) -> int:
+        if memoized:
+            per_client = [ClientSecret.generate() for _ in range(clients)]
+            secrets = [s for s in per_client for _ in range(n)]
+        else:
+            secrets = [ClientSecret.generate() for _ in range(clients * n)]
+        batch = privatizer.batch(history * clients, secrets=secrets, client_times=times)
+        columns = batch.columns
+        assert isinstance(columns, RapporColumns)
+        raw = np.asarray(columns.bits, dtype=np.uint8).reshape(clients * n, -1)
+        bits = np.unpackbits(raw, axis=1)[:, :k].reshape(clients, n, k)
+        first = (bits[:, 0] == bits[:, 1]).all(axis=1)
+        second = (bits[:, 2] == bits[:, 3]).all(axis=1)
+        differ = (bits[:, 1] != bits[:, 2]).all(axis=1)  # in both bits
+        return int(np.count_nonzero(first & second & differ))
+
+    claim = (n * metric.params().epsilon_one, 0.0)
+    counts = events(["v0", "v0", "v1", "v1"]), events(["v0"] * n)
+    name = f"RAPPOR strong IRR value change ({'memoized' if memoized else 'fresh PRR per report'})"
+    return audit(name, clients, counts, claim)
+
+
+def test_a_rappor_value_change_under_strong_irr_is_covered_by_n_eps1() -> None:
+    holds(rappor_value_change(scaled(10_000), memoized=False))
+
+
+def test_the_audit_detects_the_memoized_prr_under_the_n_eps1_claim() -> None:
+    refuted(rappor_value_change(scaled(10_000), memoized=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. a spec change mid-horizon (mutation: the whole horizon charged by the spec now)
+
+
+def _bool_spec(prob: float) -> CollectionSpec:
+    return make_spec([{"name": "crashed", "kind": "bool", "prob": prob}], retention_s=4 * SIZE_S)
+
+
+def spec_change(clients: int, charge_by_spec_now: bool = False) -> Outcome:
+    """A bool metric at ``prob = 0.9`` for windows 1-2, changed to ``0.75`` (a stage-2 restart under the new spec)
+    for windows 3-4. The target reports ``True`` or ``False`` once per window. The event: all four reports read
+    ``True``. Claim: the ledger's total over the 4 windows after the change, from the real stage 2
+    (``charge_by_spec_now``: the known-bad rule, every window charged at the spec now, ``4·ε₁(0.75)``)."""
+    before, after = _bool_spec(0.9), _bool_spec(0.75)
+    frontier = [Handover(0, (T0_S + w * SIZE_S) * 1000, ()) for w in (2, 4)]
+    first, dataset = stage2(before, frontier[:1])
+    second, _ = stage2(after, frontier[1:], dataset=dataset)
+    (last,) = [r for r in second if r.key == f"crashed|{(T0_S + 3 * SIZE_S) * 1000}"]
+    assert len(first) == len(second) == 2 and last.ledger.spent_epsilon is not None
+    claim = (float(last.ledger.spent_epsilon), 0.0)
+    if charge_by_spec_now:
+        claim = (4 * float(last.privacy.epsilon_1 or 0.0), 0.0)
+
+    def events(value: bool) -> int:
+        ones = np.zeros(clients, dtype=np.int64)
+        for spec, windows in ((before, (0, 1)), (after, (2, 3))):
+            privatizer = make_privatizers(spec)["crashed"]
+            for w in windows:
+                secrets = [ClientSecret.generate() for _ in range(clients)]
+                batch = privatizer.batch([value] * clients, secrets=secrets, client_times=T0_S + w * SIZE_S)
+                columns = batch.columns
+                assert isinstance(columns, BoolColumns)
+                ones += np.asarray(columns.bits, dtype=np.int64)
+        return int(np.count_nonzero(ones == 4))
+
+    name = "spec change mid-horizon" + (" (charged by the spec now)" if charge_by_spec_now else "")
+    return audit(name, clients, (events(True), events(False)), claim)
+
+
+def test_a_spec_change_mid_horizon_is_covered_by_the_ledger() -> None:
+    holds(spec_change(scaled(20_000)))
+
+
+def test_the_audit_detects_a_horizon_charged_by_the_spec_now() -> None:
+    refuted(spec_change(scaled(10_000), charge_by_spec_now=True))

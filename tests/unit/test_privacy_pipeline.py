@@ -69,9 +69,9 @@ def _handover_all(st: ReleaserState, closed_before: int, partials: tuple[Partial
         st.apply(Handover(p, closed_before, partials if p == 0 else ()))
 
 
-def _keyed(keys: list[str], start: int = 0) -> Partial:
+def _keyed(keys: list[str], start: int = 0, spec: CollectionSpec = SPEC) -> Partial:
     """One partition's closed keyed partial, as stage 1 hands it over (its key count is the test's statistic)."""
-    p = Aggregator(SPEC).empty("errors", start)
+    p = Aggregator(spec).empty("errors", start)
     assert isinstance(p, KeyedCounts)
     p.add_keyed(keys, [1] * len(keys))
     out = p.counts_only()
@@ -101,7 +101,7 @@ def test_a_window_far_from_capacity_is_released() -> None:
     doc["metrics"][1]["max_keys_per_partition"] = 5000
     spec = parse_spec(doc)
     build = release_builder(spec, resolve_protocols(spec))
-    partial = _keyed(["a"] * 300 + ["b"] * 300)
+    partial = _keyed(["a"] * 300 + ["b"] * 300, spec=spec)  # opened under C = 5000 (tested against the C it had)
     ledger = MetricLedger("errors", None, 600_000, noise_key=os.urandom(32))
     rel = build(partial, ledger)
     assert rel.refused is None and {k.key for k in rel.released_keys} == {"a", "b"}
