@@ -19,6 +19,7 @@ from typing import Any
 from agents.app import build_worker, default_group
 from agents.errors import AgentError
 from agents.observability import WorkerObserver, serve
+from agents.recovery import retry_retriable
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
@@ -30,6 +31,9 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from schemas.releases import Release
+
+#: Seconds the worker keeps retrying retriable errors while it creates its topics and joins its group.
+STARTUP_DEADLINE_S = 300.0
 
 
 def register(subparsers: Any) -> None:
@@ -140,7 +144,9 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
-    await ensure_topics(settings.connection, WorkerTopics.for_spec(spec, settings.group))
+    topics = WorkerTopics.for_spec(spec, settings.group)
+    # a broker still starting, or a fresh cluster whose metadata has not reached every broker: retried, bounded
+    await retry_retriable(lambda: ensure_topics(settings.connection, topics), "ensuring the topics", STARTUP_DEADLINE_S)
 
     def show(rel: Release) -> None:
         if not args.quiet:
@@ -157,6 +163,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         flush=True,
     )
     runner = None
+    await retry_retriable(worker.start, "joining the group", STARTUP_DEADLINE_S)
     async with worker:
         if args.metrics_port is not None:
             observer = WorkerObserver(worker, ready_after_s=args.ready_after)
