@@ -38,7 +38,7 @@ SIZE_S = 3
 GRACE_S = 3
 
 
-def make_spec(tmp: Path, tag: str) -> tuple[CollectionSpec, Path]:
+def make_spec(tmp: Path, tag: str, replication_factor: int = 1) -> tuple[CollectionSpec, Path]:
     doc = {
         "version": 1,
         "name": f"fault-{tag}",
@@ -47,6 +47,7 @@ def make_spec(tmp: Path, tag: str) -> tuple[CollectionSpec, Path]:
             "releases": f"fault-{tag}.releases",
             "dead_letter": f"fault-{tag}.dead-letter",
             "partitions": 3,
+            "replication_factor": replication_factor,
         },
         "window": {"size_s": SIZE_S, "grace_s": GRACE_S, "retention_s": 3600},
         "metrics": [
