@@ -5,8 +5,9 @@ Lifecycle: ``await worker.start()``, ``await worker.run()`` (until :meth:`stop`)
 or ``async with worker: await worker.run()``. On partition assignment the worker first starts the
 partition's transactional producer -- which fences a previous owner and aborts its open transaction --
 then restores the partition's state from its state topic (read committed) and seeks to the committed
-offset; on revocation it drops both. Any failure inside a transaction aborts it and stops the worker
-with the error: a restart resumes from the last committed transaction (crash-only recovery).
+offset; on revocation it drops both. Any failure inside a transaction aborts it; a retriable one (a broker
+restart, a leader or coordinator move) is recovered from in process as a restart would (:mod:`agents.recovery`),
+a fatal one stops the worker with the error: a restart resumes from the last committed transaction.
 """
 
 from __future__ import annotations
