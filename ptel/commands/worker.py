@@ -59,6 +59,14 @@ def register(subparsers: Any) -> None:
         default=1.0,
         help="bound on how far the broker clock may lag this host, seconds (default 1)",
     )
+    p.add_argument(
+        "--replication-lag",
+        type=float,
+        default=None,
+        help="seconds a record appended to a partition leader may stay invisible while followers copy it; an idle "
+        "partition's windows close this much later (default: 30, Kafka's replica.lag.time.max.ms, when the spec's "
+        "replication_factor > 1, else 0)",
+    )
     p.add_argument("--max-batch", type=int, default=2000, help="records per partition per transaction (default 2000)")
     p.add_argument(
         "--adopt-ledger",
@@ -123,7 +131,12 @@ def run(args: Any) -> int:
         bootstrap=connection.bootstrap_servers,
         kafka=connection,
         group=args.group or default_group(spec),
-        idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
+        idle=IdlePolicy.for_replication(
+            spec.topics.replication_factor,
+            idle_timeout_ms=int(args.idle_timeout * 1000),
+            clock_skew_ms=int(args.clock_skew * 1000),
+            **({} if args.replication_lag is None else {"replication_lag_ms": int(args.replication_lag * 1000)}),
+        ),
         max_batch=args.max_batch,
         adopt_ledger=args.adopt_ledger,
         instance_id=args.instance_id or None,
