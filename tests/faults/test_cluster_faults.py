@@ -17,7 +17,7 @@ from agents.topics import WorkerTopics, ensure_topics
 from tests.faults.cluster import Cluster
 from tests.faults.harness import Produced, SupervisedWorker, check_invariant, make_spec, produce
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.cluster]
 
 
 @pytest.fixture
