@@ -209,6 +209,11 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
         return
     actual = await _configs(admin, [p.name for p in needs])
     for p in needs:
+        unknown = [key for key in (*p.required, *p.minimum) if actual.get(p.name, {}).get(key) is None]
+        if unknown:
+            # a broker that has not learned the new topic yet answers without its configs (a fresh cluster's
+            # metadata still spreading): retriable, not a wrong config (agents.recovery)
+            raise BrokerError(f"topic {p.name}: the broker does not know its {', '.join(unknown)} yet")
         for key, want in p.required.items():
             got = actual.get(p.name, {}).get(key)
             if got != want:
