@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from agents.errors import BrokerError, StateError
+from agents.recovery import stop_client
 from agents.topics import MAX_RECORD_BYTES
 from schemas.kafka_connection import Connection, client_kwargs
 
@@ -54,7 +55,7 @@ async def read_to_end(
                 if rec.key is not None:
                     out.append((rec.key, rec.value))
     finally:
-        await consumer.stop()
+        await stop_client(consumer)
     log.debug("restored %d records from %s[%d]", len(out), tp.topic, tp.partition)
     return out
 
@@ -97,7 +98,7 @@ async def read_range(
                 raise ReplayError(f"replaying {tp.topic}[{tp.partition}] [{start}, {end}): {err!r}") from err
             out.extend(r for r in batch.get(tp, []) if r.offset < end)
     finally:
-        await consumer.stop()
+        await stop_client(consumer)
     return out
 
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +171,7 @@ class Stage1Pipeline:
         max_transaction_records: int,
         future_tolerance_ms: int,
         on_failure: Callable[[BaseException], None] | None = None,
+        new_producer: Callable[[int], Awaitable[AIOKafkaProducer]] | None = None,
     ) -> None:
         self.topics = topics
         self.group = group
@@ -181,6 +183,9 @@ class Stage1Pipeline:
         self.dead_letter_limit = MAX_RECORD_BYTES
         self._cpu = cpu
         self._on_failure = on_failure
+        #: A fresh transactional producer for a partition (it fences the one before): after a refused record, the
+        #: old producer's idempotent sequence has a gap the broker refuses (``OutOfOrderSequenceNumber``).
+        self._new_producer = new_producer
         self._slots: dict[int, _Slot] = {}
         self._failure: BaseException | None = None
 
@@ -386,6 +391,14 @@ class Stage1Pipeline:
                 slot.tp.partition,
                 err,
             )
+            # the refused batch took a sequence number of the idempotent producer: the next send on it would be
+            # refused as OutOfOrderSequenceNumber. A new producer of the same transactional id has a new epoch and
+            # sequence (and fences the old one, whose transaction was aborted).
+            if self._new_producer is not None:
+                old = slot.producer
+                slot.producer = await self._new_producer(slot.tp.partition)
+                with contextlib.suppress(Exception):
+                    await old.stop()
             await self._transaction(slot, work, 0)
         self.stats.transactions += 1
         self.stats.records += work.records

@@ -190,7 +190,7 @@ async def _wait_for_metadata(admin: AIOKafkaAdminClient, names: list[str], timeo
         if not waiting:
             return
         if loop.time() > deadline:
-            raise TopicError(f"topics {sorted(waiting)} did not get a leader in {timeout_s:g} s")
+            raise BrokerError(f"topics {sorted(waiting)} did not get a leader in {timeout_s:g} s")
         await asyncio.sleep(0.1)
 
 
@@ -198,6 +198,10 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
     described = await admin.describe_topics([p.name for p in plans])
     counts = {d["topic"]: len(d["partitions"]) for d in described}
     for p in plans:
+        if not counts.get(p.name):
+            # a broker that has not learned the topic yet (a fresh cluster's metadata still spreading, a broker just
+            # restarted) describes it with no partitions: not a mismatch, retriable (agents.recovery)
+            raise BrokerError(f"topic {p.name} has no partitions in the broker's metadata yet")
         if counts.get(p.name) != p.partitions:
             raise TopicError(f"topic {p.name} has {counts.get(p.name)} partitions, the spec needs {p.partitions}")
     needs = [p for p in plans if p.required or p.minimum]
@@ -205,6 +209,11 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
         return
     actual = await _configs(admin, [p.name for p in needs])
     for p in needs:
+        unknown = [key for key in (*p.required, *p.minimum) if actual.get(p.name, {}).get(key) is None]
+        if unknown:
+            # a broker that has not learned the new topic yet answers without its configs (a fresh cluster's
+            # metadata still spreading): retriable, not a wrong config (agents.recovery)
+            raise BrokerError(f"topic {p.name}: the broker does not know its {', '.join(unknown)} yet")
         for key, want in p.required.items():
             got = actual.get(p.name, {}).get(key)
             if got != want:

@@ -7,7 +7,8 @@ Stage 1 keeps one watermark per source partition ``p``:
 The broker assigns LogAppendTime, so timestamps on one partition are (up to broker clock steps)
 non-decreasing and ``w_p`` tracks the partition's progress. A partition that receives nothing
 would hold every window open forever, so an *idle* partition -- caught up with its log end and
-silent for ``idle_timeout`` of wall time -- advances to ``t_fetch - skew``, where ``t_fetch`` is
+silent for ``idle_timeout`` of wall time -- advances to ``t_fetch - skew`` (less the replication lag
+on a replicated topic: :meth:`IdlePolicy.safe_watermark`), where ``t_fetch`` is
 the wall time of the fetch that showed it caught up and ``skew`` bounds how far the broker clock
 may lag ours: any report appended later gets a LogAppendTime ``>= t_fetch - skew``, so it can
 never fall into a window the advance closed (a report that still does is late and dead-lettered).
@@ -38,6 +39,11 @@ LOG_APPEND_TIME = 1
 #: How far a broker timestamp may be ahead of the worker's wall clock before it is refused (5 min: far more
 #: than NTP-synchronised clocks drift, far less than a window of a typical spec).
 FUTURE_TOLERANCE_MS = 300_000
+#: Kafka's default ``replica.lag.time.max.ms`` (30 s since Kafka 2.5, KIP-537): a follower that has not caught up
+#: with the leader's log end for this long is dropped from the ISR, so the high watermark -- what consumers see --
+#: trails the leader's appends by at most about this much.
+REPLICA_LAG_TIME_MAX_MS = 30_000
+
 #: Dead-letter reasons of records whose timestamp must not be used (see :func:`untrusted_timestamp`).
 TIMESTAMP_REASONS = frozenset({"timestamp_type", "future_timestamp"})
 
@@ -64,9 +70,16 @@ class IdlePolicy:
 
     idle_timeout_ms: int = 5_000
     clock_skew_ms: int = 1_000
+    #: How long a record appended to a partition's leader may stay invisible to consumers while its followers copy
+    #: it (the high watermark waits for the in-sync replicas): such a record was appended before ``t_fetch`` with a
+    #: LogAppendTime that may be this much older than the fetch that showed the partition caught up. 0 for a topic
+    #: of replication factor 1 (the high watermark is the log end); for a replicated topic the broker's
+    #: ``replica.lag.time.max.ms`` (default :data:`REPLICA_LAG_TIME_MAX_MS`), after which a lagging follower leaves
+    #: the ISR and no longer holds the high watermark back.
+    replication_lag_ms: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("idle_timeout_ms", "clock_skew_ms"):
+        for name in ("idle_timeout_ms", "clock_skew_ms", "replication_lag_ms"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigurationError(name, v, "must be an integer in [0, ∞)")
@@ -76,8 +89,21 @@ class IdlePolicy:
         return caught_up and now_ms - last_activity_ms >= self.idle_timeout_ms
 
     def safe_watermark(self, fetch_wall_ms: int) -> int:
-        """The watermark an idle partition may take: ``t_fetch - skew``."""
-        return int(fetch_wall_ms) - self.clock_skew_ms
+        """The watermark an idle partition may take: ``t_fetch - skew - replication_lag``.
+
+        Being caught up with the last stable offset proves only that every record *visible* at ``t_fetch`` was
+        processed; on a replicated topic a record appended to the leader before ``t_fetch`` becomes visible when
+        the in-sync followers have it, so the evidence reaches back only to ``t_fetch - replication_lag`` (records
+        that are visible are exactly those below the high watermark, and LogAppendTime grows with the offset on a
+        leader, so every record not yet visible has a LogAppendTime at least that of the oldest invisible one)."""
+        return int(fetch_wall_ms) - self.clock_skew_ms - self.replication_lag_ms
+
+    @classmethod
+    def for_replication(cls, replication_factor: int, **settings: int) -> IdlePolicy:
+        """A policy for a reports topic of ``replication_factor``: :attr:`replication_lag_ms` 0 for 1, else
+        :data:`REPLICA_LAG_TIME_MAX_MS` (unless given)."""
+        settings.setdefault("replication_lag_ms", 0 if replication_factor <= 1 else REPLICA_LAG_TIME_MAX_MS)
+        return cls(**settings)
 
 
 def caught_up_at_fetch(position: int, last_stable_offset: int | None, fetch_wall_ms: int | None) -> int | None:

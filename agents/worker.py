@@ -5,13 +5,15 @@ Lifecycle: ``await worker.start()``, ``await worker.run()`` (until :meth:`stop`)
 or ``async with worker: await worker.run()``. On partition assignment the worker first starts the
 partition's transactional producer -- which fences a previous owner and aborts its open transaction --
 then restores the partition's state from its state topic (read committed) and seeks to the committed
-offset; on revocation it drops both. Any failure inside a transaction aborts it and stops the worker
-with the error: a restart resumes from the last committed transaction (crash-only recovery).
+offset; on revocation it drops both. Any failure inside a transaction aborts it; a retriable one (a broker
+restart, a leader or coordinator move) is recovered from in process as a restart would (:mod:`agents.recovery`),
+a fatal one stops the worker with the error: a restart resumes from the last committed transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -35,6 +37,7 @@ from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.placement import Placement
+from agents.recovery import ride_out
 from agents.stage1 import PartitionState
 from agents.stage1_pipeline import Stage1Pipeline, now_ms
 from agents.stage1_records import Handover, SourceRecord
@@ -89,6 +92,13 @@ class WorkerSettings:
     #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
     #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
     backlog_s: int = 60
+    #: First wait (seconds) before recovering from a retriable failure; doubled per failed attempt up to 15 s
+    #: (:class:`agents.recovery.Backoff`).
+    recovery_backoff_s: float = 0.5
+    #: A retriable failure that has not cleared after this many seconds of recovery attempts stops the worker.
+    recovery_deadline_s: float = 900.0
+    #: Bound on closing one failed Kafka client during a recovery (a client of a broker that is down may hang).
+    close_timeout_s: float = 10.0
 
     @property
     def connection(self) -> Connection:
@@ -165,13 +175,32 @@ class Worker:
             value = getattr(settings, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 raise ConfigurationError(name, value, f"must be an integer in [{lowest}, ∞)")
+        for name in ("recovery_backoff_s", "recovery_deadline_s", "close_timeout_s"):
+            value = getattr(settings, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ConfigurationError(name, value, "must be a number of seconds in (0, ∞)")
         #: Stage-1 CPU work runs here, off the event loop, on a few threads (not one per partition): the
         #: loop (fetching, finished partitions' transactions) competes for the GIL with at most this many.
         self._cpu = ThreadPoolExecutor(max_workers=settings.stage1_threads, thread_name_prefix="ptel-stage1")
         self._stopping = asyncio.Event()
+        self._stop_event = asyncio.Event()
+        #: Set by :meth:`stop` and :meth:`close` only (``_stopping`` also by a failure, which may be recovered from).
+        self.stop_requested = False
         #: The source partitions' batches from fetch to commit; it keeps the worker's failure (nothing commits after
-        #: one) and stops the worker with it.
-        self._stage1 = Stage1Pipeline(
+        #: one) and stops the worker with it. A new one after each recovery (:meth:`run`).
+        self._stage1 = self._new_pipeline()
+        #: ``time.perf_counter()`` when the latest fetch began and when the latest assignment was in place.
+        self._fetch_started_s = 0.0
+        self._assigned_s = 0.0
+
+    def _new_pipeline(self) -> Stage1Pipeline:
+        settings = self.settings
+
+        def stop_on_failure(_: BaseException) -> None:
+            if self._stage1 is pipeline:  # a discarded pipeline's late failure stops nothing
+                self._stopping.set()
+
+        pipeline = Stage1Pipeline(
             self.topics,
             settings.group,
             validator=self.validator,
@@ -179,18 +208,26 @@ class Worker:
             stats=self.stats,
             max_transaction_records=settings.max_transaction_records,
             future_tolerance_ms=settings.future_tolerance_ms,
-            on_failure=lambda _: self._stopping.set(),
+            on_failure=stop_on_failure,
+            new_producer=self._stage1_producer,
         )
-        #: ``time.perf_counter()`` when the latest fetch began and when the latest assignment was in place.
-        self._fetch_started_s = 0.0
-        self._assigned_s = 0.0
+        return pipeline
+
+    async def _stage1_producer(self, partition: int) -> AIOKafkaProducer:
+        """Partition ``partition``'s transactional producer (a new one fences the one before)."""
+        return await start_transactional_producer(
+            self.settings.connection, f"{self.settings.group}.stage1.{partition}", self.settings.retry_backoff_ms
+        )
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
 
     async def start(self) -> None:
-        """Join the group (topics must exist: :func:`agents.topics.ensure_topics`)."""
-        self._consumer = AIOKafkaConsumer(
+        """Join the group (topics must exist: :func:`agents.topics.ensure_topics`). Idempotent; a start that fails
+        leaves nothing behind (retry it)."""
+        if self._consumer is not None:
+            return
+        consumer = AIOKafkaConsumer(
             **client_kwargs(self.settings.connection),
             group_id=self.settings.group,
             enable_auto_commit=False,
@@ -201,17 +238,67 @@ class Worker:
             max_partition_fetch_bytes=8 << 20,
             group_instance_id=self.settings.instance_id,
         )
-        await self._consumer.start()
-        # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
-        # not fit are truncated to its limit (never lost)
-        limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
+        try:
+            await consumer.start()
+            # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that
+            # would not fit are truncated to its limit (never lost)
+            limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), self.settings.close_timeout_s)
+            raise
         self._stage1.dead_letter_limit = (
             min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
         )
-        self._consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
+        self._consumer = consumer
+        consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
 
     async def run(self) -> None:
-        """Process until :meth:`stop`; re-raises the error that stopped the worker, if any.
+        """Process until :meth:`stop`, riding out retriable failures; re-raises a fatal error that stopped the worker.
+
+        A retriable failure (:func:`agents.recovery.fatal_reason` is ``None``: a broker restart, a leader or
+        coordinator move, a request timeout) aborts what is open and is recovered from in process exactly as a
+        restart would recover (:func:`agents.recovery.ride_out`): the Kafka clients are closed, and after a backoff
+        started again -- the new transactional producers fence the old ones (their open transactions abort), the
+        state topics are read back and every partition is re-fetched from its committed offset. A fatal failure is
+        named in one log line and re-raised, and so is a retriable one that has not cleared after
+        :attr:`WorkerSettings.recovery_deadline_s` of attempts.
+        """
+        await ride_out(
+            self, first_backoff_s=self.settings.recovery_backoff_s, deadline_s=self.settings.recovery_deadline_s
+        )
+
+    async def wait_stop(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for :meth:`stop`; whether it was called."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), timeout_s)
+        return self.stop_requested
+
+    def count_recovery(self) -> int:
+        """Count one more recovery (:attr:`WorkerStats.recoveries`); the count."""
+        self.stats.recoveries += 1
+        return self.stats.recoveries
+
+    async def teardown(self) -> None:
+        """Drop every Kafka client and the partitions' state after a failure; the next :meth:`start` begins afresh
+        (each step bounded in time: a client of a broker that is down may not answer)."""
+        old, self._stage1 = self._stage1, self._new_pipeline()
+        self._stopping = asyncio.Event()
+        stage2, self._stage2 = self._stage2, None
+        consumer, self._consumer = self._consumer, None
+        steps: list[Any] = [old.close()]
+        if stage2 is not None:
+            steps.append(stage2.producer.stop())
+        if consumer is not None:
+            steps.append(consumer.stop())
+        for step in steps:
+            try:
+                await asyncio.wait_for(step, self.settings.close_timeout_s)
+            except Exception as err:  # the failed clients are being discarded: only say what happened
+                log.info("closing a failed Kafka client: %r", err)
+
+    async def run_once(self) -> None:
+        """Process until :meth:`stop` or the first failure, which is re-raised.
 
         Stage 1 is a pipeline (:class:`agents.stage1_pipeline.Stage1Pipeline`): the loop submits each partition's
         batch and fetches the next batch at once -- parsing fetched records on the event loop while the threads
@@ -253,10 +340,14 @@ class Worker:
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current batch."""
+        self.stop_requested = True
+        self._stop_event.set()
         self._stopping.set()
 
     async def close(self) -> None:
         """Leave the group and stop every producer (idempotent)."""
+        self.stop_requested = True
+        self._stop_event.set()
         self._stopping.set()
         async with self._lock:
             await self._stage1.close()
@@ -323,9 +414,7 @@ class Worker:
 
     async def _assign_stage1(self, tp: TopicPartition) -> None:
         p = tp.partition
-        producer = await start_transactional_producer(
-            self.settings.connection, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
-        )
+        producer = await self._stage1_producer(p)
         state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
         state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
         offset = await self._seek_committed(tp)

@@ -20,6 +20,9 @@ class WorkerStats:
     records_refetched: int = 0
     #: Transactions aborted and retried (a record the broker refused for its size) -- any other abort stops the worker.
     aborts: int = 0
+    #: Recoveries from retriable failures (broker restart, leader or coordinator move): each closed the Kafka clients
+    #: and started them again from the committed offsets (:meth:`agents.worker.Worker.run`).
+    recoveries: int = 0
     #: Reports re-admitted to the open windows' client maps by the replays after an assignment.
     reports_replayed: int = 0
     #: (release key, wall ms of its commit) of the latest releases (bounded: a worker runs for months).

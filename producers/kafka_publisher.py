@@ -10,12 +10,22 @@ messages may await their acknowledgement; :meth:`ReportPublisher.publish` waits 
 delivery that fails after aiokafka's own retries (``delivery_timeout_ms``) is never retried again
 here (that could duplicate): the first failure is raised by the next :meth:`publish`, :meth:`flush`
 or :meth:`stop`, and counted in :attr:`PublisherStats.failed`.
+
+**Late acknowledgements.** aiokafka retries a batch for up to ``delivery_timeout_ms`` (2 min by default): through a
+broker outage a report can be acknowledged after its window has closed for the agents (window end + grace), and the
+agents then dead-letter it ``late`` -- acknowledged, yet not counted. With ``windows`` (:class:`WindowDeadline`, the
+spec's window size and grace) the publisher compares each acknowledgement's LogAppendTime (the broker's time, which
+assigns the window) with the deadline of the message's earliest report and tells the sender: counted in
+:attr:`PublisherStats.late_messages` / :attr:`~PublisherStats.late_reports`, logged, and passed to ``on_late``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,8 +34,14 @@ from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
 from producers.errors import ProducerError, ProducerParameterError
+from schemas.wire import Report, WireError, decode
 
-__all__ = ["KafkaSettings", "PublishError", "PublisherStats", "ReportPublisher"]
+log = logging.getLogger(__name__)
+
+#: Kafka ``timestamp_type`` of an acknowledgement whose timestamp the broker assigned (LogAppendTime).
+_LOG_APPEND_TIME = 1
+
+__all__ = ["KafkaSettings", "LateDelivery", "PublishError", "PublisherStats", "ReportPublisher", "WindowDeadline"]
 
 Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -129,18 +145,73 @@ class PublisherStats:
     bytes: int = 0
     acked: int = 0
     failed: int = 0
+    #: Acknowledged messages (and their reports) whose broker time was at or past their window's deadline: the
+    #: agents dead-letter them ``late`` (see the module docstring).
+    late_messages: int = 0
+    late_reports: int = 0
 
     @property
     def in_flight(self) -> int:
         return self.messages - self.acked - self.failed
 
 
-class ReportPublisher:
-    """Sends ``(key, value)`` messages to one topic; ``async with`` starts and stops (flushing) it."""
+@dataclass(frozen=True)
+class WindowDeadline:
+    """The spec's windows as the agents close them: a report of device time ``t`` (seconds) counts if the broker
+    appends it before ``(⌊t/size_s⌋ + 1)·size_s + grace_s`` (docs/agents.md, step 3)."""
 
-    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+    size_s: int
+    grace_s: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size_s, bool) or not isinstance(self.size_s, int) or self.size_s < 1:
+            raise ProducerParameterError(f"size_s ({self.size_s!r}) must be an integer in [1, ∞)")
+        if isinstance(self.grace_s, bool) or not isinstance(self.grace_s, int) or self.grace_s < 0:
+            raise ProducerParameterError(f"grace_s ({self.grace_s!r}) must be an integer in [0, ∞)")
+
+    def deadline_ms(self, client_time_s: int) -> int:
+        """The broker time (ms) from which a report of device time ``client_time_s`` is late."""
+        return ((client_time_s // self.size_s + 1) * self.size_s + self.grace_s) * 1000
+
+    def of_message(self, value: bytes) -> tuple[int, int] | None:
+        """``(deadline ms, reports)`` of an encoded message (its earliest report's deadline); ``None`` if it does
+        not decode (the agents dead-letter it for that, not for its time)."""
+        try:
+            message = decode(value)
+        except WireError:
+            return None
+        if isinstance(message, Report):
+            return self.deadline_ms(message.client_time), 1
+        return self.deadline_ms(int(message.client_times.min())), len(message)
+
+
+@dataclass(frozen=True)
+class LateDelivery:
+    """An acknowledged message the agents will not count: appended at ``append_ms``, at or past ``deadline_ms``."""
+
+    partition: int
+    offset: int
+    append_ms: int
+    deadline_ms: int
+    reports: int
+
+
+class ReportPublisher:
+    """Sends ``(key, value)`` messages to one topic; ``async with`` starts and stops (flushing) it. With ``windows``,
+    acknowledgements past their window's deadline are reported (``on_late``, :class:`PublisherStats`)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        *,
+        windows: WindowDeadline | None = None,
+        on_late: Callable[[LateDelivery], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.topic = topic
+        self.windows = windows
+        self.on_late = on_late
         self.stats = PublisherStats()
         self._producer: AIOKafkaProducer | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -181,7 +252,7 @@ class ReportPublisher:
                 f"{self.stats.failed} message(s) to {self.topic!r} were not delivered: {type(err).__name__}: {err}"
             ) from err
 
-    def _delivered(self, fut: asyncio.Future[Any]) -> None:
+    def _delivered(self, fut: asyncio.Future[Any], deadline: tuple[int, int] | None = None) -> None:
         self._pending.discard(fut)
         if self._slots is not None:
             self._slots.release()
@@ -193,6 +264,27 @@ class ReportPublisher:
             self._error = self._error or fut.exception()
         else:
             self.stats.acked += 1
+            if deadline is not None:
+                self._check_late(fut.result(), *deadline)
+
+    def _check_late(self, metadata: Any, deadline_ms: int, reports: int) -> None:
+        """Tell the sender about an acknowledgement at or past its window's deadline (module docstring)."""
+        if metadata.timestamp_type != _LOG_APPEND_TIME or metadata.timestamp < deadline_ms:
+            return  # in time (a CreateTime topic says nothing about the broker's time: the agents refuse it anyway)
+        self.stats.late_messages += 1
+        self.stats.late_reports += reports
+        late = LateDelivery(metadata.partition, metadata.offset, metadata.timestamp, deadline_ms, reports)
+        log.warning(
+            "acknowledged past its window's grace (the agents will dead-letter it late): %d report(s) at %s/%d/%d, "
+            "appended %d ms after the deadline",
+            reports,
+            self.topic,
+            late.partition,
+            late.offset,
+            late.append_ms - deadline_ms,
+        )
+        if self.on_late is not None:
+            self.on_late(late)
 
     async def publish(self, key: bytes | None, value: bytes) -> None:
         """Hand one message to the producer; waits while ``max_in_flight`` messages await acknowledgement."""
@@ -208,7 +300,8 @@ class ReportPublisher:
         self.stats.messages += 1
         self.stats.bytes += len(value)
         self._pending.add(fut)
-        fut.add_done_callback(self._delivered)
+        deadline = None if self.windows is None else self.windows.of_message(value)
+        fut.add_done_callback(functools.partial(self._delivered, deadline=deadline))
 
     async def flush(self) -> None:
         """Send everything buffered and wait for every acknowledgement; raise the first delivery failure."""

@@ -48,7 +48,7 @@ from producers.client_secret import ClientSecret, ClientSecretError
 from producers.contribution import ContributionStateError
 from producers.edge_client import EdgeClient
 from producers.ground_truth import GroundTruth
-from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
+from producers.kafka_publisher import KafkaSettings, PublishError, PublisherStats, ReportPublisher, WindowDeadline
 from producers.privatize import CategoricalPrivatizer, EventError
 from producers.replay import LineError, ReplayEvent, read_events
 from producers.simulate import Population
@@ -321,7 +321,9 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
         except AgentError as err:
             raise PublishError(str(err)) from None
         print(f"topic {topic!r} ready ({spec.topics.partitions} partitions, LogAppendTime)", file=sys.stderr)
-    publisher = ReportPublisher(settings, topic)
+    # acknowledgements past their window's grace are counted and logged: the sender learns which reports the agents
+    # will dead-letter late (a broker outage longer than the grace, retried by aiokafka)
+    publisher = ReportPublisher(settings, topic, windows=WindowDeadline(spec.window.size_s, spec.window.grace_s))
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), None)  # a bar (\r) only on a terminal
     rejected = 0
     started = time.monotonic()
@@ -349,7 +351,8 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
     s = client.stats
     rate = s.reports / elapsed if elapsed > 0 else float("nan")
     print(
-        f"reports  {s.reports:,}\nmessages {s.messages:,} (acknowledged {publisher.stats.acked:,})\n"
+        f"reports  {s.reports:,}\nmessages {s.messages:,} (acknowledged {publisher.stats.acked:,}"
+        f"{_late_note(publisher.stats)})\n"
         f"bytes    {s.bytes:,} ({s.bytes / max(1, s.reports):.1f} per report, before compression)\n"
         f"rate     {rate:,.0f} reports/s over {elapsed:.1f} s\n"
         f"topic    {topic}\ntruth    {args.truth}"
@@ -357,6 +360,13 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
     if args.replay is not None:
         print(f"rejected {rejected:,} line(s) of {args.replay} (not sent)")
     return 0
+
+
+def _late_note(stats: PublisherStats) -> str:
+    """``, n past their window's grace (m reports: dead-lettered late)`` when there are any."""
+    if not stats.late_messages:
+        return ""
+    return f", {stats.late_messages:,} past their window's grace ({stats.late_reports:,} reports: dead-lettered late)"
 
 
 def run(args: argparse.Namespace) -> int:

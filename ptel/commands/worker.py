@@ -20,6 +20,7 @@ from typing import Any
 from agents.app import build_worker, default_group
 from agents.errors import AgentError
 from agents.observability import WorkerObserver, serve
+from agents.recovery import retry_retriable
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
@@ -32,6 +33,9 @@ from ptel.commands.options import (
     operator_token_or_report,
 )
 from schemas.releases import Release
+
+#: Seconds the worker keeps retrying retriable errors while it creates its topics and joins its group.
+STARTUP_DEADLINE_S = 300.0
 
 
 def register(subparsers: Any) -> None:
@@ -56,6 +60,14 @@ def register(subparsers: Any) -> None:
         type=float,
         default=1.0,
         help="bound on how far the broker clock may lag this host, seconds (default 1)",
+    )
+    p.add_argument(
+        "--replication-lag",
+        type=float,
+        default=None,
+        help="seconds a record appended to a partition leader may stay invisible while followers copy it; an idle "
+        "partition's windows close this much later (default: 30, Kafka's replica.lag.time.max.ms, when the spec's "
+        "replication_factor > 1, else 0)",
     )
     p.add_argument("--max-batch", type=int, default=2000, help="records per partition per transaction (default 2000)")
     p.add_argument(
@@ -131,7 +143,12 @@ def run(args: Any) -> int:
         bootstrap=connection.bootstrap_servers,
         kafka=connection,
         group=args.group or default_group(spec),
-        idle=IdlePolicy(idle_timeout_ms=int(args.idle_timeout * 1000), clock_skew_ms=int(args.clock_skew * 1000)),
+        idle=IdlePolicy.for_replication(
+            spec.topics.replication_factor,
+            idle_timeout_ms=int(args.idle_timeout * 1000),
+            clock_skew_ms=int(args.clock_skew * 1000),
+            **({} if args.replication_lag is None else {"replication_lag_ms": int(args.replication_lag * 1000)}),
+        ),
         max_batch=args.max_batch,
         adopt_ledger=args.adopt_ledger,
         instance_id=args.instance_id or None,
@@ -152,7 +169,9 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
-    await ensure_topics(settings.connection, WorkerTopics.for_spec(spec, settings.group))
+    topics = WorkerTopics.for_spec(spec, settings.group)
+    # a broker still starting, or a fresh cluster whose metadata has not reached every broker: retried, bounded
+    await retry_retriable(lambda: ensure_topics(settings.connection, topics), "ensuring the topics", STARTUP_DEADLINE_S)
 
     def show(rel: Release) -> None:
         if not args.quiet:
@@ -169,6 +188,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         flush=True,
     )
     runner = None
+    await retry_retriable(worker.start, "joining the group", STARTUP_DEADLINE_S)
     async with worker:
         if args.metrics_port is not None:
             observer = WorkerObserver(worker, ready_after_s=args.ready_after)

@@ -491,7 +491,14 @@ def decode(data: bytes | bytearray | memoryview) -> Report | ReportBatch:
         raise WireError("too_large", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
     try:
         return _decode_json(raw) if raw[:1] == b"{" else _decode_binary(raw)
-    except WireError:
+    except WireError as err:
+        version = raw[0]
+        if raw[:1] != b"{" and version > WIRE_VERSION and err.reason != "bad_version":
+            # a version this reader does not know, and no addition to its own (addition-only evolution): what is
+            # wrong first is the version, whatever byte of its unknown layout failed next
+            raise WireError(
+                "bad_version", f"version {version} is newer than this reader's {WIRE_VERSION}: {err.detail}"
+            ) from None
         raise
     except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError, MemoryError) as err:
         # Defence in depth: every path above validates explicitly; anything that slips through is still a

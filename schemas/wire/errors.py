@@ -13,7 +13,7 @@ WIRE_ERROR_REASONS = frozenset(
         "too_large",  # above MAX_MESSAGE_BYTES
         "truncated",  # ends before a field it announces
         "trailing_bytes",  # bytes after the last field of a message of this decoder's version
-        "bad_version",  # version 0 (never written)
+        "bad_version",  # version 0 (never written), or a newer version than the reader's that does not parse
         "bad_message_type",  # not REPORT or BATCH
         "bad_kind",  # unknown payload kind
         "bad_flags",  # reserved flag bits set in a version-1 message

@@ -38,7 +38,7 @@ SIZE_S = 3
 GRACE_S = 3
 
 
-def make_spec(tmp: Path, tag: str) -> tuple[CollectionSpec, Path]:
+def make_spec(tmp: Path, tag: str, replication_factor: int = 1) -> tuple[CollectionSpec, Path]:
     doc = {
         "version": 1,
         "name": f"fault-{tag}",
@@ -47,6 +47,7 @@ def make_spec(tmp: Path, tag: str) -> tuple[CollectionSpec, Path]:
             "releases": f"fault-{tag}.releases",
             "dead_letter": f"fault-{tag}.dead-letter",
             "partitions": 3,
+            "replication_factor": replication_factor,
         },
         "window": {"size_s": SIZE_S, "grace_s": GRACE_S, "retention_s": 3600},
         "metrics": [
@@ -86,9 +87,11 @@ class Broker:
 
 class SupervisedWorker:
     """``ptel worker`` restarted whenever it exits (as systemd or Kubernetes would: the worker is crash-only), with
-    static membership so that a restart takes its partitions back at once."""
+    static membership so that a restart takes its partitions back at once. ``restart=False``: never restarted (a
+    fault the worker must ride out in process; :meth:`exited` says whether it did not)."""
 
-    def __init__(self, spec_path: Path, bootstrap: str, log: Path) -> None:
+    def __init__(self, spec_path: Path, bootstrap: str, log: Path, *, restart: bool = True) -> None:
+        self.restart = restart
         self.args = [
             sys.executable, "-m", "ptel.cli", "worker", "--spec", str(spec_path), "--bootstrap", bootstrap,
             "--quiet", "--idle-timeout", "1", "--clock-skew", "0.5", "--instance-id", "fault-worker-0",
@@ -110,9 +113,24 @@ class SupervisedWorker:
 
     async def _supervise(self) -> None:
         while not self._stop:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.restart and (self.proc is None or self.proc.poll() is not None):
                 self._spawn()
             await asyncio.sleep(0.2)
+
+    def exited(self) -> int | None:
+        """The exit status of the current worker process if it has exited, else ``None``."""
+        return None if self.proc is None else self.proc.poll()
+
+    async def wait_joined(self, timeout_s: float = 120.0) -> None:
+        """Until the worker has taken stage 2 (so it holds its partitions), or fail with its log: a fixed sleep is
+        too short for a loaded machine."""
+        deadline = time.monotonic() + timeout_s
+        while "stage 2 took the partials partition" not in self.log_text():
+            assert time.monotonic() < deadline, f"the worker did not join in {timeout_s} s:\n{self.log_text()[-3000:]}"
+            await asyncio.sleep(0.2)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.is_file() else ""
 
     def start(self) -> None:
         self._spawn()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from agents.app import build_worker
 from agents.errors import TopicError
@@ -84,3 +86,52 @@ async def test_an_output_topic_too_small_for_the_releases_is_refused_at_start(
             await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, "g"))
     finally:
         await delete_worker_topics(kafka_bootstrap, spec, "g")
+
+
+async def test_a_dead_letter_refused_for_its_size_is_retried_truncated_in_process(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The dead-letter topic's limit shrinks after the worker read it: the first attempt is refused for its size, and
+    the in-process retry (truncated) must succeed -- on the same idempotent producer it failed with
+    OutOfOrderSequenceNumber (the refused batch took a sequence number) and stopped the worker."""
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=3, grace_s=1)
+    settings = WorkerSettings(kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1000, clock_skew_ms=500))
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()  # reads the dead-letter topic's limit (16 MiB) now
+    task = asyncio.create_task(worker.run())
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=8 << 20)
+    await plain.start()
+    try:
+        for _ in range(600):
+            if 0 in worker._stage1:
+                break
+            await asyncio.sleep(0.1)
+        resource = ConfigResource(ConfigResourceType.TOPIC, spec.topics.dead_letter, {"max.message.bytes": "100000"})
+        await admin.alter_configs([resource])
+        fp = spec.metric("crashed").fingerprint
+        start_ms = await wait_for_window_start(spec.window.size_s)
+        good = encode_report(Report("crashed", fp, 7, start_ms // 1000, BoolPayload(True)))
+        noise = b"\xff" + os.urandom(500_000)  # bad version: a dead letter of 500 kB, above the topic's new limit
+        for value in (noise, good):
+            await (await plain.send(spec.topics.reports, value, key=partition_key("crashed", 7), partition=0))
+        dead = await read_topic(
+            kafka_bootstrap, spec.topics.dead_letter, partitions=1, until=lambda r: len(r) >= 1, timeout_s=60
+        )
+        headers = {k: v.decode() for k, v in dead[0].headers}
+        assert headers["ptel.truncated"] == "true" and headers["ptel.original_bytes"] == str(len(noise)), headers
+        for _ in range(100):
+            if worker.stats.reports_counted >= 1 or task.done():
+                break
+            await asyncio.sleep(0.1)
+        assert worker.failure is None and not task.done(), worker.failure
+        assert worker.stats.reports_counted == 1 and worker.stats.aborts == 1 and worker.stats.recoveries == 0
+    finally:
+        await plain.stop()
+        await admin.close()
+        worker.stop()
+        await task
+        await worker.close()
+        await delete_worker_topics(kafka_bootstrap, spec, settings.group)

@@ -14,7 +14,7 @@ import pytest
 from mechanisms.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
-from producers.kafka_publisher import KafkaSettings, ReportPublisher
+from producers.kafka_publisher import KafkaSettings, LateDelivery, ReportPublisher, WindowDeadline
 from producers.simulate import Population
 from ptel.kafka_broker import LocalKafka
 from schemas.spec import load_spec
@@ -139,3 +139,31 @@ async def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Pat
         await asyncio.to_thread(broker.reset)  # passed: drop this instance's data (kept for inspection on failure)
     finally:
         await asyncio.to_thread(broker.stop, 60)
+
+
+async def test_an_acknowledgement_past_its_windows_grace_is_told_to_the_sender(
+    kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """A report whose device time is of a window already past its grace when the broker appends it (a retry through
+    a long outage, a device flushing a buffer) is acknowledged by Kafka but will be dead-lettered ``late``: the
+    publisher says so (stats, callback); reports of the current window, single or batched, are not flagged."""
+    spec = load_spec(DEMO)
+    topic = await new_topic(1, configs=LOG_APPEND)
+    size, grace = spec.window.size_s, spec.window.grace_s
+    metric, fp = spec.metrics[0].name, spec.metrics[0].fingerprint
+    late: list[LateDelivery] = []
+    windows = WindowDeadline(size, grace)
+    publisher = ReportPublisher(
+        KafkaSettings(bootstrap_servers=kafka_bootstrap, linger_ms=2), topic, windows=windows, on_late=late.append
+    )
+    now = int(time.time())
+    old = now - 2 * (size + grace) - 1  # its window ended more than the grace ago
+    fresh = now  # the current window: appended well before its end + grace
+    async with publisher:
+        for pseudonym, t in ((1, fresh), (2, old), (3, fresh)):
+            value = encode_report(Report(metric, fp, pseudonym, t, BoolPayload(True)))
+            await publisher.publish(partition_key(metric, pseudonym), value)
+    assert publisher.stats.acked == 3
+    assert (publisher.stats.late_messages, publisher.stats.late_reports) == (1, 1)
+    (one,) = late
+    assert one.deadline_ms == windows.deadline_ms(old) and one.append_ms >= one.deadline_ms and one.offset == 1

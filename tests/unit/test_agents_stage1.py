@@ -73,14 +73,14 @@ def _keyed(partial: Partial) -> KeyedCounts:
     return _of(partial, KeyedCounts)
 
 
-def _state(partition: int = 0) -> PartitionState:
+def _state(partition: int = 0, idle: IdlePolicy | None = None) -> PartitionState:
     protocols = resolve_protocols(SPEC)
     return PartitionState(
         partition,
         WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
         Validator(SPEC, protocols),
         Aggregator(SPEC),
-        IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
+        idle or IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
     )
 
 
@@ -504,7 +504,7 @@ def test_key_capacity_refuses_new_keys_and_counts_known_ones() -> None:
     res = st.process(_key_flood())
     assert [(d.record.offset, d.reason, d.reports) for d in res.dead_letters] == [
         (1, "key_capacity", 2),
-        (2, "wire.truncated", 1),
+        (2, "wire.bad_version", 1),  # "junk": "j" is no version this reader knows
         (3, "key_capacity", 1),
         (4, "window_mismatch", 1),  # one dead letter per reason and record, in source-offset order
         (4, "key_capacity", 1),
@@ -578,3 +578,21 @@ def test_future_timestamp_refusals_are_remembered_for_replays_and_pruned_when_wi
     again = _state()
     again.restore(records)
     assert again.future_refused == [] and again.replay_from() == 8
+
+
+@pytest.mark.parametrize(("replication_factor", "late"), [(3, False), (1, True)])
+def test_an_idle_advance_never_closes_a_window_a_record_still_replicating_belongs_to(
+    replication_factor: int, late: bool
+) -> None:
+    """On a replicated topic a record appended to the leader at 9.0 s becomes visible only when its followers have it
+    -- here 20 s later, within replica.lag.time.max.ms. The fetch at 21.0 s shows the partition caught up (the record
+    is not visible yet); the idle advance must not close window [0, 10 s) (+ 2 s grace) on that evidence. With the
+    advance of a single-replica topic (t_fetch - skew, the mutation) it does, and the acknowledged report is late."""
+    idle = IdlePolicy.for_replication(replication_factor, idle_timeout_ms=1_000, clock_skew_ms=500)
+    st = _state(idle=idle)
+    st.process([_rec(0, 1_000, _bool(1, True))])
+    st.take_closed()
+    st.advance_idle(now_wall_ms=21_000, last_activity_wall_ms=0, caught_up=True, fetch_wall_ms=21_000)
+    res = st.process([_rec(1, 9_000, _bool(2, True))])  # appended at 9.0 s, visible only now
+    assert [d.reason for d in res.dead_letters] == (["late"] if late else [])
+    assert res.counted == (0 if late else 1)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.errors import AgentError, ConfigurationError, StateError
-from agents.watermarks import IdlePolicy, ReleaseFrontier, advance, closed_before
+from agents.watermarks import REPLICA_LAG_TIME_MAX_MS, IdlePolicy, ReleaseFrontier, advance, closed_before
 from agents.windows import WindowSpec
 
 TS = st.integers(min_value=-(10**13), max_value=10**13)
@@ -87,6 +87,14 @@ def test_idle_policy() -> None:
     assert pol.is_idle(11_000, 6_000, caught_up=True)
     assert not pol.is_idle(60_000, 6_000, caught_up=False)  # a lagging partition is never idle
     assert pol.safe_watermark(50_000) == 49_000
+    # a replicated topic: what the fetch proves reaches back only to t_fetch - replication lag
+    replicated = IdlePolicy.for_replication(3, idle_timeout_ms=5_000, clock_skew_ms=1_000)
+    assert replicated.replication_lag_ms == REPLICA_LAG_TIME_MAX_MS == 30_000
+    assert replicated.safe_watermark(50_000) == 50_000 - 1_000 - 30_000
+    assert IdlePolicy.for_replication(1).replication_lag_ms == 0
+    assert IdlePolicy.for_replication(3, replication_lag_ms=5_000).safe_watermark(50_000) == 44_000
+    with pytest.raises(ConfigurationError, match="replication_lag_ms"):
+        IdlePolicy(replication_lag_ms=-1)
     with pytest.raises(ConfigurationError, match="idle_timeout_ms"):
         IdlePolicy(idle_timeout_ms=-1)
 

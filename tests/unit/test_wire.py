@@ -234,6 +234,18 @@ def test_each_error_reason(mutate, reason: str) -> None:
     assert info.value.reason == reason
 
 
+@pytest.mark.parametrize("first", [0x05, WIRE_VERSION + 1, 0xFF])
+def test_a_newer_version_that_does_not_parse_is_bad_version_whatever_fails_next(first: int) -> None:
+    """A record starting with an unknown version byte (0x05: not a message of this project at all, or of a version
+    this reader cannot read) is refused for its version -- not for the next byte of a layout it does not know."""
+    raw = encode_report(_report())
+    for rest in (b"\x07" + raw[2:], raw[1:2] + b"\x63" + raw[3:], b"\x00garbage", raw[1:5]):
+        with pytest.raises(WireError) as info:
+            decode(bytes([first]) + rest)
+        assert info.value.reason == "bad_version", (first, rest[:4], info.value)
+        assert f"version {first}" in info.value.detail
+
+
 def test_newer_version_is_read_by_its_prefix() -> None:
     """Addition-only evolution: a version-2 message is a version-1 message with fields appended."""
     raw = encode_report(_report())

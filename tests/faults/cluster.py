@@ -1,0 +1,132 @@
+"""A 3-node KRaft cluster of the fault suite's own (never the session's broker): three combined broker+controller
+JVMs on loopback with a static quorum of three voters, replication factor 3 and min ISR 2 everywhere (reports,
+internal topics, offsets, transaction state), so that any one node may die with every write still acknowledged by
+two replicas. Built on :class:`ptel.kafka_broker.LocalKafka` (the jars, the process handling, the readiness probe);
+only the configuration and the storage format differ (one cluster id for all three, no ``--standalone``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from ptel import kafka_broker
+from ptel.kafka_broker import LocalKafka, broker_properties, free_port, render_properties
+
+NODES = 3
+#: Broker settings of every node: a replicated cluster, and a small heap per JVM (three share a test machine).
+CLUSTER_SETTINGS = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "offsets.topic.num.partitions": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "transaction.state.log.num.partitions": "3",
+    "unclean.leader.election.enable": "false",
+}
+
+
+class ClusterNode(LocalKafka):
+    """One node of :class:`Cluster`."""
+
+    def __init__(self, port: int, controller_port: int, node_id: int, voters: str, cluster_id: str) -> None:
+        super().__init__(port=port, controller_port=controller_port, heap="384m")
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster_id = cluster_id
+
+    def _write_config(self, controller_port: int) -> None:
+        (self.instance_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = broker_properties(
+            port=self.port,
+            controller_port=controller_port,
+            data_dir=self.data_dir,
+            node_id=self.node_id,
+            overrides={**CLUSTER_SETTINGS, "controller.quorum.voters": self.voters},
+        )
+        del props["controller.quorum.bootstrap.servers"]  # a static quorum: the three voters above
+        self.properties_file.write_text(render_properties(props))
+        shutil.copyfile(
+            Path(kafka_broker.__file__).parent / "kafka" / "log4j.properties", self.instance_dir / "log4j.properties"
+        )
+        (self.instance_dir / "tools-log4j.properties").write_text(
+            "log4j.rootLogger=WARN, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n"
+        )
+
+    def _format(self) -> None:
+        self._tool("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.properties_file))
+
+    def kill9(self) -> None:
+        """SIGKILL the node's JVM (no clean shutdown: leadership and coordination move by the controller's timeout)."""
+        pid = self.running_pid()
+        assert pid is not None, f"node {self.node_id} is not running"
+        os.kill(pid, signal.SIGKILL)
+
+
+class Cluster:
+    """Three :class:`ClusterNode` s; :attr:`bootstrap` lists all three."""
+
+    def __init__(self) -> None:
+        ports = [free_port() for _ in range(2 * NODES)]
+        while len(set(ports)) < len(ports):
+            ports = [free_port() for _ in range(2 * NODES)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{ports[NODES + i]}" for i in range(NODES))
+        self.cluster_id = _cluster_id()
+        self.nodes = [ClusterNode(ports[i], ports[NODES + i], i + 1, voters, self.cluster_id) for i in range(NODES)]
+        self.bootstrap = ",".join(n.bootstrap for n in self.nodes)
+
+    async def start(self) -> None:
+        """Start the three JVMs at once (a lone voter of three waits for a quorum: one by one would never finish)."""
+        await asyncio.gather(*(asyncio.to_thread(n.start, 300) for n in self.nodes))
+
+    def node(self, node_id: int) -> ClusterNode:
+        return self.nodes[node_id - 1]
+
+    async def leader_of(self, topic: str, partition: int) -> int:
+        """The node id leading ``topic``'s ``partition`` now."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            (described,) = await admin.describe_topics([topic])
+            (p,) = [p for p in described["partitions"] if p["partition"] == partition]
+            return int(p["leader"])
+        finally:
+            await admin.close()
+
+    async def transaction_coordinator(self, transactional_id: str) -> int:
+        """The node id coordinating ``transactional_id``'s transactions now."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            return int(await admin.find_coordinator(transactional_id, coordinator_type=1))
+        finally:
+            await admin.close()
+
+    def stop(self) -> None:
+        """Kill every node (its data is deleted next: a clean shutdown of three JVMs only costs time)."""
+        for n in self.nodes:
+            pid = n.running_pid()
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+        for n in self.nodes:
+            try:
+                n.stop(timeout=10)
+            finally:
+                shutil.rmtree(n.instance_dir, ignore_errors=True)
+
+    def describe(self) -> dict[int, str]:
+        return {n.node_id: n.bootstrap for n in self.nodes}
+
+
+def _cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes in URL-safe base64 without padding (``Uuid.toString()``)."""
+    return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")

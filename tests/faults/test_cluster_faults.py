@@ -1,0 +1,69 @@
+"""A 3-node KRaft cluster started by the test (RF 3, min ISR 2): kill -9 of a node that leads a reports partition and
+coordinates one of the worker's transactions, under load, after the worker's first start created its topics on the
+fresh cluster. The worker -- never restarted by anyone -- must stay up,
+and the invariant of :mod:`tests.faults.harness` must hold afterwards (every acknowledged report counted once or
+dead-lettered once with its reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agents.topics import WorkerTopics
+from tests.faults.cluster import Cluster
+from tests.faults.harness import Produced, SupervisedWorker, check_invariant, make_spec, produce
+
+pytestmark = [pytest.mark.faults, pytest.mark.cluster]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    try:
+        await c.start()
+        yield c
+    finally:
+        await asyncio.to_thread(c.stop)
+
+
+async def test_kill_9_of_a_partition_leader_and_transaction_coordinator(cluster: Cluster, tmp_path: Path) -> None:
+    spec, path = make_spec(tmp_path, uuid.uuid4().hex[:8], replication_factor=3)
+    topics = WorkerTopics.for_spec(spec, f"ptel-agents.{spec.name}")
+    # the worker's first start on the fresh cluster creates its topics (RF 3) itself: the metadata race of a new
+    # cluster ("topic ... has 0 partitions" on a broker that has not learned them yet) is retried, not fatal
+    worker = SupervisedWorker(path, cluster.bootstrap, tmp_path / "worker.log", restart=False)
+    worker.start()
+    produced = Produced()
+    try:
+        await worker.wait_joined()
+        load = asyncio.create_task(produce(cluster.bootstrap, spec, 24.0, 200, produced))
+        await asyncio.sleep(6.0)
+        transactional_ids = [f"ptel-agents.{spec.name}.stage1.{p}" for p in range(spec.topics.partitions)]
+        transactional_ids.append(topics.stage2_transactional_id())
+        coordinators = {t: await cluster.transaction_coordinator(t) for t in transactional_ids}
+        leaders = {p: await cluster.leader_of(spec.topics.reports, p) for p in range(spec.topics.partitions)}
+        both = sorted(set(leaders.values()) & set(coordinators.values()))
+        victim = both[0] if both else leaders[0]
+        cluster.node(victim).kill9()
+        killed = [victim]
+        if not both:  # no node had both roles: bring the leader back, then kill the coordinator of stage 1's p0
+            await asyncio.sleep(4.0)
+            await asyncio.to_thread(cluster.node(victim).start, 300)
+            second = await cluster.transaction_coordinator(transactional_ids[0])
+            cluster.node(second).kill9()
+            killed.append(second)
+        await load
+        summary = await check_invariant(cluster.bootstrap, spec, produced, timeout_s=180)
+        log = worker.log_text()
+        assert worker.exited() is None and worker.starts == 1, f"the worker exited ({worker.exited()}):\n{log[-3000:]}"
+    finally:
+        await worker.stop()
+    recoveries = worker.log_text().count("worker recovering from a retriable error")
+    print(
+        f"\n3-node cluster, killed {killed} (leaders {leaders}, coordinators {coordinators}): {summary}, "
+        f"in-process recoveries: {recoveries}"
+    )
