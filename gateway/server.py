@@ -182,13 +182,11 @@ class Gateway:
         refusal = self.forwarder.refusal(started)
         if refusal is not None:
             return self._refuse(
-                503, refusal, self.forwarder.last_error or refusal, retry_after=self.settings.retry_after_s
+                503, refusal, self.forwarder.refusal_detail(refusal, started), retry_after=self.settings.retry_after_s
             )
         media_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
         if media_type not in MEDIA_TYPES:
-            return self._refuse(
-                415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}"
-            )
+            return self._refuse(415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}")
         key = request.headers.get("Idempotency-Key")
         if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
             return self._refuse(400, "bad_idempotency_key", f"at most {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
@@ -276,7 +274,8 @@ class Gateway:
         refusal = self.forwarder.refusal()
         if refusal is None:
             return _answer(200, {"status": "ready"})
-        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": self.forwarder.last_error})
+        detail = self.forwarder.refusal_detail(refusal)
+        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": detail})
 
     async def handle_metrics(self, _: web.Request) -> web.Response:
         text = self.metrics.text(lambda: self.forwarder.pending_reports, lambda: self.forwarder.connected)

@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--linger-ms", type=int, default=ForwarderSettings.linger_ms, help="batching delay before a send")
     p.add_argument(
+        "--stop-timeout-s",
+        type=float,
+        default=ForwarderSettings.stop_timeout_s,
+        help="on SIGTERM/SIGINT, longest wait for Kafka's acknowledgements before answering the rest 503",
+    )
+    p.add_argument(
         "--max-pending-reports",
         type=int,
         default=ForwarderSettings.max_pending_reports,
@@ -117,7 +123,11 @@ def run(args: Any) -> int:
         settings = GatewaySettings(
             max_body_bytes=args.max_body_bytes,
             max_device_reports=args.max_device_reports,
-            forwarder=ForwarderSettings(linger_ms=args.linger_ms, max_pending_reports=args.max_pending_reports),
+            forwarder=ForwarderSettings(
+                linger_ms=args.linger_ms,
+                max_pending_reports=args.max_pending_reports,
+                stop_timeout_s=args.stop_timeout_s,
+            ),
         )
     except (GatewayError, ValueError, OSError) as err:
         print(f"ptel gateway: {err}", file=sys.stderr)
@@ -132,7 +142,9 @@ def run(args: Any) -> int:
 async def _serve(
     gateway: Gateway, spec: CollectionSpec, connection: KafkaConnection, host: str, port: int, context: Any
 ) -> int:
-    runner = await serve(gateway, host, port, ssl_context=context)
+    runner = await serve(
+        gateway, host, port, ssl_context=context, shutdown_timeout=gateway.settings.forwarder.stop_timeout_s + 5
+    )
     scheme = "https" if context is not None else "http"
     shown = f"[{host}]" if ":" in host else host
     print(
@@ -144,9 +156,16 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    gave_up = asyncio.create_task(gateway.forwarder.gave_up.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({gave_up, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (gave_up, stopped):
+        task.cancel()
+    failed = gateway.forwarder.failed
+    if failed is not None:
+        print(f"ptel gateway: giving up ({failed}); exiting 1 for a supervisor to restart it", file=sys.stderr)
     print("gateway stopping: refusing new reports, waiting for Kafka's acknowledgements", flush=True)
     await runner.cleanup()
     stats = gateway.forwarder.stats
     print(f"gateway stopped: {stats.reports} report(s) in {stats.messages} message(s) acknowledged", flush=True)
-    return 0
+    return 0 if failed is None else 1

@@ -181,3 +181,54 @@ async def test_a_broker_stop_gives_503s_not_lost_or_duplicated_reports_and_recov
         f"\nbroker stop/start under the gateway: {len(log.accepted)} accepted (all in Kafka once), "
         f"{len(log.unavailable)} answered 503 (none in Kafka), statuses {dict(log.statuses)}"
     )
+
+
+async def test_sigterm_ends_within_the_stop_deadline_while_the_broker_is_paused(
+    own_broker: Broker, tmp_path: Path
+) -> None:
+    """``ptel gateway --stop-timeout-s 2`` with requests waiting on a paused broker: SIGTERM ends the process in
+    about 2 s with status 0; the waiting requests are answered 503 ``shutting_down``; every 202 is in Kafka."""
+    spec, spec_path = make_spec(tmp_path, METRICS, partitions=3, size_s=60)
+    await ensure_topics(own_broker.bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    keys = GatewayKeys.generate()
+    keys_path = tmp_path / "gateway.keys"
+    keys.save(keys_path)
+    process = GatewayProcess(
+        spec_path,
+        own_broker.bootstrap,
+        keys_path,
+        free_port(),
+        tmp_path / "gateway.log",
+        extra=["--stop-timeout-s", "2"],
+    )
+    await process.start()
+    url = f"http://127.0.0.1:{process.port}"
+    fp = spec.metric("latency").fingerprint
+    headers = {"Authorization": f"Bearer {keys.issue('d')}", "Content-Type": "application/octet-stream"}
+
+    async def one(session: aiohttp.ClientSession, x: float) -> int:
+        body = encode_report(Report("latency", fp, 1, 1, RegressionPayload(x, 0.0)))
+        async with session.post(f"{url}/v1/reports", data=body, headers=headers) as r:
+            return r.status
+
+    async with aiohttp.ClientSession() as session:
+        assert [await one(session, float(i)) for i in range(3)] == [202] * 3
+        await asyncio.to_thread(own_broker.pause)
+        try:
+            waiting = [asyncio.create_task(one(session, 100.0 + i)) for i in range(5)]
+            await asyncio.sleep(0.5)
+            assert not any(t.done() for t in waiting)
+            started = time.monotonic()
+            process.terminate()
+            status = await asyncio.wait_for(process.wait(), 30)
+            took = time.monotonic() - started
+            answers = await asyncio.gather(*waiting)
+        finally:
+            await asyncio.to_thread(own_broker.resume)
+    assert status == 0, process.log.read_text()[-2000:]
+    assert took < 2 + 4, f"SIGTERM took {took:.1f} s with --stop-timeout-s 2"
+    assert answers == [503] * 5
+    reports = await read_reports(own_broker.bootstrap, spec.topics.reports, 3, timeout_s=60)
+    xs = sorted(r.payload.x for r in reports if isinstance(r.payload, RegressionPayload))
+    assert xs[:3] == [0.0, 1.0, 2.0]
+    print(f"\nSIGTERM with a paused broker: exited {status} after {took:.2f} s (deadline 2 s); 5 waiting -> 503")

@@ -22,12 +22,20 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
 from gateway.device_auth import DeviceAuthenticator
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from producers.simulate import Population
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
-from schemas.wire import Report, ReportBatch, decode, reports_of
+from schemas.wire import Report, ReportBatch, decode, encode_report, reports_of
+from tests.integration.agents_support import delete_worker_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +72,52 @@ async def served_gateway(
         yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys)
     finally:
         await runner.cleanup()
+
+
+def privatized_reports(spec: CollectionSpec, metrics: list[str], *, seed: int) -> list[Report]:
+    """One report a name of ``metrics`` (in that order), privatized by the device code from a simulated value of
+    that metric (any kind), stamped now."""
+    population = Population(spec, max(1, len(metrics)), seed=seed, master=ClientSecret.generate())
+    events = {m.name: population.events(m) for m in spec.metrics}
+    client = EdgeClient(spec, _NoSink(), enforce_bounds=False)
+    now = int(time.time())
+    out = []
+    for i, metric in enumerate(metrics):
+        values = events[metric].values
+        value = values[i % len(values)]
+        out.append(client.privatizer(metric).report(value, secret=population.secrets[i], client_time=now))
+    return out
+
+
+def privatized_bodies(spec: CollectionSpec, metrics: list[str], *, seed: int) -> list[bytes]:
+    """:func:`privatized_reports`, encoded (binary wire format)."""
+    return [encode_report(r) for r in privatized_reports(spec, metrics, seed=seed)]
+
+
+@contextlib.asynccontextmanager
+async def running_worker(spec: CollectionSpec, bootstrap: str, *, idle_timeout_ms: int = 1000) -> AsyncIterator[str]:
+    """An in-process worker of ``spec`` (topics created first); yields its group; topics deleted on exit."""
+    settings = WorkerSettings(
+        bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=idle_timeout_ms, clock_skew_ms=500)
+    )
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        yield settings.group
+    finally:
+        worker.stop()
+        await task
+        await worker.close()
+        await delete_worker_topics(bootstrap, spec, settings.group)
+
+
+class _NoSink:
+    """A sink that is never published to (the tests encode the privatized reports themselves)."""
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        raise AssertionError("not used")
 
 
 async def post(
@@ -125,12 +179,14 @@ class GatewayProcess:
     port: int
     log: Path
     proc: Any = field(default=None)
+    #: More ``ptel gateway`` arguments.
+    extra: list[str] = field(default_factory=list)
 
     async def start(self, ready_timeout_s: float = 60.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ptel.cli", "gateway", "--spec", str(self.spec_path), "--bootstrap", self.bootstrap,
-            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}",
+            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}", *self.extra,
             stdout=self.log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(ROOT),
         )  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s
@@ -148,6 +204,9 @@ class GatewayProcess:
 
     def kill9(self) -> None:
         self.proc.kill()
+
+    def terminate(self) -> None:
+        self.proc.terminate()
 
     async def wait(self) -> int:
         return int(await self.proc.wait())

@@ -1,0 +1,166 @@
+"""The gateway never stops forwarding (issue 23 item 1): reports of every kind of metric on one partition, a crashing
+background task (logged, restarted; given up on: exit non-zero, /readyz says why), a stop within its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from agents.topics import WorkerTopics, ensure_topics
+from gateway.forwarder import Forwarder, ForwarderSettings
+from gateway.server import GatewaySettings
+from schemas.spec import CollectionSpec
+from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start
+from tests.integration.gateway_support import (
+    ROOT,
+    post,
+    privatized_bodies,
+    read_reports,
+    running_worker,
+    served_gateway,
+)
+
+#: Every metric of the demo spec (every kind: bool, categorical, categorical bins, RAPPOR, keyed, regression).
+DEMO_METRICS: list[dict[str, Any]] = yaml.safe_load((ROOT / "examples" / "demo-spec.yaml").read_text())["metrics"]
+
+
+def demo_spec(tmp: Path, *, partitions: int, size_s: int) -> CollectionSpec:
+    """The demo's metrics on fresh topics (a horizon of 60 windows, as the demo's budgets assume)."""
+    return make_spec(tmp, DEMO_METRICS, partitions=partitions, size_s=size_s, grace_s=1, retention_s=60 * size_s)[0]
+
+
+async def test_reports_of_every_kind_on_one_partition_are_all_accepted_and_counted(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """100 concurrent requests over six metrics of five kinds, all bound for the single partition: every request
+    is answered 202 and every report is counted by the worker (on 96f2fc1: 1 x 202, 99 hang, then 503 forever)."""
+    spec = demo_spec(tmp_path, partitions=1, size_s=8)
+    names = [m.name for m in spec.metrics]
+    async with running_worker(spec, kafka_bootstrap) as group:
+        async with served_gateway(spec, kafka_bootstrap) as served, aiohttp.ClientSession() as session:
+            start_ms = await wait_for_window_start(spec.window.size_s)
+            sends = [(names[i % len(names)], f"device-{i}") for i in range(100)]
+            bodies = privatized_bodies(spec, [m for m, _ in sends], seed=1)
+            answers = await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        post(session, served.url, body, token=served.keys.issue(device))
+                        for (_, device), body in zip(sends, bodies, strict=True)
+                    )
+                ),
+                timeout=30,
+            )
+            statuses = Counter(status for status, _, _ in answers)
+            assert statuses == {202: 100}, (statuses, [a[1] for a in answers if a[0] != 202][:3])
+            assert all(a[1]["window_start"] * 1000 == start_ms for a in answers), "requests crossed a boundary"
+            async with session.get(f"{served.url}/readyz") as r:
+                assert r.status == 200, await r.text()
+        sent = Counter(m for m, _ in sends)
+        windows = {(m, start_ms) for m in names}
+        n, over = await handed_over_counts(kafka_bootstrap, WorkerTopics.for_spec(spec, group).partials, windows)
+        assert {m: n[(m, start_ms)] for m in names} == dict(sent)
+        assert not any(over.values())
+
+
+async def test_a_crashing_background_task_is_logged_restarted_and_never_a_silent_stall(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = demo_spec(tmp_path, partitions=2, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    real = Forwarder._flush_once
+    crashes = {"left": 2}
+
+    async def crashing(self: Forwarder) -> None:
+        if crashes["left"] and self._queued:
+            crashes["left"] -= 1
+            self._flushing, self._queued = self._queued, {}
+            raise RuntimeError("injected flush failure")
+        await real(self)
+
+    monkeypatch.setattr(Forwarder, "_flush_once", crashing)
+    caplog.set_level(logging.ERROR, logger="gateway.forwarder")
+    body = privatized_bodies(spec, ["crashed_today"], seed=2)[0]
+    async with served_gateway(spec, kafka_bootstrap) as served, aiohttp.ClientSession() as session:
+        first = [await post(session, served.url, body, token=served.keys.issue(f"d{i}")) for i in range(2)]
+        # the requests the failed flushes held are answered at once (503 internal_error), not left hanging
+        assert [(s, b["reason"]) for s, b, _ in first] == [(503, "internal_error")] * 2, first
+        assert "injected flush failure" in first[0][1]["detail"]
+        failures = [r for r in caplog.records if "background task gateway-flush failed" in r.getMessage()]
+        assert len(failures) == 2 and failures[0].exc_info is not None  # logged with the traceback of the cause
+        # the task was restarted: the same devices' retries are forwarded
+        again = [await post(session, served.url, body, token=served.keys.issue(f"d{i}")) for i in range(2)]
+        assert [s for s, _, _ in again] == [202, 202], again
+        assert served.gateway.forwarder.failed is None
+    assert len(await read_reports(kafka_bootstrap, spec.topics.reports, 2)) == 2
+
+
+async def test_a_task_that_keeps_failing_makes_the_gateway_give_up_and_say_why(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = demo_spec(tmp_path, partitions=2, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+
+    async def always(self: Forwarder) -> None:
+        self._flushing, self._queued = self._queued, {}
+        raise RuntimeError("flush keeps failing")
+
+    monkeypatch.setattr(Forwarder, "_flush_once", always)
+    settings = GatewaySettings(forwarder=ForwarderSettings(max_task_restarts=1))
+    body = privatized_bodies(spec, ["crashed_today"], seed=3)[0]
+    async with served_gateway(spec, kafka_bootstrap, settings=settings) as served, aiohttp.ClientSession() as session:
+        for i in range(2):
+            status, answer, _ = await post(session, served.url, body, token=served.keys.issue(f"d{i}"))
+            assert (status, answer["reason"]) == (503, "internal_error")
+        await asyncio.wait_for(served.gateway.forwarder.gave_up.wait(), 10)
+        async with session.get(f"{served.url}/readyz") as r:
+            ready = await r.json()
+        assert r.status == 503 and ready["reason"] == "internal_error"
+        assert "gateway-flush failed 2 times" in ready["detail"] and "flush keeps failing" in ready["detail"]
+        status, answer, _ = await post(session, served.url, body, token=served.keys.issue("d9"))
+        assert (status, answer["reason"]) == (503, "internal_error")
+
+
+async def test_a_stop_ends_within_its_deadline_when_kafka_does_not_acknowledge(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acknowledgements withheld (the producer's send never completes): the stop still ends after stop_timeout_s,
+    answering the waiting requests 503 shutting_down; an acknowledged request before it was answered 202."""
+    spec = demo_spec(tmp_path, partitions=2, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    settings = GatewaySettings(forwarder=ForwarderSettings(stop_timeout_s=1.5, stall_after_s=60))
+    bodies = privatized_bodies(spec, ["crashed_today"] * 5, seed=4)
+    async with aiohttp.ClientSession() as session:
+        served_cm = served_gateway(spec, kafka_bootstrap, settings=settings)
+        served = await served_cm.__aenter__()
+        status, _, _ = await post(session, served.url, bodies[0], token=served.keys.issue("d0"))
+        assert status == 202
+        producer = served.gateway.forwarder._producer
+        assert producer is not None
+        never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def withheld(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            return never  # handed over, never acknowledged
+
+        monkeypatch.setattr(producer, "send", withheld)
+        waiting = [
+            asyncio.create_task(post(session, served.url, b, token=served.keys.issue(f"d{i}")))
+            for i, b in enumerate(bodies[1:], 1)
+        ]
+        await asyncio.sleep(0.3)
+        assert served.gateway.forwarder.pending_reports == 4
+        monkeypatch.setattr(producer, "stop", lambda: asyncio.sleep(0))
+        started = time.monotonic()
+        await served_cm.__aexit__(None, None, None)
+        took = time.monotonic() - started
+        answers = await asyncio.gather(*waiting)
+    assert took < 1.5 + 2.0, f"the stop took {took:.1f} s with a deadline of 1.5 s"
+    assert [(s, b["reason"]) for s, b, _ in answers] == [(503, "shutting_down")] * 4
+    assert "Idempotency-Key" in answers[0][1]["detail"]
