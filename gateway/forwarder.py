@@ -18,6 +18,8 @@ Back-pressure instead of unbounded buffering (:meth:`Forwarder.refusal`, answere
   acknowledgement (aiokafka retries them for ``delivery_timeout_ms``), new ones are refused before being taken;
 - ``backlog_full`` -- ``max_pending_reports`` reports await their acknowledgement;
 - ``shutting_down`` -- :meth:`Forwarder.drain` has begun;
+- ``recovering`` -- the gateway holds new reports while it starts (:meth:`Forwarder.hold`: reading back the
+  idempotency tags of recent windows, :mod:`gateway.idempotency_recovery`);
 - ``internal_error`` -- a background task of the forwarder failed more than ``max_task_restarts`` times within
   ``task_restart_window_s`` (:attr:`Forwarder.failed` says why; ``ptel gateway`` then exits 1 for its supervisor).
 
@@ -167,6 +169,7 @@ class Forwarder:
         self.failed: str | None = None
         #: Set when :attr:`failed` is: the process should exit non-zero so that its supervisor restarts it.
         self.gave_up = asyncio.Event()
+        self._hold: tuple[str, str] | None = None
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -212,6 +215,13 @@ class Forwarder:
                     return
                 log.warning("gateway: restarting background task %s", name)
                 await asyncio.sleep(min(0.05 * 2 ** len(failures), 2.0))
+
+    def hold(self, reason: str, detail: str) -> None:
+        """Refuse new reports with ``reason`` (of :data:`FORWARD_REASONS`) until :meth:`unhold`."""
+        self._hold = (reason, detail)
+
+    def unhold(self) -> None:
+        self._hold = None
 
     @property
     def connected(self) -> bool:
@@ -319,6 +329,8 @@ class Forwarder:
             return "shutting_down"
         if self._producer is None:
             return "kafka_unavailable"
+        if self._hold is not None:
+            return self._hold[0]
         if self.pending_reports >= self.settings.max_pending_reports:
             return "backlog_full"
         t = time.monotonic() if now is None else now
@@ -336,6 +348,8 @@ class Forwarder:
             return self.failed or self.last_error
         if reason == "shutting_down":
             return "the gateway is stopping"
+        if self._hold is not None and reason == self._hold[0]:
+            return self._hold[1]
         if reason == "backlog_full":
             return f"{self.pending_reports} reports await Kafka's acknowledgement (max_pending_reports)"
         if self._producer is None:

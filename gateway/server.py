@@ -27,6 +27,8 @@ forwarded as it came: the raw value never reaches the gateway.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -41,7 +43,8 @@ from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthentic
 from gateway.device_quota import DeviceQuota
 from gateway.errors import ForwardError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
-from gateway.idempotency import IDEMPOTENCY_KEY_MAX, Answer, IdempotencyCache
+from gateway.idempotency import IDEMPOTENCY_KEY_MAX, KEEP_WINDOWS, Answer, IdempotencyCache, tag_header
+from gateway.idempotency_recovery import recover_tags
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
 from schemas.conformance import Rejection, Validator
@@ -127,6 +130,7 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         self.clock = clock
         self.window_s = spec.window.size_s
+        self._recovery: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------------------------- app
 
@@ -144,13 +148,44 @@ class Gateway:
         return app
 
     async def _on_startup(self, _: web.Application) -> None:
+        self.forwarder.hold("recovering", "reading back the idempotency keys of recent windows from Kafka")
         await self.forwarder.start()
+        self._recovery = asyncio.create_task(self._recover_idempotency(), name="gateway-idempotency-recovery")
+
+    async def _recover_idempotency(self) -> None:
+        """Once connected, remember the answers of recent windows' requests from their tags in Kafka, then accept."""
+        delay = 0.5
+        while True:
+            while not self.forwarder.connected:
+                await asyncio.sleep(0.05)
+            window = math.floor(self.clock()) // self.window_s
+            since_ms = ((window - KEEP_WINDOWS) * self.window_s - 60) * 1000  # a minute for clocks apart
+            try:
+                found = await recover_tags(
+                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms
+                )
+            except Exception as err:  # Kafka unreachable meanwhile: not ready, retried
+                detail = f"reading back idempotency keys: {type(err).__name__}: {err}"
+                log.warning("gateway: %s; retrying", detail)
+                self.forwarder.hold("recovering", detail)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            for tag, n, w in found:
+                self.idempotency.restore(tag, w, Answer(202, {"accepted": n, "window_start": w * self.window_s}))
+            log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
+            self.forwarder.unhold()
+            return
 
     async def _on_shutdown(self, _: web.Application) -> None:
         # before aiohttp waits for open requests: refuse new reports, flush and settle the accepted ones
         await self.forwarder.drain()
 
     async def _on_cleanup(self, _: web.Application) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
         await self.forwarder.stop()
 
     # -------------------------------------------------------------------------------------- refusals
@@ -209,15 +244,17 @@ class Gateway:
 
         now = self.clock()
         window = math.floor(now) // self.window_s
+        tag = None
         if key is not None:
-            previous = await self.idempotency.previous(device, key, window)
+            tag = self.keys.idempotency_tag(device, key)
+            previous = await self.idempotency.previous(tag, window)
             if previous is not None:
                 self.metrics.request(previous.status, "replayed")
                 return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
-            self.idempotency.begin(device, key, window)
-        answer = await self._forward(device, message, n, now, window)
-        if key is not None:
-            self.idempotency.finish(device, key, answer if answer.status == 202 else None)
+            self.idempotency.begin(tag, window)
+        answer = await self._forward(device, message, n, now, window, tag)
+        if tag is not None:
+            self.idempotency.finish(tag, answer if answer.status == 202 else None)
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
@@ -226,7 +263,9 @@ class Gateway:
             answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
         )
 
-    async def _forward(self, device: str, message: Report | ReportBatch, n: int, now: float, window: int) -> Answer:
+    async def _forward(
+        self, device: str, message: Report | ReportBatch, n: int, now: float, window: int, tag: bytes | None
+    ) -> Answer:
         metric = message.metric
         client_time = math.floor(now)
         pseudonym = self.keys.pseudonym(device, metric, window)
@@ -249,7 +288,8 @@ class Gateway:
             detail = f"the spec allows {self._bound(metric, refused)} per device and window"
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
         try:
-            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports)
+            headers = [tag_header(tag, n, window)] if tag is not None else None
+            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports, headers)
         except ForwardError as err:
             self.quota.release(device, metric, window, n, keys)
             self.metrics.reports(metric, "refused", n)

@@ -16,11 +16,15 @@ import yaml
 
 from agents.topics import WorkerTopics, ensure_topics
 from gateway.forwarder import Forwarder, ForwarderSettings
+from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings
+from ptel.kafka_broker import free_port
 from schemas.spec import CollectionSpec
+from schemas.wire import RegressionPayload, Report, encode_report
 from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start
 from tests.integration.gateway_support import (
     ROOT,
+    GatewayProcess,
     post,
     privatized_bodies,
     read_reports,
@@ -30,6 +34,16 @@ from tests.integration.gateway_support import (
 
 #: Every metric of the demo spec (every kind: bool, categorical, categorical bins, RAPPOR, keyed, regression).
 DEMO_METRICS: list[dict[str, Any]] = yaml.safe_load((ROOT / "examples" / "demo-spec.yaml").read_text())["metrics"]
+
+
+LATENCY: dict[str, Any] = {
+    "name": "latency",
+    "kind": "regression",
+    "x_bounds": [-3, 3],
+    "y_bounds": [-10, 10],
+    "scale": 1.0,
+    "candidates": 21,
+}
 
 
 def demo_spec(tmp: Path, *, partitions: int, size_s: int) -> CollectionSpec:
@@ -164,3 +178,59 @@ async def test_a_stop_ends_within_its_deadline_when_kafka_does_not_acknowledge(
     assert took < 1.5 + 2.0, f"the stop took {took:.1f} s with a deadline of 1.5 s"
     assert [(s, b["reason"]) for s, b, _ in answers] == [(503, "shutting_down")] * 4
     assert "Idempotency-Key" in answers[0][1]["detail"]
+
+
+async def test_a_retry_after_the_gateway_was_killed_is_not_counted_twice(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """reports_per_window 50: a device sends 60 requests with Idempotency-Keys, the gateway is killed with SIGKILL
+    mid-stream, a new gateway process starts, and the device retries every request (answered or not) with its key:
+    every request's report is in Kafka exactly once (on 96f2fc1 the answered ones were forwarded again)."""
+    metrics = [{**LATENCY, "reports_per_window": 50}, {**LATENCY, "name": "other", "reports_per_window": 50}]
+    spec, spec_path = make_spec(tmp_path, metrics, partitions=3, size_s=120, retention_s=7200)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    keys = GatewayKeys.generate()
+    keys_path = tmp_path / "gateway.keys"
+    keys.save(keys_path)
+    port = free_port()
+    headers = {"Authorization": f"Bearer {keys.issue('phone-1')}", "Content-Type": "application/octet-stream"}
+    requests = [
+        (f"key-{i}", encode_report(Report(m, spec.metric(m).fingerprint, 1, 1, RegressionPayload(float(i), 0.0))))
+        for i, m in enumerate(["latency", "other"] * 30)
+    ]
+    answered: dict[str, int] = {}
+
+    async def send(session: aiohttp.ClientSession, key: str, body: bytes) -> tuple[int, bool]:
+        async with session.post(
+            f"http://127.0.0.1:{port}/v1/reports", data=body, headers={**headers, "Idempotency-Key": key}
+        ) as r:
+            return r.status, r.headers.get("Idempotent-Replayed") == "true"
+
+    first = GatewayProcess(spec_path, kafka_bootstrap, keys_path, port, tmp_path / "gateway-1.log")
+    await first.start()
+    async with aiohttp.ClientSession() as session:
+
+        async def lane(lane_requests: list[tuple[str, bytes]]) -> None:
+            for key, body in lane_requests:
+                try:
+                    answered[key] = (await send(session, key, body))[0]
+                except aiohttp.ClientError:
+                    return  # the gateway died
+
+        lanes = [asyncio.create_task(lane(requests[j::4])) for j in range(4)]
+        while len(answered) < 20:
+            await asyncio.sleep(0.005)
+        first.kill9()
+        assert await first.wait() == -9
+        await asyncio.gather(*lanes)
+        assert 20 <= len(answered) < len(requests) and set(answered.values()) == {202}
+        second = GatewayProcess(spec_path, kafka_bootstrap, keys_path, port, tmp_path / "gateway-2.log")
+        await second.start()
+        try:
+            retries = {key: await send(session, key, body) for key, body in requests}
+        finally:
+            second.terminate()
+            await second.wait()
+    assert {status for status, _ in retries.values()} == {202}
+    assert all(retries[key][1] for key in answered), "a request answered before the kill was forwarded again"
+    reports = await read_reports(kafka_bootstrap, spec.topics.reports, 3)
+    xs = Counter(r.payload.x for r in reports if isinstance(r.payload, RegressionPayload))
+    assert xs == Counter(float(i) for i in range(len(requests))), {x: c for x, c in xs.items() if c != 1}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gateway.device_quota import DeviceQuota
 from gateway.errors import GatewayKeyError, GatewaySettingError
 from gateway.forwarder import ForwarderSettings
-from gateway.idempotency import Answer, IdempotencyCache
+from gateway.idempotency import Answer, IdempotencyCache, parse_tag_header, tag_header
 from gateway.keys import GatewayKeys, check_device_id
 from gateway.openapi import REFUSAL_REASONS, openapi_text
 from gateway.server import Gateway, GatewaySettings
@@ -147,18 +147,25 @@ def test_the_quota_holds_each_device_to_the_spec_bounds() -> None:
 
 async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_failures() -> None:
     cache = IdempotencyCache()
-    assert await cache.previous("d", "k", 1) is None
-    cache.begin("d", "k", 1)
-    waiting = asyncio.create_task(cache.previous("d", "k", 1))
+    assert await cache.previous(b"k", 1) is None
+    cache.begin(b"k", 1)
+    waiting = asyncio.create_task(cache.previous(b"k", 1))
     await asyncio.sleep(0)
     assert not waiting.done()  # the first attempt is still in flight
-    cache.finish("d", "k", Answer(202, {"accepted": 1}))
+    cache.finish(b"k", Answer(202, {"accepted": 1}))
     assert (await waiting) == Answer(202, {"accepted": 1})
-    assert await cache.previous("d", "k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
-    assert await cache.previous("d", "k", 3) is None  # two windows later it is forgotten
-    cache.begin("d", "x", 3)
-    cache.finish("d", "x", None)  # failed: a retry is forwarded
-    assert await cache.previous("d", "x", 3) is None
+    assert await cache.previous(b"k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
+    assert await cache.previous(b"k", 3) is None  # two windows later it is forgotten
+    cache.begin(b"x", 3)
+    cache.finish(b"x", None)  # failed: a retry is forwarded
+    assert await cache.previous(b"x", 3) is None
+    cache.restore(b"r", 3, Answer(202, {"accepted": 2}))  # read back from Kafka after a restart
+    assert await cache.previous(b"r", 4) == Answer(202, {"accepted": 2})
+    cache.restore(b"old", 1, Answer(202, {"accepted": 1}))  # older than the windows kept: not restored
+    assert await cache.previous(b"old", 4) is None
+    tag = bytes(range(16))
+    assert parse_tag_header(tag_header(tag, 7, 2**40)[1]) == (tag, 7, 2**40)
+    assert parse_tag_header(b"short") is None
 
 
 # ------------------------------------------------------------------------------------------------ settings
