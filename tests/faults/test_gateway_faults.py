@@ -32,21 +32,11 @@ from schemas.spec import CollectionSpec
 from schemas.wire import RegressionPayload, Report, encode_report
 from tests.faults.harness import Broker
 from tests.integration.agents_support import make_spec
-from tests.integration.gateway_support import GatewayProcess, read_reports, served_gateway
+from tests.integration.gateway_support import LATENCY_METRIC, GatewayProcess, read_reports, served_gateway
 
 pytestmark = pytest.mark.faults
 
-METRICS = [
-    {
-        "name": "latency",
-        "kind": "regression",
-        "x_bounds": [-3, 3],
-        "y_bounds": [-10, 10],
-        "scale": 1.0,
-        "candidates": 21,
-        "reports_per_window": 100_000,
-    }
-]
+METRICS = [{**LATENCY_METRIC, "reports_per_window": 100_000}]
 DEVICES = 16
 
 

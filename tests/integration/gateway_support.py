@@ -39,6 +39,16 @@ from tests.integration.agents_support import delete_worker_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: A regression metric whose reports carry a free payload (x), so a topic can be checked report by report.
+LATENCY_METRIC: dict[str, Any] = {
+    "name": "latency",
+    "kind": "regression",
+    "x_bounds": [-3, 3],
+    "y_bounds": [-10, 10],
+    "scale": 1.0,
+    "candidates": 21,
+}
+
 
 @dataclass
 class Served:

@@ -23,6 +23,7 @@ from schemas.spec import CollectionSpec
 from schemas.wire import RegressionPayload, Report, encode_report
 from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start
 from tests.integration.gateway_support import (
+    LATENCY_METRIC,
     ROOT,
     GatewayProcess,
     post,
@@ -34,16 +35,6 @@ from tests.integration.gateway_support import (
 
 #: Every metric of the demo spec (every kind: bool, categorical, categorical bins, RAPPOR, keyed, regression).
 DEMO_METRICS: list[dict[str, Any]] = yaml.safe_load((ROOT / "examples" / "demo-spec.yaml").read_text())["metrics"]
-
-
-LATENCY: dict[str, Any] = {
-    "name": "latency",
-    "kind": "regression",
-    "x_bounds": [-3, 3],
-    "y_bounds": [-10, 10],
-    "scale": 1.0,
-    "candidates": 21,
-}
 
 
 def demo_spec(tmp: Path, *, partitions: int, size_s: int) -> CollectionSpec:
@@ -184,7 +175,10 @@ async def test_a_retry_after_the_gateway_was_killed_is_not_counted_twice(kafka_b
     """reports_per_window 50: a device sends 60 requests with Idempotency-Keys, the gateway is killed with SIGKILL
     mid-stream, a new gateway process starts, and the device retries every request (answered or not) with its key:
     every request's report is in Kafka exactly once (on 96f2fc1 the answered ones were forwarded again)."""
-    metrics = [{**LATENCY, "reports_per_window": 50}, {**LATENCY, "name": "other", "reports_per_window": 50}]
+    metrics = [
+        {**LATENCY_METRIC, "reports_per_window": 50},
+        {**LATENCY_METRIC, "name": "other", "reports_per_window": 50},
+    ]
     spec, spec_path = make_spec(tmp_path, metrics, partitions=3, size_s=120, retention_s=7200)
     await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
     keys = GatewayKeys.generate()
