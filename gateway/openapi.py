@@ -119,14 +119,8 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Readiness: connected to Kafka, not stalled, backlog not full, not shutting down",
                     "responses": {
                         "200": {"description": "Ready."},
-                        "503": {"description": "Not ready; the body says why."},
+                        "503": {"description": "Not ready; `reason` says why (the cause: the operator listener)."},
                     },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (ptel_gateway_*)",
-                    "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
                 }
             },
             "/openapi.json": {

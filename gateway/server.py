@@ -48,6 +48,7 @@ from gateway.idempotency_recovery import recover_tags
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
 from schemas.conformance import Rejection, Validator
+from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
 from schemas.wire import (
@@ -60,7 +61,7 @@ from schemas.wire import (
     decode,
 )
 
-__all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings"]
+__all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +136,28 @@ class Gateway:
     # -------------------------------------------------------------------------------------- app
 
     def app(self) -> web.Application:
-        """The aiohttp application (routes; the forwarder starts and drains with it)."""
+        """The device-facing aiohttp application: public routes only (:mod:`schemas.http_surface`); the forwarder
+        starts and drains with it."""
         app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/v1/reports", self.handle_reports)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/openapi.json", self.handle_openapi)
+        add_route(app, "POST", "/v1/reports", self.handle_reports, Surface.PUBLIC)
+        add_route(app, "GET", "/healthz", self.handle_healthz, Surface.PUBLIC)
+        add_route(app, "GET", "/readyz", self.handle_readyz, Surface.PUBLIC)
+        add_route(app, "GET", "/openapi.json", self.handle_openapi, Surface.PUBLIC)
+        check_surfaces(app, allowed={Surface.PUBLIC})
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    def operator_app(self, token: str | None = None) -> web.Application:
+        """The operator's aiohttp application, for a listener of its own (loopback by default): ``/metrics`` and
+        ``/readyz`` with the cause, behind :func:`~schemas.http_surface.operator_guard` (``token``: the operator's
+        bearer token; ``None``: loopback peers only)."""
+        app = web.Application(middlewares=[operator_guard(token)])
+        add_route(app, "GET", "/metrics", self.handle_metrics, Surface.OPERATOR)
+        add_route(app, "GET", "/readyz", self.handle_operator_readyz, Surface.OPERATOR)
+        add_route(app, "GET", "/healthz", self.handle_healthz, Surface.PUBLIC)
+        check_surfaces(app)
         return app
 
     async def _on_startup(self, _: web.Application) -> None:
@@ -311,6 +324,14 @@ class Gateway:
         return _answer(200, {"status": "ok"})
 
     async def handle_readyz(self, _: web.Request) -> web.Response:
+        """Readiness for load balancers: the reason, not the cause (Kafka's errors are the operator's)."""
+        refusal = self.forwarder.refusal()
+        if refusal is None:
+            return _answer(200, {"status": "ready"})
+        return _answer(503, {"status": "not_ready", "reason": refusal})
+
+    async def handle_operator_readyz(self, _: web.Request) -> web.Response:
+        """Readiness with its cause (``detail``: the error, the stalled message's age, the failed task)."""
         refusal = self.forwarder.refusal()
         if refusal is None:
             return _answer(200, {"status": "ready"})
@@ -336,6 +357,14 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
     await site.start()
+    return runner
+
+
+async def serve_operator(gateway: Gateway, host: str, port: int, *, token: str | None = None) -> web.AppRunner:
+    """Start the operator listener of ``gateway`` on ``host:port`` (:meth:`Gateway.operator_app`)."""
+    runner = web.AppRunner(gateway.operator_app(token), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
     return runner
 
 

@@ -28,7 +28,7 @@ from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from gateway.device_auth import DeviceAuthenticator
 from gateway.keys import GatewayKeys
-from gateway.server import Gateway, GatewaySettings, bound_port, serve
+from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.simulate import Population
@@ -55,6 +55,8 @@ class Served:
     gateway: Gateway
     url: str
     keys: GatewayKeys
+    #: The operator listener (loopback; ``/metrics``, ``/readyz`` with its cause).
+    operator_url: str = ""
 
 
 @contextlib.asynccontextmanager
@@ -67,11 +69,13 @@ async def served_gateway(
     authenticator: DeviceAuthenticator | None = None,
     ssl_context: ssl.SSLContext | None = None,
     ready_timeout_s: float = 30.0,
+    operator_token: str | None = None,
 ) -> AsyncIterator[Served]:
     """A gateway on a free loopback port, ready (connected to Kafka) before it is yielded; drained on exit."""
     keys = keys or GatewayKeys.generate()
     gateway = Gateway(spec, connection, keys, settings=settings, authenticator=authenticator)
     runner = await serve(gateway, "127.0.0.1", 0, ssl_context=ssl_context)
+    operator_runner = await serve_operator(gateway, "127.0.0.1", 0, token=operator_token)
     try:
         deadline = time.monotonic() + ready_timeout_s
         while gateway.forwarder.refusal() is not None:
@@ -79,9 +83,11 @@ async def served_gateway(
                 raise AssertionError(f"gateway not ready after {ready_timeout_s} s: {gateway.forwarder.last_error}")
             await asyncio.sleep(0.05)
         scheme = "https" if ssl_context is not None else "http"
-        yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys)
+        operator_url = f"http://127.0.0.1:{bound_port(operator_runner)}"
+        yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys, operator_url)
     finally:
         await runner.cleanup()
+        await operator_runner.cleanup()
 
 
 def privatized_reports(spec: CollectionSpec, metrics: list[str], *, seed: int) -> list[Report]:
@@ -196,7 +202,8 @@ class GatewayProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ptel.cli", "gateway", "--spec", str(self.spec_path), "--bootstrap", self.bootstrap,
-            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}", *self.extra,
+            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}", "--operator-listen", "127.0.0.1:0",
+            *self.extra,
             stdout=self.log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(ROOT),
         )  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s

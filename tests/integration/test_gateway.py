@@ -156,6 +156,8 @@ async def test_refusals_have_their_status_and_reason_are_counted_and_never_forwa
         for _, status, reason in cases:
             assert served.gateway.metrics.count(status, reason) >= 1
         async with session.get(f"{served.url}/metrics") as r:
+            assert r.status == 404  # operator data is not on the device-facing listener
+        async with session.get(f"{served.operator_url}/metrics") as r:
             text = await r.text()
         assert 'ptel_gateway_requests_total{reason="bad_token",status="401"} 2.0' in text
         assert served.gateway.forwarder.stats.reports == 0

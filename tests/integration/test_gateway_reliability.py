@@ -125,7 +125,7 @@ async def test_a_task_that_keeps_failing_makes_the_gateway_give_up_and_say_why(
             status, answer, _ = await post(session, served.url, body, token=served.keys.issue(f"d{i}"))
             assert (status, answer["reason"]) == (503, "internal_error")
         await asyncio.wait_for(served.gateway.forwarder.gave_up.wait(), 10)
-        async with session.get(f"{served.url}/readyz") as r:
+        async with session.get(f"{served.operator_url}/readyz") as r:
             ready = await r.json()
         assert r.status == 503 and ready["reason"] == "internal_error"
         assert "gateway-flush failed 2 times" in ready["detail"] and "flush keeps failing" in ready["detail"]

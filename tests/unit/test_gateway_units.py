@@ -7,11 +7,15 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import server as server_module
 from gateway.device_quota import DeviceQuota
 from gateway.errors import GatewayKeyError, GatewaySettingError
 from gateway.forwarder import ForwarderSettings
@@ -20,6 +24,7 @@ from gateway.keys import GatewayKeys, check_device_id
 from gateway.openapi import REFUSAL_REASONS, openapi_text
 from gateway.server import Gateway, GatewaySettings
 from producers.gateway_sink import GatewaySink
+from schemas.http_surface import Route, Surface, SurfaceError, route_surfaces
 from schemas.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +245,78 @@ def test_ptel_gateway_refuses_a_public_plain_listener_and_bad_options(
     os.chmod(keys, 0o644)
     assert main(base) == 2
     assert "chmod 600" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ HTTP surfaces
+
+DEVICE_ROUTES = {
+    Route("POST", "/v1/reports"): Surface.PUBLIC,
+    Route("GET", "/healthz"): Surface.PUBLIC,
+    Route("GET", "/readyz"): Surface.PUBLIC,
+    Route("GET", "/openapi.json"): Surface.PUBLIC,
+}
+OPERATOR_ROUTES = {
+    Route("GET", "/metrics"): Surface.OPERATOR,
+    Route("GET", "/readyz"): Surface.OPERATOR,
+    Route("GET", "/healthz"): Surface.PUBLIC,
+}
+
+
+def test_every_route_of_the_gateway_is_classified_and_the_device_listener_serves_public_routes_only() -> None:
+    """Every registered route of both applications, enumerated: a route added without a class fails the app's
+    construction (check_surfaces) and this table; an operator route on the device listener fails it too."""
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    assert route_surfaces(gateway.app()) == DEVICE_ROUTES
+    assert route_surfaces(gateway.operator_app()) == OPERATOR_ROUTES
+
+
+async def _debug(_: web.Request) -> web.Response:
+    return web.Response()
+
+
+def test_a_new_unclassified_or_operator_route_on_the_device_listener_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    real_add = getattr(server_module, "add_route")  # noqa: B009 (patched below)
+
+    def also_metrics(app: web.Application, method: str, path: str, handler: Any, surface: Surface) -> None:
+        real_add(app, method, path, handler, surface)
+        if path == "/v1/reports":  # the known-bad variant: /metrics back on the device listener
+            real_add(app, "GET", "/metrics", gateway.handle_metrics, Surface.OPERATOR)
+
+    monkeypatch.setattr(server_module, "add_route", also_metrics)
+    with pytest.raises(SurfaceError, match=r"GET /metrics \(operator\)"):
+        gateway.app()
+
+    def unclassified(app: web.Application, method: str, path: str, handler: Any, surface: Surface) -> None:
+        real_add(app, method, path, handler, surface)
+        if path == "/v1/reports":
+            app.router.add_get("/debug", _debug)  # a handler nobody classified
+
+    monkeypatch.setattr(server_module, "add_route", unclassified)
+    with pytest.raises(SurfaceError, match=r"unclassified HTTP route\(s\): GET /debug"):
+        gateway.app()
+
+
+async def test_operator_data_needs_the_operator_token_and_the_device_listener_has_none() -> None:
+    """Issue 22 finding 2: exact report counts (``ptel_gateway_reports_total``) were on the device listener without
+    authentication. Now the device listener has no /metrics and the operator's needs the token."""
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    gateway.metrics.reports("errors", "forwarded", 3)
+    async with TestClient(TestServer(gateway.operator_app("an-operator-token-0123"))) as operator:
+        assert (await operator.get("/metrics")).status == 401
+        assert (await operator.get("/readyz")).status == 401
+        ok = await operator.get("/metrics", headers={"Authorization": "Bearer an-operator-token-0123"})
+        assert ok.status == 200 and 'ptel_gateway_reports_total{metric="errors",outcome="forwarded"} 3.0' in (
+            await ok.text()
+        )
+        assert (await operator.get("/healthz")).status == 200
+    device_app = web.Application()
+    for route in gateway.app().router.routes():  # the device routes, without the forwarder's lifecycle hooks
+        if route.method != "HEAD":
+            device_app.router.add_route(route.method, route.resource.canonical, route.handler)  # type: ignore[union-attr]
+    async with TestClient(TestServer(device_app)) as device:
+        assert (await device.get("/metrics")).status == 404
+        ready = await device.get("/readyz")
+        assert ready.status == 503 and set(await ready.json()) == {"status", "reason"}  # no cause for the public
