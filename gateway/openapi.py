@@ -21,7 +21,7 @@ REFUSAL_REASONS: dict[int, list[str]] = {
     401: sorted(AUTH_REASONS),
     413: ["body_too_large", "too_many_reports"],
     415: ["unsupported_media_type"],
-    422: sorted(CONFORMANCE_REASONS | {"mixed_partitions"}),
+    422: sorted(CONFORMANCE_REASONS),
     429: sorted(QUOTA_REASONS),
     503: sorted(FORWARD_REASONS),
 }

@@ -13,8 +13,7 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
 415    ``unsupported_media_type`` (not ``application/octet-stream``, ``application/vnd.ptel.report`` or
        ``application/json``)
 400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
-422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec), or
-       ``mixed_partitions`` (a device batch whose RAPPOR cohorts differ)
+422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
 202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s}``)
 =====  ===========================================================================================================
@@ -51,15 +50,7 @@ from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
-from schemas.wire import (
-    DEFAULT_SHARDS,
-    KeyedPayload,
-    RapporPayload,
-    Report,
-    ReportBatch,
-    WireError,
-    decode,
-)
+from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
@@ -286,13 +277,7 @@ class Gateway:
             reports = [message.restamped(pseudonym, client_time)]
         else:
             reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
-        first = reports[0].payload
-        if isinstance(first, RapporPayload):
-            shard = first.cohort
-            if any(r.payload.cohort != shard for r in reports if isinstance(r.payload, RapporPayload)):
-                return Answer(422, {"reason": "mixed_partitions", "detail": "one RAPPOR cohort per request"})
-        else:
-            shard = pseudonym % DEFAULT_SHARDS
+        shard = shard_of(reports[0])  # the one placement rule (every report of the request: one pseudonym)
         keys = [r.payload.key for r in reports if isinstance(r.payload, KeyedPayload)] or None
         refused = self.quota.reserve(device, metric, window, n, keys)
         if refused is not None:

@@ -14,13 +14,14 @@ import aiohttp
 import pytest
 import yaml
 
+from agents.placement import Placement
 from agents.topics import WorkerTopics, ensure_topics
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings
 from ptel.kafka_broker import free_port
-from schemas.spec import CollectionSpec
-from schemas.wire import RegressionPayload, Report, encode_report
+from schemas.spec import CollectionSpec, RapporMetric
+from schemas.wire import RapporPayload, RegressionPayload, Report, encode_report
 from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start
 from tests.integration.gateway_support import (
     LATENCY_METRIC,
@@ -228,3 +229,38 @@ async def test_a_retry_after_the_gateway_was_killed_is_not_counted_twice(kafka_b
     reports = await read_reports(kafka_bootstrap, spec.topics.reports, 3)
     xs = Counter(r.payload.x for r in reports if isinstance(r.payload, RegressionPayload))
     assert xs == Counter(float(i) for i in range(len(requests))), {x: c for x, c in xs.items() if c != 1}
+
+
+async def test_a_device_reporting_rappor_under_two_cohorts_through_two_gateways_is_counted_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 22 finding 10: with RAPPOR placed by cohort, a device that sent one report per cohort through two
+    gateways (two quotas) in one window had both counted (each cohort's partition bounded it separately). Placed by
+    pseudonym, both reports are on one partition: n = reports_per_window = 1, the other is over the bound."""
+    spec = demo_spec(tmp_path, partitions=4, size_s=8)
+    metric = spec.metric("homepage")
+    assert isinstance(metric, RapporMetric) and metric.reports_per_window == 1
+    placement = Placement(4)
+    by_cohort = {placement.partition_of("homepage", c): c for c in range(metric.m)}
+    assert len(by_cohort) >= 2, "every cohort on one partition: the test could not tell the rules apart"
+    cohorts = list(by_cohort.values())[:2]  # on two different partitions under the old rule
+    k = metric.bits
+    bodies = [
+        encode_report(Report("homepage", metric.fingerprint, 7, 0, RapporPayload(c, k, bytes((k + 7) // 8))))
+        for c in cohorts
+    ]
+    keys = GatewayKeys.generate()
+    async with running_worker(spec, kafka_bootstrap) as group:
+        async with (
+            served_gateway(spec, kafka_bootstrap, keys=keys) as a,
+            served_gateway(spec, kafka_bootstrap, keys=keys) as b,
+            aiohttp.ClientSession() as session,
+        ):
+            start_ms = await wait_for_window_start(spec.window.size_s)
+            token = keys.issue("hostile-phone")
+            answers = [await post(session, gw.url, body, token=token) for gw, body in zip((a, b), bodies, strict=True)]
+            assert [s for s, _, _ in answers] == [202, 202]  # each gateway's own quota admits one
+        n, over = await handed_over_counts(
+            kafka_bootstrap, WorkerTopics.for_spec(spec, group).partials, {("homepage", start_ms)}
+        )
+    assert (n[("homepage", start_ms)], over[("homepage", start_ms)]) == (1, 1)
