@@ -13,15 +13,19 @@ replica.
 
 Back-pressure instead of unbounded buffering (:meth:`Forwarder.refusal`, answered 503 with ``Retry-After``):
 
-- ``kafka_unavailable`` -- the producer is not connected yet, or the oldest unacknowledged message has waited
-  more than ``stall_after_s`` (the broker is down or slow); reports already handed over keep waiting for their
-  acknowledgement (aiokafka retries them for ``delivery_timeout_ms``), new ones are refused before being taken;
+- ``kafka_unavailable`` -- the producer is not connected yet, the last metadata probe (every
+  ``probe_interval_s``, with or without traffic) got no answer in ``probe_timeout_s``, or the oldest
+  unacknowledged message has waited more than ``stall_after_s`` (the broker is down or slow); reports already
+  handed over keep waiting for their acknowledgement (aiokafka retries them for ``delivery_timeout_ms``), new ones
+  are refused before being taken;
 - ``backlog_full`` -- ``max_pending_reports`` reports await their acknowledgement;
 - ``shutting_down`` -- :meth:`Forwarder.drain` has begun;
 - ``recovering`` -- the gateway holds new reports while it starts (:meth:`Forwarder.hold`: reading back the
   idempotency tags of recent windows, :mod:`gateway.idempotency_recovery`);
-- ``internal_error`` -- a background task of the forwarder failed more than ``max_task_restarts`` times within
-  ``task_restart_window_s`` (:attr:`Forwarder.failed` says why; ``ptel gateway`` then exits 1 for its supervisor).
+- ``internal_error`` -- Kafka refused the gateway's credentials or its TLS handshake failed (no retry can fix
+  that: :mod:`gateway.kafka_probe`), or a background task of the forwarder failed more than ``max_task_restarts``
+  times within ``task_restart_window_s`` (:attr:`Forwarder.failed` says why; ``ptel gateway`` then exits 1 for its
+  supervisor).
 
 A message that fails after aiokafka's retries fails its requests with :class:`~gateway.errors.ForwardError`
 (``delivery_failed``); the producer then starts again, so the gateway recovers by itself.
@@ -50,6 +54,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
 from gateway.errors import ForwardError, GatewaySettingError
+from gateway.kafka_probe import connection_problem, is_fatal
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.wire import Report, ReportBatch, encode_batch, partition_key
 
@@ -81,6 +86,9 @@ class ForwarderSettings:
     max_request_bytes: int = 8 << 20
     #: Longest a stop waits for Kafka's acknowledgements before answering the rest 503 (``shutting_down``).
     stop_timeout_s: float = 20.0
+    #: Seconds between metadata probes of the connected broker (readiness without traffic), and their timeout.
+    probe_interval_s: float = 2.0
+    probe_timeout_s: float = 5.0
     #: Restarts of one background task within ``task_restart_window_s`` before the forwarder gives up (``failed``).
     max_task_restarts: int = 5
     task_restart_window_s: float = 60.0
@@ -101,6 +109,9 @@ class ForwarderSettings:
             raise GatewaySettingError("stall_after_s", self.stall_after_s, "must be in [0.05, 3600] seconds")
         if not 0 <= self.stop_timeout_s <= 3600:
             raise GatewaySettingError("stop_timeout_s", self.stop_timeout_s, "must be in [0, 3600] seconds")
+        for name in ("probe_interval_s", "probe_timeout_s"):
+            if not 0.05 <= getattr(self, name) <= 3600:
+                raise GatewaySettingError(name, getattr(self, name), "must be in [0.05, 3600] seconds")
         if not 0.1 <= self.task_restart_window_s <= 86400:
             raise GatewaySettingError(
                 "task_restart_window_s", self.task_restart_window_s, "must be in [0.1, 86400] seconds"
@@ -170,6 +181,8 @@ class Forwarder:
         #: Set when :attr:`failed` is: the process should exit non-zero so that its supervisor restarts it.
         self.gave_up = asyncio.Event()
         self._hold: tuple[str, str] | None = None
+        #: Why the last metadata probe failed (``None``: it succeeded, or none ran yet).
+        self.unreachable: str | None = None
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -177,6 +190,7 @@ class Forwarder:
         """Start connecting (in the background, retried until it succeeds) and the batching loop."""
         self._spawn("gateway-connect", self._connect_loop)
         self._spawn("gateway-flush", self._flush_loop)
+        self._spawn("gateway-kafka-probe", self._probe_loop)
 
     def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         task = asyncio.create_task(self._supervise(name, body), name=name)
@@ -253,17 +267,46 @@ class Forwarder:
                 if self.partitions and len(partitions) != self.partitions:
                     self._partition_of.clear()
                 self.partitions = len(partitions)
-            except Exception as err:  # any failure to connect: retried with backoff, readiness stays false
-                self.last_error = f"{type(err).__name__}: {err}"
-                log.warning("gateway cannot reach Kafka at %s (%s); retrying", bootstrap_of(self.connection), err)
+            except Exception as err:  # a failure to connect: retried with backoff unless no retry can fix it
                 with contextlib.suppress(Exception):
                     await producer.stop()
+                problem = await connection_problem(self.connection)
+                if is_fatal(problem) or is_fatal(err):
+                    cause = problem if problem is not None else err
+                    self.failed = f"Kafka at {bootstrap_of(self.connection)}: {type(cause).__name__}: {cause}"
+                    log.critical("gateway: authentication or TLS failure, no retry can fix it: %s", self.failed)
+                    self.gave_up.set()
+                    return
+                shown = f"{err}" + (f" ({problem})" if problem is not None else "")
+                self.last_error = f"{type(err).__name__}: {shown}"
+                log.warning("gateway cannot reach Kafka at %s (%s); retrying", bootstrap_of(self.connection), shown)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             self._producer = producer
             self.last_error = ""
             log.info("gateway connected to Kafka at %s, topic %s", bootstrap_of(self.connection), self.topic)
+
+    async def _probe_loop(self) -> None:
+        """Readiness without traffic: a metadata request to the broker every ``probe_interval_s``."""
+        s = self.settings
+        while not self._closed:
+            await asyncio.sleep(s.probe_interval_s)
+            producer = self._producer
+            if producer is None:
+                self.unreachable = None  # the connect loop's own error says why
+                continue
+            try:
+                await asyncio.wait_for(producer.client.fetch_all_metadata(), timeout=s.probe_timeout_s)
+            except (TimeoutError, Exception) as err:
+                cause = "no answer" if isinstance(err, TimeoutError) else f"{type(err).__name__}: {err}"
+                if self.unreachable is None:
+                    log.warning("gateway: Kafka metadata probe failed (%s): not ready", cause)
+                self.unreachable = f"metadata probe of {bootstrap_of(self.connection)}: {cause}"
+                continue
+            if self.unreachable is not None:
+                log.info("gateway: Kafka answers metadata requests again: ready")
+            self.unreachable = None
 
     async def _reconnect(self, old: AIOKafkaProducer) -> None:
         with contextlib.suppress(Exception):
@@ -331,6 +374,8 @@ class Forwarder:
             return "kafka_unavailable"
         if self._hold is not None:
             return self._hold[0]
+        if self.unreachable is not None:
+            return "kafka_unavailable"
         if self.pending_reports >= self.settings.max_pending_reports:
             return "backlog_full"
         t = time.monotonic() if now is None else now
@@ -354,6 +399,8 @@ class Forwarder:
             return f"{self.pending_reports} reports await Kafka's acknowledgement (max_pending_reports)"
         if self._producer is None:
             return self.last_error or f"connecting to Kafka at {bootstrap_of(self.connection)}"
+        if self.unreachable is not None:
+            return self.unreachable
         oldest = next(iter(self._in_flight.values()), None)
         if oldest is not None:
             return f"the oldest unacknowledged message was sent {t - oldest[0]:.1f} s ago" + (

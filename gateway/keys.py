@@ -103,6 +103,10 @@ class GatewayKeys:
     def __repr__(self) -> str:
         return f"GatewayKeys(token_keys={[k.key_id for k in self.token_keys]}, pseudonym_key=<redacted>)"
 
+    def same_pseudonym_key(self, other: GatewayKeys) -> bool:
+        """Whether ``other`` has this pseudonym key (compared in constant time)."""
+        return hmac.compare_digest(self._pseudonym_key, other._pseudonym_key)
+
     # ---------------------------------------------------------------------------------------- tokens
 
     def issue(self, device_id: str) -> str:

@@ -40,7 +40,7 @@ from aiohttp import web
 
 from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthenticator
 from gateway.device_quota import DeviceQuota
-from gateway.errors import ForwardError, GatewaySettingError
+from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.idempotency import IDEMPOTENCY_KEY_MAX, KEEP_WINDOWS, Answer, IdempotencyCache, tag_header
 from gateway.idempotency_recovery import recover_tags
@@ -191,6 +191,17 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._recovery
         await self.forwarder.stop()
+
+    def reload_keys(self, keys: GatewayKeys) -> None:
+        """Verify tokens under ``keys`` from now on (:mod:`gateway.key_reload`); :class:`GatewayKeyError` if their
+        pseudonym key differs from the one in use (it never rotates: :mod:`gateway.keys`)."""
+        if not keys.same_pseudonym_key(self.keys):
+            raise GatewayKeyError(
+                "the pseudonym key differs from the one in use (it never rotates); restart to change it"
+            )
+        self.keys = keys
+        if isinstance(self.authenticator, TokenAuthenticator):
+            self.authenticator.keys = keys
 
     # -------------------------------------------------------------------------------------- refusals
 

@@ -19,6 +19,7 @@ from typing import Any
 from gateway.device_auth import ClientCertificateAuthenticator, DeviceAuthenticator, TokenAuthenticator
 from gateway.errors import GatewayError
 from gateway.forwarder import ForwarderSettings
+from gateway.key_reload import KeyFileWatcher
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
 from ptel.commands.options import (
@@ -43,6 +44,12 @@ def register(subparsers: Any) -> None:
     add_bootstrap_argument(p)
     p.add_argument("--keys", type=Path, required=True, help="gateway key file (ptel gateway-keys create FILE)")
     p.add_argument("--listen", default="127.0.0.1:8088", help="HOST:PORT to serve on (default 127.0.0.1:8088)")
+    p.add_argument(
+        "--keys-poll-s",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the key file for a change (it is also reloaded on SIGHUP; default 1)",
+    )
     p.add_argument(
         "--operator-listen",
         default="127.0.0.1:8089",
@@ -166,7 +173,8 @@ def run(args: Any) -> int:
     )
     gateway = Gateway(spec, connection, keys, authenticator=authenticator, settings=settings)
     operator = (operator_host, operator_port, operator_token)
-    return asyncio.run(_serve(gateway, spec, connection, host, port, context, operator))
+    watcher = KeyFileWatcher(args.keys, gateway.reload_keys, interval_s=max(0.05, args.keys_poll_s))
+    return asyncio.run(_serve(gateway, spec, connection, host, port, context, operator, watcher))
 
 
 async def _serve(
@@ -177,6 +185,7 @@ async def _serve(
     port: int,
     context: Any,
     operator: tuple[str, int, str | None],
+    watcher: KeyFileWatcher,
 ) -> int:
     runner = await serve(
         gateway, host, port, ssl_context=context, shutdown_timeout=gateway.settings.forwarder.stop_timeout_s + 5
@@ -196,10 +205,12 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, watcher.reload, "SIGHUP")
+    watching = asyncio.create_task(watcher.run(), name="gateway-key-file-watch")
     gave_up = asyncio.create_task(gateway.forwarder.gave_up.wait())
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({gave_up, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (gave_up, stopped):
+    for task in (gave_up, stopped, watching):
         task.cancel()
     failed = gateway.forwarder.failed
     if failed is not None:

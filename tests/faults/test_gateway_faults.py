@@ -222,3 +222,38 @@ async def test_sigterm_ends_within_the_stop_deadline_while_the_broker_is_paused(
     xs = sorted(r.payload.x for r in reports if isinstance(r.payload, RegressionPayload))
     assert xs[:3] == [0.0, 1.0, 2.0]
     print(f"\nSIGTERM with a paused broker: exited {status} after {took:.2f} s (deadline 2 s); 5 waiting -> 503")
+
+
+async def test_readiness_follows_the_broker_without_traffic(own_broker: Broker, tmp_path: Path) -> None:
+    """Issue 25 item 4: no request is sent; the broker is paused: /readyz turns 503 kafka_unavailable within the
+    probe's interval and timeout (the operator's says "metadata probe"), and 200 again once the broker answers."""
+    spec, _ = make_spec(tmp_path, METRICS, partitions=3, size_s=60)
+    await ensure_topics(own_broker.bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    settings = GatewaySettings(forwarder=ForwarderSettings(probe_interval_s=0.5, probe_timeout_s=1.5))
+
+    async def ready(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, str]]:
+        async with session.get(f"{url}/readyz") as r:
+            return r.status, await r.json()
+
+    async def until(session: aiohttp.ClientSession, url: str, status: int, within_s: float) -> float:
+        started = time.monotonic()
+        while (await ready(session, url))[0] != status:
+            assert time.monotonic() - started < within_s, f"/readyz not {status} after {within_s} s"
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    async with (
+        served_gateway(spec, own_broker.bootstrap, settings=settings) as served,
+        aiohttp.ClientSession() as session,
+    ):
+        assert (await ready(session, served.url))[0] == 200
+        await asyncio.to_thread(own_broker.pause)
+        try:
+            went = await until(session, served.url, 503, 10.0)
+            status, body = await ready(session, served.operator_url)
+            assert status == 503 and body["reason"] == "kafka_unavailable" and "metadata probe" in body["detail"]
+        finally:
+            await asyncio.to_thread(own_broker.resume)
+        back = await until(session, served.url, 200, 30.0)
+        assert served.gateway.forwarder.stats.messages == 0  # no traffic at all
+    print(f"\nreadiness without traffic: 503 {went:.1f} s after the pause, 200 {back:.1f} s after the resume")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -264,3 +265,37 @@ async def test_a_device_reporting_rappor_under_two_cohorts_through_two_gateways_
             kafka_bootstrap, WorkerTopics.for_spec(spec, group).partials, {("homepage", start_ms)}
         )
     assert (n[("homepage", start_ms)], over[("homepage", start_ms)]) == (1, 1)
+
+
+async def test_sighup_reloads_the_key_file_of_a_running_gateway(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 25 item 4: ``gateway-keys rotate`` while ``ptel gateway`` runs (polling off): a token under the new key is
+    refused (401 unknown_key) until SIGHUP, accepted after it."""
+    spec, spec_path = make_spec(tmp_path, [{**LATENCY_METRIC, "reports_per_window": 5}], partitions=1, size_s=60)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    keys = GatewayKeys.generate()
+    keys_path = tmp_path / "gateway.keys"
+    keys.save(keys_path)
+    process = GatewayProcess(
+        spec_path, kafka_bootstrap, keys_path, free_port(), tmp_path / "gateway.log", extra=["--keys-poll-s", "3600"]
+    )
+    await process.start()
+    url = f"http://127.0.0.1:{process.port}"
+    body = privatized_bodies(spec, ["latency"], seed=6)[0]
+    try:
+        async with aiohttp.ClientSession() as session:
+            rotated = keys.rotated()
+            rotated.save(keys_path)
+            token = rotated.issue("phone-9")
+            status, answer, _ = await post(session, url, body, token=token)
+            assert (status, answer["reason"]) == (401, "unknown_key")
+            process.proc.send_signal(signal.SIGHUP)
+            for _ in range(50):
+                status, answer, _ = await post(session, url, body, token=token)
+                if status == 202:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 202, answer
+            assert (await post(session, url, body, token=keys.issue("phone-8")))[0] == 202  # the previous key too
+    finally:
+        process.terminate()
+        assert await process.wait() == 0

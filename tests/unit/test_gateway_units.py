@@ -20,6 +20,7 @@ from gateway.device_quota import DeviceQuota
 from gateway.errors import GatewayKeyError, GatewaySettingError
 from gateway.forwarder import ForwarderSettings
 from gateway.idempotency import Answer, IdempotencyCache, parse_tag_header, tag_header
+from gateway.key_reload import KeyFileWatcher
 from gateway.keys import GatewayKeys, check_device_id
 from gateway.openapi import REFUSAL_REASONS, openapi_text
 from gateway.server import Gateway, GatewaySettings
@@ -320,3 +321,35 @@ async def test_operator_data_needs_the_operator_token_and_the_device_listener_ha
         assert (await device.get("/metrics")).status == 404
         ready = await device.get("/readyz")
         assert ready.status == 503 and set(await ready.json()) == {"status", "reason"}  # no cause for the public
+
+
+# ------------------------------------------------------------------------------------------------ key reload
+
+
+async def test_a_rotated_key_file_is_picked_up_and_a_foreign_or_unsafe_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.keys"
+    keys = GatewayKeys.generate()
+    keys.save(path)
+    gateway = Gateway(SPEC, "127.0.0.1:1", keys)
+    watcher = KeyFileWatcher(path, gateway.reload_keys, interval_s=0.05)
+    task = asyncio.create_task(watcher.run())
+    try:
+        rotated = keys.rotated()
+        rotated.save(path)  # what `ptel gateway-keys rotate` does
+        new_token = rotated.issue("phone-1")
+        assert gateway.keys.verify(new_token) == (None, "unknown_key")
+        for _ in range(100):
+            if watcher.reloads:
+                break
+            await asyncio.sleep(0.02)
+        assert watcher.reloads == 1 and gateway.keys.verify(new_token) == ("phone-1", "")
+        assert gateway.authenticator.keys is gateway.keys  # type: ignore[attr-defined]
+        GatewayKeys.generate().save(path)  # another deployment's pseudonym key: refused, the keys in use stay
+        assert not watcher.reload("test") and gateway.keys.verify(new_token) == ("phone-1", "")
+        rotated.rotated().save(path)
+        path.chmod(0o644)
+        assert not watcher.reload("test")  # unsafe permissions: refused
+        path.chmod(0o600)
+        assert watcher.reload("SIGHUP") and watcher.reloads == 2
+    finally:
+        task.cancel()
