@@ -3,6 +3,7 @@
 #                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
+#   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2)
 #   make lint   -- ruff check + mypy
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
@@ -14,7 +15,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test lint bench broker-start broker-stop clean
+.PHONY: setup browser demo test test-e2e-long lint bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@$(BIN)/ptel broker fetch
@@ -46,6 +47,9 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+test-e2e-long: setup
+	PTEL_E2E_SEEDS=$$(seq -s, 1 20) $(BIN)/pytest tests/integration/test_randomized_e2e.py
 
 lint: setup
 	$(BIN)/ruff check .
