@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from schemas.errors import SchemaError
+
 __all__ = [
     "OPERATOR_TOKEN_ENV",
     "Route",
@@ -60,8 +62,8 @@ class Surface(enum.Enum):
     OPERATOR = "operator"
 
 
-class SurfaceError(ValueError):
-    """A route is unclassified, or classified as a surface its application may not serve."""
+class SurfaceError(SchemaError):
+    """A route is unclassified, or classified as a surface its application may not serve (a ``ValueError``)."""
 
 
 @dataclass(frozen=True, order=True)

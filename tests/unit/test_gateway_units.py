@@ -3,6 +3,7 @@ the idempotency cache, settings validation, and the OpenAPI document (in sync wi
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -25,6 +26,7 @@ from gateway.keys import GatewayKeys, check_device_id
 from gateway.openapi import REFUSAL_REASONS, openapi_text
 from gateway.server import Gateway, GatewaySettings
 from producers.gateway_sink import GatewaySink
+from ptel.commands.gateway import _operator_token
 from schemas.http_surface import Route, Surface, SurfaceError, route_surfaces
 from schemas.spec import parse_spec
 
@@ -353,3 +355,22 @@ async def test_a_rotated_key_file_is_picked_up_and_a_foreign_or_unsafe_one_refus
         assert watcher.reload("SIGHUP") and watcher.reloads == 2
     finally:
         task.cancel()
+
+
+def test_a_non_loopback_operator_listener_needs_a_private_token_file(tmp_path: Path) -> None:
+    def args(listen: str, token_file: Path | None) -> argparse.Namespace:
+        return argparse.Namespace(operator_listen=listen, operator_token_file=token_file)
+
+    assert _operator_token(args("127.0.0.1:8089", None)) is None  # loopback: loopback peers only
+    with pytest.raises(ValueError, match="not loopback: give --operator-token-file"):
+        _operator_token(args("0.0.0.0:8089", None))
+    token = tmp_path / "operator.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        _operator_token(args("0.0.0.0:8089", token))
+    token.chmod(0o600)
+    assert _operator_token(args("0.0.0.0:8089", token)) == "t" * 32
+    token.write_text("short")
+    with pytest.raises(ValueError, match="at least 16"):
+        _operator_token(args("10.0.0.5:8089", token))
