@@ -3,6 +3,7 @@
 #                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
+#   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2)
 #   make lint   -- ruff check + mypy
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
@@ -15,7 +16,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test lint audit bench broker-start broker-stop clean
+.PHONY: setup browser demo test test-e2e-long lint audit bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
@@ -57,6 +58,9 @@ test: setup
 
 audit: setup
 	PTEL_AUDIT_SCALE=10 $(BIN)/pytest -s tests/unit/test_privacy_audit.py
+
+test-e2e-long: setup
+	PTEL_E2E_SEEDS=$$(seq -s, 1 20) $(BIN)/pytest tests/integration/test_randomized_e2e.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -4,7 +4,7 @@ Contribution bounds are applied here, before counting, in record order (determin
 partition log): at most ``reports_per_window`` reports per client pseudonym and window and, for keyed
 metrics, at most ``keys_per_window`` distinct keys with one report per key (Δ0, Δ∞ = 1), and at most
 ``key_capacity`` distinct keys per (window, partition) partial (its state record stays bounded). The wire
-schema routes every report of one pseudonym (or RAPPOR cohort) in a window to one partition, so
+schema routes every report of one pseudonym in a window to one partition (RAPPOR too), so
 the partition-local bound is the global bound. A bound per pseudonym is a bound per device because stage 1
 admits only reports whose pseudonym window ``client_time // size_s`` is their broker window (the others are
 dead-lettered as ``window_mismatch``): one pseudonym per device and release window.

@@ -2,13 +2,13 @@
 
 The contribution bounds (``reports_per_window`` per pseudonym, ``keys_per_window``) are counted per source
 partition, which is exact only if every report of one pseudonym reaches the same partition. Producers key each
-message by ``partition_key(metric, shard)`` (:mod:`schemas.wire`: the RAPPOR cohort, else ``pseudonym mod 64``) and
+message by ``partition_key(metric, shard)`` (:mod:`schemas.wire`: ``pseudonym mod 64``, every kind) and
 Kafka's default partitioner places the key at ``(murmur2(key) & 0x7fffffff) mod P``. A relay without idempotence
 that resends a report, a client that sends with no key (NULL keys go round-robin) or a hand-picked partition would
 put copies of one report on several partitions, and each partition would count it within its own bound.
 
 So stage 1 checks every report against the partition it *must* be on -- a function of the report alone (its
-metric and pseudonym, or RAPPOR cohort), never of the message key a sender chose -- and dead-letters it as
+metric and pseudonym), never of the message key a sender chose -- and dead-letters it as
 ``wrong_partition`` anywhere else: the same report sent to partitions 0, 1 and 2 is counted once. Duplicates on the
 *right* partition (a producer retry without idempotence) are held to the pseudonym's bound like any other report.
 """

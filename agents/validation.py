@@ -44,7 +44,7 @@ SPEC_REASONS = CONFORMANCE_REASONS | frozenset(
         "window_mismatch",  # client_time // size_s is not the broker window: another pseudonym window (stage 1)
         "spec_changed",  # its open window was counted under another shape of the metric (spec edited; stage 1)
         "key_capacity",  # keyed: a key new to a (window, partition) partial already holding its max keys (stage 1)
-        "wrong_partition",  # its pseudonym (RAPPOR: cohort) belongs to another source partition (stage 1)
+        "wrong_partition",  # its pseudonym belongs to another source partition (stage 1)
     }
 )
 #: ... plus the worker's broker-timestamp checks, made before stage 1 (`agents.watermarks.TIMESTAMP_REASONS`).

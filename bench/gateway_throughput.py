@@ -257,6 +257,7 @@ async def run(args: Any, bootstrap: str) -> dict[str, Any]:
     bare = _start([sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(bare_port)], tmp / "bare.log")
     command = [sys.executable, "-m", "ptel.cli", "gateway", "--spec", str(spec_path), "--bootstrap", bootstrap]
     command += ["--keys", str(keys_path), "--listen", f"127.0.0.1:{gateway_port}", "--log-level", "WARNING"]
+    command += ["--operator-listen", "127.0.0.1:0"]
     gateway = _start(command, tmp / "gateway.log")
     out: dict[str, Any] = {}
     try:

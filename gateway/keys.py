@@ -53,6 +53,7 @@ _DEVICE_ID = re.compile(DEVICE_ID_PATTERN)
 _KEY_ID = re.compile(r"[a-z0-9]{1,16}")
 _TOKEN_CONTEXT = b"ptel-device-token/v1\x00"
 _PERSON_PSEUDONYM = b"ptel-gw-pseud1"
+_PERSON_IDEMPOTENCY = b"ptel-gw-idem1"
 
 
 def check_device_id(device_id: str) -> str:
@@ -102,6 +103,10 @@ class GatewayKeys:
     def __repr__(self) -> str:
         return f"GatewayKeys(token_keys={[k.key_id for k in self.token_keys]}, pseudonym_key=<redacted>)"
 
+    def same_pseudonym_key(self, other: GatewayKeys) -> bool:
+        """Whether ``other`` has this pseudonym key (compared in constant time)."""
+        return hmac.compare_digest(self._pseudonym_key, other._pseudonym_key)
+
     # ---------------------------------------------------------------------------------------- tokens
 
     def issue(self, device_id: str) -> str:
@@ -135,6 +140,15 @@ class GatewayKeys:
         msg = len(d).to_bytes(4, "big") + d + len(m).to_bytes(4, "big") + m + window.to_bytes(8, "big")
         mac = hashlib.blake2b(msg, key=self._pseudonym_key, digest_size=8, person=_PERSON_PSEUDONYM).digest()
         return int.from_bytes(mac, "big")
+
+    def idempotency_tag(self, device_id: str, key: str) -> bytes:
+        """The 16-byte tag of ``device_id``'s ``Idempotency-Key`` ``key``: BLAKE2b-128(key = pseudonym key,
+        person = "ptel-gw-idem1", len(d) || d || len(key) || key) -- a PRF (RFC 7693, section 2.9) like the
+        pseudonym, so the tags the reports topic carries (:mod:`gateway.idempotency`) name no device to whoever
+        lacks the key, and every gateway of a deployment derives the same tag."""
+        d, k = device_id.encode("utf-8"), key.encode("utf-8")
+        msg = len(d).to_bytes(4, "big") + d + len(k).to_bytes(4, "big") + k
+        return hashlib.blake2b(msg, key=self._pseudonym_key, digest_size=16, person=_PERSON_IDEMPOTENCY).digest()
 
     # ---------------------------------------------------------------------------------------- files
 

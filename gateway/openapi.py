@@ -21,7 +21,7 @@ REFUSAL_REASONS: dict[int, list[str]] = {
     401: sorted(AUTH_REASONS),
     413: ["body_too_large", "too_many_reports"],
     415: ["unsupported_media_type"],
-    422: sorted(CONFORMANCE_REASONS | {"mixed_partitions"}),
+    422: sorted(CONFORMANCE_REASONS),
     429: sorted(QUOTA_REASONS),
     503: sorted(FORWARD_REASONS),
 }
@@ -119,14 +119,8 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Readiness: connected to Kafka, not stalled, backlog not full, not shutting down",
                     "responses": {
                         "200": {"description": "Ready."},
-                        "503": {"description": "Not ready; the body says why."},
+                        "503": {"description": "Not ready; `reason` says why (the cause: the operator listener)."},
                     },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (ptel_gateway_*)",
-                    "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
                 }
             },
             "/openapi.json": {

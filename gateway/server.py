@@ -13,8 +13,7 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
 415    ``unsupported_media_type`` (not ``application/octet-stream``, ``application/vnd.ptel.report`` or
        ``application/json``)
 400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
-422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec), or
-       ``mixed_partitions`` (a device batch whose RAPPOR cohorts differ)
+422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
 202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s}``)
 =====  ===========================================================================================================
@@ -27,6 +26,8 @@ forwarded as it came: the raw value never reaches the gateway.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -39,25 +40,19 @@ from aiohttp import web
 
 from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthenticator
 from gateway.device_quota import DeviceQuota
-from gateway.errors import ForwardError, GatewaySettingError
+from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
-from gateway.idempotency import IDEMPOTENCY_KEY_MAX, Answer, IdempotencyCache
+from gateway.idempotency import IDEMPOTENCY_KEY_MAX, KEEP_WINDOWS, Answer, IdempotencyCache, tag_header
+from gateway.idempotency_recovery import recover_tags
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
 from schemas.conformance import Rejection, Validator
+from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
-from schemas.wire import (
-    DEFAULT_SHARDS,
-    KeyedPayload,
-    RapporPayload,
-    Report,
-    ReportBatch,
-    WireError,
-    decode,
-)
+from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
 
-__all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings"]
+__all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
 log = logging.getLogger(__name__)
 
@@ -127,31 +122,86 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         self.clock = clock
         self.window_s = spec.window.size_s
+        self._recovery: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------------------------- app
 
     def app(self) -> web.Application:
-        """The aiohttp application (routes; the forwarder starts and drains with it)."""
+        """The device-facing aiohttp application: public routes only (:mod:`schemas.http_surface`); the forwarder
+        starts and drains with it."""
         app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/v1/reports", self.handle_reports)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/openapi.json", self.handle_openapi)
+        add_route(app, "POST", "/v1/reports", self.handle_reports, Surface.PUBLIC)
+        add_route(app, "GET", "/healthz", self.handle_healthz, Surface.PUBLIC)
+        add_route(app, "GET", "/readyz", self.handle_readyz, Surface.PUBLIC)
+        add_route(app, "GET", "/openapi.json", self.handle_openapi, Surface.PUBLIC)
+        check_surfaces(app, allowed={Surface.PUBLIC})
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         return app
 
+    def operator_app(self, token: str | None = None) -> web.Application:
+        """The operator's aiohttp application, for a listener of its own (loopback by default): ``/metrics`` and
+        ``/readyz`` with the cause, behind :func:`~schemas.http_surface.operator_guard` (``token``: the operator's
+        bearer token; ``None``: loopback peers only)."""
+        app = web.Application(middlewares=[operator_guard(token)])
+        add_route(app, "GET", "/metrics", self.handle_metrics, Surface.OPERATOR)
+        add_route(app, "GET", "/readyz", self.handle_operator_readyz, Surface.OPERATOR)
+        add_route(app, "GET", "/healthz", self.handle_healthz, Surface.PUBLIC)
+        check_surfaces(app)
+        return app
+
     async def _on_startup(self, _: web.Application) -> None:
+        self.forwarder.hold("recovering", "reading back the idempotency keys of recent windows from Kafka")
         await self.forwarder.start()
+        self._recovery = asyncio.create_task(self._recover_idempotency(), name="gateway-idempotency-recovery")
+
+    async def _recover_idempotency(self) -> None:
+        """Once connected, remember the answers of recent windows' requests from their tags in Kafka, then accept."""
+        delay = 0.5
+        while True:
+            while not self.forwarder.connected:
+                await asyncio.sleep(0.05)
+            window = math.floor(self.clock()) // self.window_s
+            since_ms = ((window - KEEP_WINDOWS) * self.window_s - 60) * 1000  # a minute for clocks apart
+            try:
+                found = await recover_tags(
+                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms
+                )
+            except Exception as err:  # Kafka unreachable meanwhile: not ready, retried
+                detail = f"reading back idempotency keys: {type(err).__name__}: {err}"
+                log.warning("gateway: %s; retrying", detail)
+                self.forwarder.hold("recovering", detail)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            for tag, n, w in found:
+                self.idempotency.restore(tag, w, Answer(202, {"accepted": n, "window_start": w * self.window_s}))
+            log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
+            self.forwarder.unhold()
+            return
 
     async def _on_shutdown(self, _: web.Application) -> None:
         # before aiohttp waits for open requests: refuse new reports, flush and settle the accepted ones
         await self.forwarder.drain()
 
     async def _on_cleanup(self, _: web.Application) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
         await self.forwarder.stop()
+
+    def reload_keys(self, keys: GatewayKeys) -> None:
+        """Verify tokens under ``keys`` from now on (:mod:`gateway.key_reload`); :class:`GatewayKeyError` if their
+        pseudonym key differs from the one in use (it never rotates: :mod:`gateway.keys`)."""
+        if not keys.same_pseudonym_key(self.keys):
+            raise GatewayKeyError(
+                "the pseudonym key differs from the one in use (it never rotates); restart to change it"
+            )
+        self.keys = keys
+        if isinstance(self.authenticator, TokenAuthenticator):
+            self.authenticator.keys = keys
 
     # -------------------------------------------------------------------------------------- refusals
 
@@ -182,13 +232,11 @@ class Gateway:
         refusal = self.forwarder.refusal(started)
         if refusal is not None:
             return self._refuse(
-                503, refusal, self.forwarder.last_error or refusal, retry_after=self.settings.retry_after_s
+                503, refusal, self.forwarder.refusal_detail(refusal, started), retry_after=self.settings.retry_after_s
             )
         media_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
         if media_type not in MEDIA_TYPES:
-            return self._refuse(
-                415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}"
-            )
+            return self._refuse(415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}")
         key = request.headers.get("Idempotency-Key")
         if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
             return self._refuse(400, "bad_idempotency_key", f"at most {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
@@ -211,15 +259,17 @@ class Gateway:
 
         now = self.clock()
         window = math.floor(now) // self.window_s
+        tag = None
         if key is not None:
-            previous = await self.idempotency.previous(device, key, window)
+            tag = self.keys.idempotency_tag(device, key)
+            previous = await self.idempotency.previous(tag, window)
             if previous is not None:
                 self.metrics.request(previous.status, "replayed")
                 return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
-            self.idempotency.begin(device, key, window)
-        answer = await self._forward(device, message, n, now, window)
-        if key is not None:
-            self.idempotency.finish(device, key, answer if answer.status == 202 else None)
+            self.idempotency.begin(tag, window)
+        answer = await self._forward(device, message, n, now, window, tag)
+        if tag is not None:
+            self.idempotency.finish(tag, answer if answer.status == 202 else None)
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
@@ -228,7 +278,9 @@ class Gateway:
             answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
         )
 
-    async def _forward(self, device: str, message: Report | ReportBatch, n: int, now: float, window: int) -> Answer:
+    async def _forward(
+        self, device: str, message: Report | ReportBatch, n: int, now: float, window: int, tag: bytes | None
+    ) -> Answer:
         metric = message.metric
         client_time = math.floor(now)
         pseudonym = self.keys.pseudonym(device, metric, window)
@@ -236,13 +288,7 @@ class Gateway:
             reports = [message.restamped(pseudonym, client_time)]
         else:
             reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
-        first = reports[0].payload
-        if isinstance(first, RapporPayload):
-            shard = first.cohort
-            if any(r.payload.cohort != shard for r in reports if isinstance(r.payload, RapporPayload)):
-                return Answer(422, {"reason": "mixed_partitions", "detail": "one RAPPOR cohort per request"})
-        else:
-            shard = pseudonym % DEFAULT_SHARDS
+        shard = shard_of(reports[0])  # the one placement rule (every report of the request: one pseudonym)
         keys = [r.payload.key for r in reports if isinstance(r.payload, KeyedPayload)] or None
         refused = self.quota.reserve(device, metric, window, n, keys)
         if refused is not None:
@@ -251,7 +297,8 @@ class Gateway:
             detail = f"the spec allows {self._bound(metric, refused)} per device and window"
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
         try:
-            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports)
+            headers = [tag_header(tag, n, window)] if tag is not None else None
+            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports, headers)
         except ForwardError as err:
             self.quota.release(device, metric, window, n, keys)
             self.metrics.reports(metric, "refused", n)
@@ -273,10 +320,19 @@ class Gateway:
         return _answer(200, {"status": "ok"})
 
     async def handle_readyz(self, _: web.Request) -> web.Response:
+        """Readiness for load balancers: the reason, not the cause (Kafka's errors are the operator's)."""
         refusal = self.forwarder.refusal()
         if refusal is None:
             return _answer(200, {"status": "ready"})
-        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": self.forwarder.last_error})
+        return _answer(503, {"status": "not_ready", "reason": refusal})
+
+    async def handle_operator_readyz(self, _: web.Request) -> web.Response:
+        """Readiness with its cause (``detail``: the error, the stalled message's age, the failed task)."""
+        refusal = self.forwarder.refusal()
+        if refusal is None:
+            return _answer(200, {"status": "ready"})
+        detail = self.forwarder.refusal_detail(refusal)
+        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": detail})
 
     async def handle_metrics(self, _: web.Request) -> web.Response:
         text = self.metrics.text(lambda: self.forwarder.pending_reports, lambda: self.forwarder.connected)
@@ -297,6 +353,14 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
     await site.start()
+    return runner
+
+
+async def serve_operator(gateway: Gateway, host: str, port: int, *, token: str | None = None) -> web.AppRunner:
+    """Start the operator listener of ``gateway`` on ``host:port`` (:meth:`Gateway.operator_app`)."""
+    runner = web.AppRunner(gateway.operator_app(token), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
     return runner
 
 

@@ -4,7 +4,7 @@
 B > 0``: reports are grouped by partition key (metric and shard, see :func:`schemas.wire.shard_of`)
 and sent as columnar :class:`~schemas.wire.ReportBatch` messages of at most B reports (a gateway
 forwarding many devices). Either way the key is :func:`schemas.wire.partition_key`, so all reports of
-one pseudonym (or one RAPPOR cohort) land in one partition.
+one pseudonym land in one partition.
 
 The spec's contribution bounds are enforced before anything is published
 (:class:`~producers.contribution.ContributionLimiter`): local privacy loss is spent when a report leaves

@@ -32,7 +32,6 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
     kind = "rappor"
     partial_type = CohortCounts
     column_types: ClassVar[tuple[type, ...]] = (RapporColumns,)
-    shard_column = "cohorts"
 
     def shape(self, metric: RapporMetric) -> Shape:
         return Shape("rappor", cohorts=metric.m, bits=metric.bits)

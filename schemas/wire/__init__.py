@@ -28,9 +28,8 @@ reads both (JSON messages start with ``{``) and raises exactly one error type, :
 a machine-readable ``reason`` (one of :data:`WIRE_ERROR_REASONS`), for any input whatsoever.
 
 Partitioning: Kafka message key = :func:`partition_key` ``(metric, shard)`` where :func:`shard_of`
-is the RAPPOR cohort (cohorts spread over partitions, each cohort's counts in one partition) or the
-pseudonym modulo ``shards`` for the other kinds (all reports of one pseudonym in a window land in
-one partition, so contribution bounds are enforced partition-locally). A batch holds reports of one
+is the pseudonym modulo ``shards`` for every kind, RAPPOR included (all reports of one pseudonym in a window land
+in one partition, so contribution bounds are enforced partition-locally). A batch holds reports of one
 ``(metric, shard)`` only.
 
 Layout of the package (docs/architecture.md): :mod:`~schemas.wire.envelope` (header, version, :class:`Report`,

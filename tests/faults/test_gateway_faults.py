@@ -32,21 +32,11 @@ from schemas.spec import CollectionSpec
 from schemas.wire import RegressionPayload, Report, encode_report
 from tests.faults.harness import Broker
 from tests.integration.agents_support import make_spec
-from tests.integration.gateway_support import GatewayProcess, read_reports, served_gateway
+from tests.integration.gateway_support import LATENCY_METRIC, GatewayProcess, read_reports, served_gateway
 
 pytestmark = pytest.mark.faults
 
-METRICS = [
-    {
-        "name": "latency",
-        "kind": "regression",
-        "x_bounds": [-3, 3],
-        "y_bounds": [-10, 10],
-        "scale": 1.0,
-        "candidates": 21,
-        "reports_per_window": 100_000,
-    }
-]
+METRICS = [{**LATENCY_METRIC, "reports_per_window": 100_000}]
 DEVICES = 16
 
 
@@ -181,3 +171,89 @@ async def test_a_broker_stop_gives_503s_not_lost_or_duplicated_reports_and_recov
         f"\nbroker stop/start under the gateway: {len(log.accepted)} accepted (all in Kafka once), "
         f"{len(log.unavailable)} answered 503 (none in Kafka), statuses {dict(log.statuses)}"
     )
+
+
+async def test_sigterm_ends_within_the_stop_deadline_while_the_broker_is_paused(
+    own_broker: Broker, tmp_path: Path
+) -> None:
+    """``ptel gateway --stop-timeout-s 2`` with requests waiting on a paused broker: SIGTERM ends the process in
+    about 2 s with status 0; the waiting requests are answered 503 ``shutting_down``; every 202 is in Kafka."""
+    spec, spec_path = make_spec(tmp_path, METRICS, partitions=3, size_s=60)
+    await ensure_topics(own_broker.bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    keys = GatewayKeys.generate()
+    keys_path = tmp_path / "gateway.keys"
+    keys.save(keys_path)
+    process = GatewayProcess(
+        spec_path,
+        own_broker.bootstrap,
+        keys_path,
+        free_port(),
+        tmp_path / "gateway.log",
+        extra=["--stop-timeout-s", "2"],
+    )
+    await process.start()
+    url = f"http://127.0.0.1:{process.port}"
+    fp = spec.metric("latency").fingerprint
+    headers = {"Authorization": f"Bearer {keys.issue('d')}", "Content-Type": "application/octet-stream"}
+
+    async def one(session: aiohttp.ClientSession, x: float) -> int:
+        body = encode_report(Report("latency", fp, 1, 1, RegressionPayload(x, 0.0)))
+        async with session.post(f"{url}/v1/reports", data=body, headers=headers) as r:
+            return r.status
+
+    async with aiohttp.ClientSession() as session:
+        assert [await one(session, float(i)) for i in range(3)] == [202] * 3
+        await asyncio.to_thread(own_broker.pause)
+        try:
+            waiting = [asyncio.create_task(one(session, 100.0 + i)) for i in range(5)]
+            await asyncio.sleep(0.5)
+            assert not any(t.done() for t in waiting)
+            started = time.monotonic()
+            process.terminate()
+            status = await asyncio.wait_for(process.wait(), 30)
+            took = time.monotonic() - started
+            answers = await asyncio.gather(*waiting)
+        finally:
+            await asyncio.to_thread(own_broker.resume)
+    assert status == 0, process.log.read_text()[-2000:]
+    assert took < 2 + 4, f"SIGTERM took {took:.1f} s with --stop-timeout-s 2"
+    assert answers == [503] * 5
+    reports = await read_reports(own_broker.bootstrap, spec.topics.reports, 3, timeout_s=60)
+    xs = sorted(r.payload.x for r in reports if isinstance(r.payload, RegressionPayload))
+    assert xs[:3] == [0.0, 1.0, 2.0]
+    print(f"\nSIGTERM with a paused broker: exited {status} after {took:.2f} s (deadline 2 s); 5 waiting -> 503")
+
+
+async def test_readiness_follows_the_broker_without_traffic(own_broker: Broker, tmp_path: Path) -> None:
+    """Issue 25 item 4: no request is sent; the broker is paused: /readyz turns 503 kafka_unavailable within the
+    probe's interval and timeout (the operator's says "metadata probe"), and 200 again once the broker answers."""
+    spec, _ = make_spec(tmp_path, METRICS, partitions=3, size_s=60)
+    await ensure_topics(own_broker.bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    settings = GatewaySettings(forwarder=ForwarderSettings(probe_interval_s=0.5, probe_timeout_s=1.5))
+
+    async def ready(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, str]]:
+        async with session.get(f"{url}/readyz") as r:
+            return r.status, await r.json()
+
+    async def until(session: aiohttp.ClientSession, url: str, status: int, within_s: float) -> float:
+        started = time.monotonic()
+        while (await ready(session, url))[0] != status:
+            assert time.monotonic() - started < within_s, f"/readyz not {status} after {within_s} s"
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    async with (
+        served_gateway(spec, own_broker.bootstrap, settings=settings) as served,
+        aiohttp.ClientSession() as session,
+    ):
+        assert (await ready(session, served.url))[0] == 200
+        await asyncio.to_thread(own_broker.pause)
+        try:
+            went = await until(session, served.url, 503, 10.0)
+            status, body = await ready(session, served.operator_url)
+            assert status == 503 and body["reason"] == "kafka_unavailable" and "metadata probe" in body["detail"]
+        finally:
+            await asyncio.to_thread(own_broker.resume)
+        back = await until(session, served.url, 200, 30.0)
+        assert served.gateway.forwarder.stats.messages == 0  # no traffic at all
+    print(f"\nreadiness without traffic: 503 {went:.1f} s after the pause, 200 {back:.1f} s after the resume")

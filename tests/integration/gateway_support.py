@@ -22,14 +22,32 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agents.app import build_worker
+from agents.topics import WorkerTopics, ensure_topics
+from agents.watermarks import IdlePolicy
+from agents.worker import WorkerSettings
 from gateway.device_auth import DeviceAuthenticator
 from gateway.keys import GatewayKeys
-from gateway.server import Gateway, GatewaySettings, bound_port, serve
+from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from producers.simulate import Population
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
-from schemas.wire import Report, ReportBatch, decode, reports_of
+from schemas.wire import Report, ReportBatch, decode, encode_report, reports_of
+from tests.integration.agents_support import delete_worker_topics
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: A regression metric whose reports carry a free payload (x), so a topic can be checked report by report.
+LATENCY_METRIC: dict[str, Any] = {
+    "name": "latency",
+    "kind": "regression",
+    "x_bounds": [-3, 3],
+    "y_bounds": [-10, 10],
+    "scale": 1.0,
+    "candidates": 21,
+}
 
 
 @dataclass
@@ -37,6 +55,8 @@ class Served:
     gateway: Gateway
     url: str
     keys: GatewayKeys
+    #: The operator listener (loopback; ``/metrics``, ``/readyz`` with its cause).
+    operator_url: str = ""
 
 
 @contextlib.asynccontextmanager
@@ -49,11 +69,13 @@ async def served_gateway(
     authenticator: DeviceAuthenticator | None = None,
     ssl_context: ssl.SSLContext | None = None,
     ready_timeout_s: float = 30.0,
+    operator_token: str | None = None,
 ) -> AsyncIterator[Served]:
     """A gateway on a free loopback port, ready (connected to Kafka) before it is yielded; drained on exit."""
     keys = keys or GatewayKeys.generate()
     gateway = Gateway(spec, connection, keys, settings=settings, authenticator=authenticator)
     runner = await serve(gateway, "127.0.0.1", 0, ssl_context=ssl_context)
+    operator_runner = await serve_operator(gateway, "127.0.0.1", 0, token=operator_token)
     try:
         deadline = time.monotonic() + ready_timeout_s
         while gateway.forwarder.refusal() is not None:
@@ -61,9 +83,57 @@ async def served_gateway(
                 raise AssertionError(f"gateway not ready after {ready_timeout_s} s: {gateway.forwarder.last_error}")
             await asyncio.sleep(0.05)
         scheme = "https" if ssl_context is not None else "http"
-        yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys)
+        operator_url = f"http://127.0.0.1:{bound_port(operator_runner)}"
+        yield Served(gateway, f"{scheme}://127.0.0.1:{bound_port(runner)}", keys, operator_url)
     finally:
         await runner.cleanup()
+        await operator_runner.cleanup()
+
+
+def privatized_reports(spec: CollectionSpec, metrics: list[str], *, seed: int) -> list[Report]:
+    """One report a name of ``metrics`` (in that order), privatized by the device code from a simulated value of
+    that metric (any kind), stamped now."""
+    population = Population(spec, max(1, len(metrics)), seed=seed, master=ClientSecret.generate())
+    events = {m.name: population.events(m) for m in spec.metrics}
+    client = EdgeClient(spec, _NoSink(), enforce_bounds=False)
+    now = int(time.time())
+    out = []
+    for i, metric in enumerate(metrics):
+        values = events[metric].values
+        value = values[i % len(values)]
+        out.append(client.privatizer(metric).report(value, secret=population.secrets[i], client_time=now))
+    return out
+
+
+def privatized_bodies(spec: CollectionSpec, metrics: list[str], *, seed: int) -> list[bytes]:
+    """:func:`privatized_reports`, encoded (binary wire format)."""
+    return [encode_report(r) for r in privatized_reports(spec, metrics, seed=seed)]
+
+
+@contextlib.asynccontextmanager
+async def running_worker(spec: CollectionSpec, bootstrap: str, *, idle_timeout_ms: int = 1000) -> AsyncIterator[str]:
+    """An in-process worker of ``spec`` (topics created first); yields its group; topics deleted on exit."""
+    settings = WorkerSettings(
+        bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=idle_timeout_ms, clock_skew_ms=500)
+    )
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
+    worker = build_worker(spec, settings)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        yield settings.group
+    finally:
+        worker.stop()
+        await task
+        await worker.close()
+        await delete_worker_topics(bootstrap, spec, settings.group)
+
+
+class _NoSink:
+    """A sink that is never published to (the tests encode the privatized reports themselves)."""
+
+    async def publish(self, key: bytes | None, value: bytes) -> None:
+        raise AssertionError("not used")
 
 
 async def post(
@@ -125,12 +195,15 @@ class GatewayProcess:
     port: int
     log: Path
     proc: Any = field(default=None)
+    #: More ``ptel gateway`` arguments.
+    extra: list[str] = field(default_factory=list)
 
     async def start(self, ready_timeout_s: float = 60.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ptel.cli", "gateway", "--spec", str(self.spec_path), "--bootstrap", self.bootstrap,
-            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}",
+            "--keys", str(self.keys_path), "--listen", f"127.0.0.1:{self.port}", "--operator-listen", "127.0.0.1:0",
+            *self.extra,
             stdout=self.log.open("ab"), stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(ROOT),
         )  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s
@@ -148,6 +221,9 @@ class GatewayProcess:
 
     def kill9(self) -> None:
         self.proc.kill()
+
+    def terminate(self) -> None:
+        self.proc.terminate()
 
     async def wait(self) -> int:
         return int(await self.proc.wait())

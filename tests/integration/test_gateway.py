@@ -37,7 +37,7 @@ from schemas.wire import (
     encode_report,
 )
 from tests.integration.agents_support import delete_worker_topics, handed_over_counts, make_spec, wait_for_window_start
-from tests.integration.gateway_support import ROOT, make_tls, post, read_reports, served_gateway
+from tests.integration.gateway_support import LATENCY_METRIC, ROOT, make_tls, post, read_reports, served_gateway
 
 METRICS = [
     {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 1},
@@ -50,15 +50,7 @@ METRICS = [
         "value": {"prob": 0.9},
         "release": {"scale": 1.0, "threshold": 10},
     },
-    {
-        "name": "latency",
-        "kind": "regression",
-        "x_bounds": [-3, 3],
-        "y_bounds": [-10, 10],
-        "scale": 1.0,
-        "candidates": 21,
-        "reports_per_window": 5,
-    },
+    {**LATENCY_METRIC, "reports_per_window": 5},
 ]
 DEVICES = 24
 
@@ -165,6 +157,8 @@ async def test_refusals_have_their_status_and_reason_are_counted_and_never_forwa
         for _, status, reason in cases:
             assert served.gateway.metrics.count(status, reason) >= 1
         async with session.get(f"{served.url}/metrics") as r:
+            assert r.status == 404  # operator data is not on the device-facing listener
+        async with session.get(f"{served.operator_url}/metrics") as r:
             text = await r.text()
         assert 'ptel_gateway_requests_total{reason="bad_token",status="401"} 2.0' in text
         assert served.gateway.forwarder.stats.reports == 0

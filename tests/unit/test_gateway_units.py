@@ -3,23 +3,31 @@ the idempotency cache, settings validation, and the OpenAPI document (in sync wi
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import server as server_module
 from gateway.device_quota import DeviceQuota
 from gateway.errors import GatewayKeyError, GatewaySettingError
 from gateway.forwarder import ForwarderSettings
-from gateway.idempotency import Answer, IdempotencyCache
+from gateway.idempotency import Answer, IdempotencyCache, parse_tag_header, tag_header
+from gateway.key_reload import KeyFileWatcher
 from gateway.keys import GatewayKeys, check_device_id
 from gateway.openapi import REFUSAL_REASONS, openapi_text
 from gateway.server import Gateway, GatewaySettings
 from producers.gateway_sink import GatewaySink
+from ptel.commands.gateway import _operator_token
+from schemas.http_surface import Route, Surface, SurfaceError, route_surfaces
 from schemas.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,18 +155,25 @@ def test_the_quota_holds_each_device_to_the_spec_bounds() -> None:
 
 async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_failures() -> None:
     cache = IdempotencyCache()
-    assert await cache.previous("d", "k", 1) is None
-    cache.begin("d", "k", 1)
-    waiting = asyncio.create_task(cache.previous("d", "k", 1))
+    assert await cache.previous(b"k", 1) is None
+    cache.begin(b"k", 1)
+    waiting = asyncio.create_task(cache.previous(b"k", 1))
     await asyncio.sleep(0)
     assert not waiting.done()  # the first attempt is still in flight
-    cache.finish("d", "k", Answer(202, {"accepted": 1}))
+    cache.finish(b"k", Answer(202, {"accepted": 1}))
     assert (await waiting) == Answer(202, {"accepted": 1})
-    assert await cache.previous("d", "k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
-    assert await cache.previous("d", "k", 3) is None  # two windows later it is forgotten
-    cache.begin("d", "x", 3)
-    cache.finish("d", "x", None)  # failed: a retry is forwarded
-    assert await cache.previous("d", "x", 3) is None
+    assert await cache.previous(b"k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
+    assert await cache.previous(b"k", 3) is None  # two windows later it is forgotten
+    cache.begin(b"x", 3)
+    cache.finish(b"x", None)  # failed: a retry is forwarded
+    assert await cache.previous(b"x", 3) is None
+    cache.restore(b"r", 3, Answer(202, {"accepted": 2}))  # read back from Kafka after a restart
+    assert await cache.previous(b"r", 4) == Answer(202, {"accepted": 2})
+    cache.restore(b"old", 1, Answer(202, {"accepted": 1}))  # older than the windows kept: not restored
+    assert await cache.previous(b"old", 4) is None
+    tag = bytes(range(16))
+    assert parse_tag_header(tag_header(tag, 7, 2**40)[1]) == (tag, 7, 2**40)
+    assert parse_tag_header(b"short") is None
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -233,3 +248,129 @@ def test_ptel_gateway_refuses_a_public_plain_listener_and_bad_options(
     os.chmod(keys, 0o644)
     assert main(base) == 2
     assert "chmod 600" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ HTTP surfaces
+
+DEVICE_ROUTES = {
+    Route("POST", "/v1/reports"): Surface.PUBLIC,
+    Route("GET", "/healthz"): Surface.PUBLIC,
+    Route("GET", "/readyz"): Surface.PUBLIC,
+    Route("GET", "/openapi.json"): Surface.PUBLIC,
+}
+OPERATOR_ROUTES = {
+    Route("GET", "/metrics"): Surface.OPERATOR,
+    Route("GET", "/readyz"): Surface.OPERATOR,
+    Route("GET", "/healthz"): Surface.PUBLIC,
+}
+
+
+def test_every_route_of_the_gateway_is_classified_and_the_device_listener_serves_public_routes_only() -> None:
+    """Every registered route of both applications, enumerated: a route added without a class fails the app's
+    construction (check_surfaces) and this table; an operator route on the device listener fails it too."""
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    assert route_surfaces(gateway.app()) == DEVICE_ROUTES
+    assert route_surfaces(gateway.operator_app()) == OPERATOR_ROUTES
+
+
+async def _debug(_: web.Request) -> web.Response:
+    return web.Response()
+
+
+def test_a_new_unclassified_or_operator_route_on_the_device_listener_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    real_add = getattr(server_module, "add_route")  # noqa: B009 (patched below)
+
+    def also_metrics(app: web.Application, method: str, path: str, handler: Any, surface: Surface) -> None:
+        real_add(app, method, path, handler, surface)
+        if path == "/v1/reports":  # the known-bad variant: /metrics back on the device listener
+            real_add(app, "GET", "/metrics", gateway.handle_metrics, Surface.OPERATOR)
+
+    monkeypatch.setattr(server_module, "add_route", also_metrics)
+    with pytest.raises(SurfaceError, match=r"GET /metrics \(operator\)"):
+        gateway.app()
+
+    def unclassified(app: web.Application, method: str, path: str, handler: Any, surface: Surface) -> None:
+        real_add(app, method, path, handler, surface)
+        if path == "/v1/reports":
+            app.router.add_get("/debug", _debug)  # a handler nobody classified
+
+    monkeypatch.setattr(server_module, "add_route", unclassified)
+    with pytest.raises(SurfaceError, match=r"unclassified HTTP route\(s\): GET /debug"):
+        gateway.app()
+
+
+async def test_operator_data_needs_the_operator_token_and_the_device_listener_has_none() -> None:
+    """Issue 22 finding 2: exact report counts (``ptel_gateway_reports_total``) were on the device listener without
+    authentication. Now the device listener has no /metrics and the operator's needs the token."""
+    gateway = Gateway(SPEC, "127.0.0.1:1", GatewayKeys.generate())
+    gateway.metrics.reports("errors", "forwarded", 3)
+    async with TestClient(TestServer(gateway.operator_app("an-operator-token-0123"))) as operator:
+        assert (await operator.get("/metrics")).status == 401
+        assert (await operator.get("/readyz")).status == 401
+        ok = await operator.get("/metrics", headers={"Authorization": "Bearer an-operator-token-0123"})
+        assert ok.status == 200 and 'ptel_gateway_reports_total{metric="errors",outcome="forwarded"} 3.0' in (
+            await ok.text()
+        )
+        assert (await operator.get("/healthz")).status == 200
+    device_app = web.Application()
+    for route in gateway.app().router.routes():  # the device routes, without the forwarder's lifecycle hooks
+        if route.method != "HEAD":
+            device_app.router.add_route(route.method, route.resource.canonical, route.handler)  # type: ignore[union-attr]
+    async with TestClient(TestServer(device_app)) as device:
+        assert (await device.get("/metrics")).status == 404
+        ready = await device.get("/readyz")
+        assert ready.status == 503 and set(await ready.json()) == {"status", "reason"}  # no cause for the public
+
+
+# ------------------------------------------------------------------------------------------------ key reload
+
+
+async def test_a_rotated_key_file_is_picked_up_and_a_foreign_or_unsafe_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.keys"
+    keys = GatewayKeys.generate()
+    keys.save(path)
+    gateway = Gateway(SPEC, "127.0.0.1:1", keys)
+    watcher = KeyFileWatcher(path, gateway.reload_keys, interval_s=0.05)
+    task = asyncio.create_task(watcher.run())
+    try:
+        rotated = keys.rotated()
+        rotated.save(path)  # what `ptel gateway-keys rotate` does
+        new_token = rotated.issue("phone-1")
+        assert gateway.keys.verify(new_token) == (None, "unknown_key")
+        for _ in range(100):
+            if watcher.reloads:
+                break
+            await asyncio.sleep(0.02)
+        assert watcher.reloads == 1 and gateway.keys.verify(new_token) == ("phone-1", "")
+        assert gateway.authenticator.keys is gateway.keys  # type: ignore[attr-defined]
+        GatewayKeys.generate().save(path)  # another deployment's pseudonym key: refused, the keys in use stay
+        assert not watcher.reload("test") and gateway.keys.verify(new_token) == ("phone-1", "")
+        rotated.rotated().save(path)
+        path.chmod(0o644)
+        assert not watcher.reload("test")  # unsafe permissions: refused
+        path.chmod(0o600)
+        assert watcher.reload("SIGHUP") and watcher.reloads == 2
+    finally:
+        task.cancel()
+
+
+def test_a_non_loopback_operator_listener_needs_a_private_token_file(tmp_path: Path) -> None:
+    def args(listen: str, token_file: Path | None) -> argparse.Namespace:
+        return argparse.Namespace(operator_listen=listen, operator_token_file=token_file)
+
+    assert _operator_token(args("127.0.0.1:8089", None)) is None  # loopback: loopback peers only
+    with pytest.raises(ValueError, match="not loopback: give --operator-token-file"):
+        _operator_token(args("0.0.0.0:8089", None))
+    token = tmp_path / "operator.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        _operator_token(args("0.0.0.0:8089", token))
+    token.chmod(0o600)
+    assert _operator_token(args("0.0.0.0:8089", token)) == "t" * 32
+    token.write_text("short")
+    with pytest.raises(ValueError, match="at least 16"):
+        _operator_token(args("10.0.0.5:8089", token))

@@ -1,8 +1,11 @@
 """RAPPOR (``PayloadKind.RAPPOR``): the client's cohort in ``[0, m)`` and its ``k`` reported bits.
 
 Binary: ``cohort`` and ``k`` as little-endian uint16, then the bits packed MSB first with zero padding; a batch
-writes ``k`` once, then the cohort column, then ``n`` rows of ``ceil(k/8)`` bytes. A report's shard is its cohort
-(cohorts spread over partitions, each cohort's counts in one partition).
+writes ``k`` once, then the cohort column, then ``n`` rows of ``ceil(k/8)`` bytes. A report's shard is
+``pseudonym mod shards``, as for every kind: all reports of one pseudonym in a window share a partition, so the
+agents' per-pseudonym bound holds across cohorts (issue 22 finding 10: placed by cohort, a device reporting under
+several cohorts got ``reports_per_window`` reports admitted on each cohort's partition); each partition's partial
+holds every cohort's counts, summed across partitions when a window is released.
 """
 
 from __future__ import annotations
@@ -161,12 +164,6 @@ class RapporCodec(PayloadCodec[RapporPayload, RapporColumns]):
     def from_payloads(self, payloads: Sequence[RapporPayload]) -> RapporColumns:
         k, bits = bit_rows_of(payloads)
         return RapporColumns(k, np.fromiter((p.cohort for p in payloads), np.uint16, len(payloads)), bits)
-
-    def shard(self, p: RapporPayload, pseudonym: int, shards: int) -> int:
-        return p.cohort
-
-    def shards(self, c: RapporColumns, pseudonyms: NDArray[np.uint64], shards: int) -> NDArray[np.int64]:
-        return c.cohorts.astype(np.int64)
 
 
 CODEC = RapporCodec()
