@@ -3,7 +3,11 @@
 Source and outputs come from the spec (``spec.topics``); the internal topics are named after the worker
 group so that two deployments on one cluster never share counts -- except the privacy ledger, which is named
 after the reports topic: it belongs to the data, so every group and spec reading those reports shares it (one
-record per window, one budget, one noise key; see :mod:`agents.stage2`):
+record per window, one budget, one noise key; see :mod:`agents.stage2`). Its name *ends* with the reports topic's
+(``privacy-ledger.<reports>``), so a prefixed ACL on the reports topic -- as a device producer might be given --
+never reaches it; a group whose internal topics would fall under that prefix is refused at start
+(:meth:`WorkerTopics.for_spec`). Versions before 2026-11-25 named it ``<reports>.privacy-ledger``
+(:func:`legacy_ledger_topic`; ``ptel worker --migrate-ledger`` moves it, see docs/operations.md):
 
 ==========================  ==============  ===========  ==================================================
 topic                       partitions      cleanup      holds
@@ -14,7 +18,7 @@ topic                       partitions      cleanup      holds
 ``<group>.stage1-state``    P               compact      stage-1 partials and watermark per source partition
 ``<group>.partials``        1               delete       stage-1 hand-overs: closed partials + marks
 ``<group>.stage2-state``    1               compact      stage-2 pending merges, release frontier
-``<reports>.privacy-ledger`` 1              compact      the dataset's cursors, ledgers, noise key, owner
+``privacy-ledger.<reports>`` 1              compact      the dataset's cursors, ledgers, sealed noise key, owner
 ==========================  ==============  ===========  ==================================================
 
 The dead-letter, releases, state and partials topics are created with ``max.message.bytes`` =
@@ -82,8 +86,11 @@ class WorkerTopics:
 
     @classmethod
     def for_spec(cls, spec: CollectionSpec, group: str) -> WorkerTopics:
-        """The topics of worker group ``group`` for ``spec``."""
-        return cls(
+        """The topics of worker group ``group`` for ``spec``.
+
+        :class:`TopicError` when an internal topic's name starts with the reports topic's: a prefixed ACL on the
+        reports topic (which device producers may hold) would reach the group's state or the ledger."""
+        topics = cls(
             reports=spec.topics.reports,
             dead_letter=spec.topics.dead_letter,
             releases=spec.topics.releases,
@@ -94,6 +101,14 @@ class WorkerTopics:
             partitions=spec.topics.partitions,
             replication_factor=spec.topics.replication_factor,
         )
+        for name in (topics.stage1_state, topics.partials, topics.stage2_state, topics.ledger):
+            if name.startswith(topics.reports):
+                raise TopicError(
+                    f"topic {name} starts with the reports topic's name {topics.reports!r}: a prefixed ACL on the "
+                    f"reports topic would let its writers write there too; choose a --group that does not start "
+                    f"with {topics.reports!r}"
+                )
+        return topics
 
     def plans(self) -> list[TopicPlan]:
         """Creation plans of all seven topics."""
@@ -116,7 +131,12 @@ class WorkerTopics:
 
 
 def ledger_topic(reports: str) -> str:
-    """The privacy-ledger topic of the dataset held in the reports topic ``reports``."""
+    """The privacy-ledger topic of the dataset held in the reports topic ``reports`` (outside any prefix of it)."""
+    return f"privacy-ledger.{reports}"
+
+
+def legacy_ledger_topic(reports: str) -> str:
+    """Where versions before 2026-11-25 kept the ledger (unsealed; under the reports topic's prefix)."""
     return f"{reports}.privacy-ledger"
 
 
