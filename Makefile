@@ -3,6 +3,7 @@
 #                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
+#   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
@@ -14,7 +15,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test lint bench broker-start broker-stop clean
+.PHONY: setup browser demo test test-acl-matrix lint bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@$(BIN)/ptel broker fetch
@@ -46,6 +47,11 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+# Every ACL of the device, worker and analyst removed one at a time (tests/integration/test_least_privilege.py; about
+# 3 minutes: `make test` runs the five representative cases).
+test-acl-matrix: setup
+	PTEL_ACL_MATRIX=1 $(BIN)/pytest tests/integration/test_least_privilege.py
 
 lint: setup
 	$(BIN)/ruff check .

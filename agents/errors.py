@@ -57,3 +57,8 @@ class LedgerError(StateError):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)
+
+
+class AuthorizationError(AgentError):
+    """Kafka refused an operation for lack of an ACL; the message names the operation and the resource (the ACLs of
+    each principal are in docs/operations.md, "Least privilege")."""

@@ -35,13 +35,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+from aiokafka.protocol.metadata import MetadataRequest
 
-from agents.errors import BrokerError, TopicError
+from agents.errors import AuthorizationError, BrokerError, TopicError
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.spec import CollectionSpec
 
@@ -67,6 +75,8 @@ class TopicPlan:
     required: Mapping[str, str]
     #: Numeric configs an existing topic must have at least (e.g. ``max.message.bytes`` for what the worker writes).
     minimum: Mapping[str, int] = field(default_factory=dict)
+    #: The operations the caller needs on the topic, named in the error when the broker refuses to describe it.
+    access: str = "Describe"
 
 
 @dataclass(frozen=True)
@@ -115,19 +125,43 @@ class WorkerTopics:
         big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
         least = {"max.message.bytes": MAX_RECORD_BYTES}
+        own = "Read, Write and DescribeConfigs"
+        dead_letter, releases = output_plans(self.dead_letter, self.releases, self.partitions)
         return [
-            reports_plan(self.reports, self.partitions),
-            *output_plans(self.dead_letter, self.releases, self.partitions),
-            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least),
-            TopicPlan(self.partials, 1, big, {}, least),
-            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least),
-            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}, least),
+            replace(reports_plan(self.reports, self.partitions), access="Read and DescribeConfigs"),
+            replace(dead_letter, access="Write and DescribeConfigs"),
+            replace(releases, access="Write and DescribeConfigs"),
+            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least, own),
+            TopicPlan(self.partials, 1, big, {}, least, own),
+            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least, own),
+            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}, least, own),
         ]
 
     def stage2_transactional_id(self) -> str:
         """Stage 2's transactional id: the dataset's, not the group's, so that two groups' stage 2 over the same
         reports fence each other instead of both writing the ledger."""
         return f"{self.ledger}.stage2"
+
+
+def denied_access(err: BaseException, topics: WorkerTopics, group: str) -> str | None:
+    """One line naming the ACL a worker lacks when Kafka refused an operation for it (``None``: not a refusal)."""
+    names = sorted(str(n) for n in (err.args[0] if err.args and isinstance(err.args[0], set) else err.args))
+    if isinstance(err, TopicAuthorizationFailedError):
+        access = {p.name: p.access for p in topics.plans()}
+        needs = "; ".join(f"{access.get(n, 'Describe')} on topic {n}" for n in names)
+        return f"not authorized: the worker needs {needs} (docs/operations.md, 'Least privilege')"
+    if isinstance(err, GroupAuthorizationFailedError):
+        return (
+            f"not authorized: the worker needs Read on consumer group {group} (docs/operations.md, 'Least privilege')"
+        )
+    if isinstance(err, TransactionalIdAuthorizationFailed):
+        return (
+            f"not authorized: the worker needs Write on transactional id {', '.join(names)} (prefixed {group}.stage1. "
+            f"and {topics.stage2_transactional_id()}; docs/operations.md, 'Least privilege')"
+        )
+    if isinstance(err, ClusterAuthorizationFailedError):
+        return "not authorized: Kafka refused a cluster operation (ClusterAuthorizationFailed; docs/operations.md)"
+    return None
 
 
 def ledger_topic(reports: str) -> str:
@@ -179,6 +213,7 @@ async def ensure_plans(
     admin = AIOKafkaAdminClient(**client_kwargs(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
+        await _check_described(admin, plans)
         existing = set(await admin.list_topics())
         missing = [p for p in plans if p.name not in existing]
         if missing:
@@ -192,6 +227,25 @@ async def ensure_plans(
         raise BrokerError(f"cannot ensure topics on {bootstrap_of(bootstrap)}: {err!r}") from err
     finally:
         await admin.close()
+
+
+#: Kafka's ``TOPIC_AUTHORIZATION_FAILED`` error code (also what a topic one may not describe reports, existing or not).
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+async def _check_described(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
+    """:class:`AuthorizationError` naming the first topic of ``plans`` the broker will not describe to this principal
+    (no ACL on it: creating it would fail, and waiting for its leader would time out with a misleading message)."""
+    # never auto-created by this look (admin.describe_topics would let the broker create a missing topic with defaults)
+    response = await admin._send_request(MetadataRequest([p.name for p in plans], allow_auto_topic_creation=False))
+    topics = response.to_object()["topics"]
+    denied = {d["topic"] for d in topics if d.get("error_code") == TOPIC_AUTHORIZATION_FAILED}
+    for p in plans:
+        if p.name in denied:
+            raise AuthorizationError(
+                f"not authorized for topic {p.name}: this principal needs {p.access} on it (docs/operations.md, "
+                "'Least privilege')"
+            )
 
 
 async def _wait_for_metadata(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
@@ -243,7 +297,12 @@ async def _configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, di
     resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
     actual: dict[str, dict[str, str]] = {}
     for response in await admin.describe_configs(resources):
-        for _code, _msg, _rtype, name, entries in response.resources:
+        for code, _msg, _rtype, name, entries in response.resources:
+            if code == TOPIC_AUTHORIZATION_FAILED:
+                raise AuthorizationError(
+                    f"not authorized to DescribeConfigs on topic {name}: the worker checks its configs at start "
+                    "(grant DescribeConfigs on it: docs/operations.md, 'Least privilege')"
+                )
             actual[name] = {e[0]: e[1] for e in entries}
     return actual
 

@@ -182,6 +182,9 @@ class Worker:
 
     async def start(self) -> None:
         """Join the group (topics must exist: :func:`agents.topics.ensure_topics`)."""
+        # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
+        # not fit are truncated to its limit (never lost); asked first, so that a refusal leaves no consumer behind
+        limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
         self._consumer = AIOKafkaConsumer(
             **client_kwargs(self.settings.connection),
             group_id=self.settings.group,
@@ -194,9 +197,6 @@ class Worker:
             group_instance_id=self.settings.instance_id,
         )
         await self._consumer.start()
-        # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
-        # not fit are truncated to its limit (never lost)
-        limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
         self._stage1.dead_letter_limit = (
             min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
         )
@@ -317,18 +317,22 @@ class Worker:
         producer = await start_transactional_producer(
             self.settings.connection, f"{self.settings.group}.stage1.{p}", self.settings.retry_backoff_ms
         )
-        state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
-        state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
-        offset = await self._seek_committed(tp)
-        replay = state.replay_from()
-        readmitted = 0
-        if replay is not None:  # rebuild the open windows' client maps from the source log
-            records = await read_range(self.settings.connection, tp, replay, offset)
-            # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
-            # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
-            trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
-            readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
-            self.stats.reports_replayed += readmitted
+        try:  # a refusal (an ACL, retention) leaves no producer behind
+            state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
+            state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
+            offset = await self._seek_committed(tp)
+            replay = state.replay_from()
+            readmitted = 0
+            if replay is not None:  # rebuild the open windows' client maps from the source log
+                records = await read_range(self.settings.connection, tp, replay, offset)
+                # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
+                # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
+                trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
+                readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
+                self.stats.reports_replayed += readmitted
+        except BaseException:
+            await producer.stop()
+            raise
         self._stage1.add(state, producer, offset)
         log.info(
             "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",

@@ -17,11 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from agents.app import build_worker, default_group
 from agents.errors import AgentError, LedgerError
 from agents.ledger_seal import LedgerSecret, default_key_path
 from agents.observability import WorkerObserver, serve
-from agents.topics import WorkerTopics, ensure_topics
+from agents.topics import WorkerTopics, denied_access, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from ptel.commands.options import (
@@ -159,6 +161,12 @@ def run(args: Any) -> int:
         return asyncio.run(_main(spec, settings, args))
     except AgentError as err:
         print(f"worker failed: {err}", file=sys.stderr)
+        return 1
+    except KafkaError as err:
+        denied = denied_access(err, WorkerTopics.for_spec(spec, settings.group), settings.group)
+        if denied is None:
+            raise
+        print(f"ptel worker: {denied}", file=sys.stderr)
         return 1
 
 

@@ -12,6 +12,7 @@ import datetime
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,17 +99,20 @@ def make_pki(folder: Path, cn: str = "ptel-test-ca") -> Pki:
     client_cert, client_key = folder / "client.pem", folder / "client.key"
     client_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     client_key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     client_key.chmod(0o600)
     return Pki(ca_pem, broker, trust, client_cert, client_key, pw)
 
 
-def start_secured_broker(folder: Path) -> SecuredBroker:
+def start_secured_broker(folder: Path, *, users: Sequence[str] = (USER,), authorizer: bool = False) -> SecuredBroker:
     """Start a broker on free loopback ports with PLAINTEXT, SASL_SSL (SCRAM-SHA-512) and SSL (client certificates
-    required) listeners (blocking: call it with ``asyncio.to_thread`` from async code)."""
+    required) listeners (blocking: call it with ``asyncio.to_thread`` from async code). Every SCRAM user of ``users``
+    gets the same password.
+
+    ``authorizer``: KRaft's ``StandardAuthorizer``, denying whatever no ACL allows
+    (``allow.everyone.if.no.acl.found=false``); the PLAINTEXT listener's principal (``User:ANONYMOUS``, also the
+    controller's) is the super user that sets the ACLs up."""
     pki = make_pki(folder / "pki")
     password = secrets.token_hex(12)
     port, sasl, mtls, controller = free_port(), free_port(), free_port(), free_port()
@@ -133,11 +137,18 @@ def start_secured_broker(folder: Path) -> SecuredBroker:
         "ssl.truststore.password": pki.store_password,
         "listener.name.ssl.ssl.client.auth": "required",
     }
+    if authorizer:
+        overrides |= {
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": "User:ANONYMOUS",
+        }
+    scram = [a for user in users for a in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")]
     kafka = LocalKafka(
         port=port,
         controller_port=controller,
         overrides=overrides,
-        format_args=("--add-scram", f"SCRAM-SHA-512=[name={USER},password={password}]"),
+        format_args=tuple(scram),
     )
     kafka.start()
     return SecuredBroker(kafka, f"127.0.0.1:{port}", f"127.0.0.1:{sasl}", f"127.0.0.1:{mtls}", pki, password)

@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,9 +23,11 @@ from agents.changelog import read_to_end
 from agents.ledger_seal import LedgerSeal, LedgerSecret
 from agents.observability import WorkerObserver
 from agents.stage2 import NOISE_KEY, OWNER_KEY
+from agents.topics import legacy_ledger_topic
 from agents.watermarks import IdlePolicy
 from agents.worker import Worker, WorkerSettings
 from tests.integration.agents_support import make_spec, start_worker
+from tests.kafka_helpers import create_topic
 
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
 Records = list[tuple[bytes, bytes | None]]
@@ -39,7 +41,7 @@ async def _until(what: str, check: Callable[[], bool], timeout_s: float = 45.0) 
         await asyncio.sleep(0.1)
 
 
-async def _produce(bootstrap: str, topic: str, records: Records) -> None:
+async def _produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes | None]]) -> None:
     """What anyone with Write on the topic can do: plain, non-transactional records."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
@@ -152,5 +154,45 @@ async def test_a_forged_altered_planted_or_lost_ledger_stops_releases_and_readin
         ready = WorkerObserver(worker).readiness()
         assert not ready.ready and "belongs to worker group" in ready.reason, ready
         assert _refused(WorkerObserver(worker))["not_owner"] == 1.0
+    finally:
+        await _stop(worker, task)
+
+
+async def test_an_older_versions_unsealed_ledger_is_refused_until_migrated(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
+    secret = LedgerSecret(os.urandom(32))
+    settings = WorkerSettings(
+        kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=300, clock_skew_ms=100), ledger_secret=secret
+    )
+    legacy = legacy_ledger_topic(spec.topics.reports)
+    await create_topic(kafka_bootstrap, legacy, configs={"cleanup.policy": "compact"})
+    key, cursor = os.urandom(32), (int(time.time()) - 5) * 1000
+    old = [
+        (NOISE_KEY, key),
+        (b"origin", json.dumps({"origin_ms": cursor - 10_000, "created_ms": cursor - 9_000}).encode()),
+        (OWNER_KEY, json.dumps({"group": settings.group}).encode()),
+        (b"cursor/crashed", str(cursor).encode()),
+    ]
+    await _produce(kafka_bootstrap, legacy, old)
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        refusal = worker.stats.ledger_refusal
+        assert refusal is not None and refusal[0] == "legacy" and "--migrate-ledger" in refusal[1], refusal
+        assert not WorkerObserver(worker).readiness().ready
+    finally:
+        await _stop(worker, task)
+    migrating = WorkerSettings(
+        kafka_bootstrap, settings.group, settings.idle, ledger_secret=secret, migrate_ledger=True
+    )
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, migrating)
+    try:
+        releaser = worker.releaser()
+        assert releaser is not None and worker.stats.ledger_refusal is None
+        assert releaser.noise_key == key and releaser.cursor("crashed") >= cursor  # continued, not a new dataset
+        sealed = await read_to_end(kafka_bootstrap, TopicPartition(worker.topics.ledger, 0))
+        assert key not in b"".join(v or b"" for _, v in sealed)
+        assert dict(LedgerSeal(secret, worker.topics.ledger).open(sealed) or [])[NOISE_KEY] == key
     finally:
         await _stop(worker, task)
