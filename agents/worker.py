@@ -377,7 +377,12 @@ class Worker:
                 group=group,
                 backlog_windows=self.settings.backlog_windows(self.window),
             )
-            group_records = await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
+            # dataset records live in the sealed ledger only: one in the group's topic is never believed
+            group_records = [
+                kv
+                for kv in await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
+                if not is_dataset_key(kv[0])
+            ]
             seal = LedgerSeal(self._seal_secret, self.topics.ledger)
             # complete now: the previous holder is fenced
             dataset_records = seal.open(await read_to_end(bootstrap, ledger_tp))

@@ -26,6 +26,7 @@ from agents.stage2 import NOISE_KEY, OWNER_KEY
 from agents.topics import legacy_ledger_topic
 from agents.watermarks import IdlePolicy
 from agents.worker import Worker, WorkerSettings
+from schemas.spec import CollectionSpec
 from tests.integration.agents_support import make_spec, start_worker
 from tests.kafka_helpers import create_topic
 
@@ -73,14 +74,18 @@ async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
     await worker.close()
 
 
+def _dataset(bootstrap: str, tmp_path: Path) -> tuple[CollectionSpec, LedgerSecret, WorkerSettings]:
+    """A fresh spec (1 partition, 1 s windows), its workers' ledger secret and their settings."""
+    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
+    secret = LedgerSecret(os.urandom(32))
+    idle = IdlePolicy(idle_timeout_ms=300, clock_skew_ms=100)
+    return spec, secret, WorkerSettings(bootstrap, f"{spec.name}-g", idle, ledger_secret=secret)
+
+
 async def test_a_forged_altered_planted_or_lost_ledger_stops_releases_and_readiness(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
-    secret = LedgerSecret(os.urandom(32))
-    settings = WorkerSettings(
-        kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=300, clock_skew_ms=100), ledger_secret=secret
-    )
+    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
     worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
     ledger = worker.topics.ledger
     await _until("a first release", lambda: worker.stats.releases >= 2)
@@ -161,11 +166,7 @@ async def test_a_forged_altered_planted_or_lost_ledger_stops_releases_and_readin
 async def test_an_older_versions_unsealed_ledger_is_refused_until_migrated(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
-    secret = LedgerSecret(os.urandom(32))
-    settings = WorkerSettings(
-        kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=300, clock_skew_ms=100), ledger_secret=secret
-    )
+    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
     legacy = legacy_ledger_topic(spec.topics.reports)
     await create_topic(kafka_bootstrap, legacy, configs={"cleanup.policy": "compact"})
     key, cursor = os.urandom(32), (int(time.time()) - 5) * 1000
