@@ -3,7 +3,7 @@ against this test's own Kafka 3.9.1 with KRaft's ``StandardAuthorizer`` denying 
 one of those ACLs removed, the command must stop with a one-line error naming the missing permission and a non-zero
 exit -- never spin, never exit 0.
 
-One broker for every case (SASL_SSL with SCRAM-SHA-512 users ``device``, ``worker``, ``analyst``; the PLAINTEXT
+One broker for every case (SASL_PLAINTEXT with SCRAM-SHA-512 users ``device``, ``worker``, ``analyst``; the PLAINTEXT
 listener's principal is the super user that creates the topics and the ACLs, as an operator would). The ACLs are
 set through the admin protocol (:mod:`tests.integration.acls`).
 """
@@ -27,7 +27,7 @@ from agents.topics import WorkerTopics, ensure_topics, ledger_topic
 from schemas.spec import CollectionSpec
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec, read_topic
-from tests.integration.secured_broker import SecuredBroker, start_secured_broker
+from tests.integration.secured_broker import AuthorizingBroker, start_authorizing_broker
 
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
 PRINCIPALS = ("device", "worker", "analyst")
@@ -92,7 +92,7 @@ SELECTED = CASES if os.environ.get("PTEL_ACL_MATRIX") == "1" else CASES[:5]
 
 @dataclass
 class Cluster:
-    broker: SecuredBroker
+    broker: AuthorizingBroker
     spec: CollectionSpec
     spec_path: Path
     group: str
@@ -115,22 +115,20 @@ class Cluster:
             "--spec",
             str(self.spec_path),
             "--bootstrap",
-            self.broker.sasl_ssl,
+            self.broker.sasl,
             "--security-protocol",
-            "SASL_SSL",
+            "SASL_PLAINTEXT",
             "--sasl-mechanism",
             "SCRAM-SHA-512",
             "--sasl-username",
             principal,
-            "--ssl-cafile",
-            str(self.broker.pki.ca_pem),
         ]
 
 
 @pytest.fixture(scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
     tmp = tmp_path_factory.mktemp("acl")
-    broker = await asyncio.to_thread(start_secured_broker, tmp, users=PRINCIPALS, authorizer=True)
+    broker = await asyncio.to_thread(start_authorizing_broker, PRINCIPALS)
     try:
         spec, spec_path = make_spec(tmp, METRICS, partitions=1, size_s=1, grace_s=0)
         group = default_group(spec)
@@ -163,7 +161,7 @@ def _produce(c: Cluster, principal: str = "device") -> list[str]:
 
 
 def _releases(c: Cluster) -> list[str]:
-    return [*c.args("releases", "analyst"), "--idle", "2"]
+    return [*c.args("releases", "analyst"), "--idle", "1"]
 
 
 async def test_every_principal_works_with_exactly_its_acls(cluster: Cluster) -> None:
