@@ -143,8 +143,28 @@ class WorkerTopics:
         return f"{self.ledger}.stage2"
 
 
+#: What Kafka answers for a missing ACL.
+_REFUSALS = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    ClusterAuthorizationFailedError,
+)
+
+
 def denied_access(err: BaseException, topics: WorkerTopics, group: str) -> str | None:
-    """One line naming the ACL a worker lacks when Kafka refused an operation for it (``None``: not a refusal)."""
+    """One line naming the ACL a worker lacks when Kafka refused an operation for it (``None``: not a refusal).
+
+    A refusal inside a transaction often surfaces as the abort's error (``InvalidTxnState``, ``IllegalOperation``)
+    raised while handling it: the exception's context chain is searched too."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, _REFUSALS):
+            err = cause
+            break
+        cause = cause.__cause__ or cause.__context__
     names = sorted(str(n) for n in (err.args[0] if err.args and isinstance(err.args[0], set) else err.args))
     if isinstance(err, TopicAuthorizationFailedError):
         access = {p.name: p.access for p in topics.plans()}

@@ -8,11 +8,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import GroupAuthorizationFailedError, IllegalOperation, TopicAuthorizationFailedError
 
 from agents.errors import LedgerError, TopicError
 from agents.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret
 from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY
-from agents.topics import WorkerTopics, ledger_topic
+from agents.topics import WorkerTopics, denied_access, ledger_topic
 from schemas.spec import parse_spec
 
 TOPIC = "privacy-ledger.r"
@@ -97,3 +98,20 @@ def test_no_internal_topic_falls_under_a_prefixed_acl_on_the_reports_topic() -> 
     assert not any(name.startswith(topics.reports) for name in internal)
     with pytest.raises(TopicError, match="prefixed ACL"):
         WorkerTopics.for_spec(spec, "ptel.r.workers")
+
+
+def test_a_refusal_inside_a_transaction_is_named_through_the_aborts_error() -> None:
+    doc = {"version": 1, "name": "s", "topics": {"reports": "r"}, "window": {"size_s": 1}}
+    doc["metrics"] = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
+    topics = WorkerTopics.for_spec(parse_spec(doc), "g")
+    try:
+        try:
+            raise TopicAuthorizationFailedError("privacy-ledger.r")
+        except TopicAuthorizationFailedError:
+            raise IllegalOperation("Can't send messages while not in transaction")  # noqa: B904 - as aiokafka's abort
+    except IllegalOperation as err:
+        chained = err
+    said = denied_access(chained, topics, "g") or ""
+    assert "Read, Write and DescribeConfigs on topic privacy-ledger.r" in said
+    assert "Read on consumer group g" in (denied_access(GroupAuthorizationFailedError("g"), topics, "g") or "")
+    assert denied_access(IllegalOperation("x"), topics, "g") is None
