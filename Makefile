@@ -4,6 +4,7 @@
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
 #   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2)
+#   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
@@ -16,7 +17,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test test-e2e-long lint audit bench broker-start broker-stop clean
+.PHONY: setup browser demo test test-e2e-long test-acl-matrix lint audit bench broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
@@ -61,6 +62,11 @@ audit: setup
 
 test-e2e-long: setup
 	PTEL_E2E_SEEDS=$$(seq -s, 1 20) $(BIN)/pytest tests/integration/test_randomized_e2e.py
+
+# Every ACL of the device, worker and analyst removed one at a time (tests/integration/test_least_privilege.py; about
+# 3 minutes: `make test` runs the five representative cases).
+test-acl-matrix: setup
+	PTEL_ACL_MATRIX=1 $(BIN)/pytest tests/integration/test_least_privilege.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -160,7 +160,11 @@ async def start_transactional_producer(
         max_request_size=MAX_RECORD_BYTES,  # = max.message.bytes of the topics it writes
         retry_backoff_ms=retry_backoff_ms,
     )
-    await producer.start()
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()  # e.g. TransactionalIdAuthorizationFailed: leave no unclosed producer behind
+        raise
     return producer
 
 

@@ -43,3 +43,22 @@ class BrokerError(AgentError):
     """A Kafka operation failed; usually worth retrying."""
 
     retriable = True
+
+
+class LedgerError(StateError):
+    """The dataset's privacy ledger cannot be used: stage 2 releases nothing (see :mod:`agents.ledger_seal`).
+
+    ``kind`` says why, as the worker's ``ptel_worker_ledger_refused{reason}`` metric and ``/readyz`` show it:
+    ``tampered`` (a record forged, altered, planted or removed), ``lost`` (no ledger although the dataset was released
+    before), ``legacy`` (a ledger of an older version still to migrate), ``not_owner`` (another group's ledger),
+    ``key`` (the worker's ledger key file is unusable).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class AuthorizationError(AgentError):
+    """Kafka refused an operation for lack of an ACL; the message names the operation and the resource (the ACLs of
+    each principal are in docs/operations.md, "Least privilege")."""

@@ -25,6 +25,9 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
                                                         the ledger's total over the horizon and the spec's cap (stage-2
                                                         owner only)
   ``stage2_owner``                            gauge     1 where this process runs stage 2
+  ``ledger_refused``                          gauge     per ``reason`` (``tampered``, ``lost``, ``legacy``,
+                                                        ``not_owner``): 1 while this process's stage 2 refuses the
+                                                        dataset's privacy ledger and releases nothing
   ``up``                                      gauge     0 once the worker has failed
   ==========================================  ========  ===============================================================
 
@@ -34,7 +37,8 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
 - ``GET /healthz`` -- 200 while the worker has not failed (liveness), else 503 with the error;
 - ``GET /readyz`` -- 200 when the worker has partitions assigned and a fetch response arrived within
   ``ready_after_s`` (the broker is reachable), else 503 with the reason: it turns false within that many seconds of
-  losing the broker and true again with the first fetch after it returns.
+  losing the broker and true again with the first fetch after it returns. Also 503 while its stage 2 refuses the
+  privacy ledger (forged or altered records, a lost ledger, another group's ledger: :mod:`agents.ledger_seal`).
 
 The server binds to loopback unless told otherwise (``ptel worker --metrics-bind``); it is off unless a port is
 given (``--metrics-port``).
@@ -56,6 +60,8 @@ from prometheus_client.registry import Collector
 from agents.http_surface import OperatorAccess, RouteTable, is_loopback
 from agents.worker import Worker
 
+#: Reasons of ``ptel_worker_ledger_refused`` (:class:`agents.errors.LedgerError`'s kinds stage 2 can meet).
+LEDGER_REFUSALS = ("tampered", "lost", "legacy", "not_owner")
 #: Buckets of the release-latency histogram, seconds after window end + grace.
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, math.inf)
 
@@ -165,6 +171,15 @@ class WorkerObserver(Collector):
                     if cap is not None:
                         budget.add_metric([metric, unit], float(cap))
             yield from (spent, budget)
+        refused = GaugeMetricFamily(
+            "ptel_worker_ledger_refused",
+            "1 while this process's stage 2 refuses the dataset's privacy ledger (releases nothing), by reason",
+            labels=["reason"],
+        )
+        refusal = stats.ledger_refusal
+        for reason in LEDGER_REFUSALS:
+            refused.add_metric([reason], int(refusal is not None and refusal[0] == reason))
+        yield refused
         yield GaugeMetricFamily("ptel_worker_up", "0 once the worker has failed", value=int(w.failure is None))
 
     # ------------------------------------------------------------------------------------------
@@ -173,6 +188,9 @@ class WorkerObserver(Collector):
         w = self.worker
         if w.failure is not None:
             return Readiness(False, f"failed: {w.failure!r}")
+        refusal = w.stats.ledger_refusal
+        if refusal is not None:
+            return Readiness(False, f"privacy ledger refused ({refusal[0]}): {refusal[1]}")
         fetched = w.last_fetch_response_ms()
         if fetched is None:
             return Readiness(False, "no partitions assigned yet")

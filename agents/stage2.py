@@ -14,8 +14,9 @@ got --
 - ``b"frontier"`` -> JSON ``{partition: closed_before}`` of every source partition;
 - ``b"pending/<metric>/<start>"`` -> merged :class:`Partial` of a window not yet released (tombstoned on release).
 
-*The dataset's* (compacted topic ``<reports topic>.privacy-ledger``, one partition, shared by every group and
-spec that reads the reports topic): what has been released of these reports and what it cost --
+*The dataset's* (compacted topic ``privacy-ledger.<reports topic>``, one partition, shared by every group and
+spec that reads the reports topic; sealed by the worker under the group's ledger key, the noise key encrypted:
+:mod:`agents.ledger_seal`): what has been released of these reports and what it cost --
 
 - ``b"origin"`` -> JSON ``{"origin_ms", "created_ms"}``: the first window any metric of the dataset releases,
   fixed when the dataset's ledger is created (``backlog_windows`` windows before the window of that moment);

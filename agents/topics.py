@@ -3,7 +3,11 @@
 Source and outputs come from the spec (``spec.topics``); the internal topics are named after the worker
 group so that two deployments on one cluster never share counts -- except the privacy ledger, which is named
 after the reports topic: it belongs to the data, so every group and spec reading those reports shares it (one
-record per window, one budget, one noise key; see :mod:`agents.stage2`):
+record per window, one budget, one noise key; see :mod:`agents.stage2`). Its name *ends* with the reports topic's
+(``privacy-ledger.<reports>``), so a prefixed ACL on the reports topic -- as a device producer might be given --
+never reaches it; a group whose internal topics would fall under that prefix is refused at start
+(:meth:`WorkerTopics.for_spec`). Versions before 2026-11-25 named it ``<reports>.privacy-ledger``
+(:func:`legacy_ledger_topic`; ``ptel worker --migrate-ledger`` moves it, see docs/operations.md):
 
 ==========================  ==============  ===========  ==================================================
 topic                       partitions      cleanup      holds
@@ -14,7 +18,7 @@ topic                       partitions      cleanup      holds
 ``<group>.stage1-state``    P               compact      stage-1 partials and watermark per source partition
 ``<group>.partials``        1               delete       stage-1 hand-overs: closed partials + marks
 ``<group>.stage2-state``    1               compact      stage-2 pending merges, release frontier
-``<reports>.privacy-ledger`` 1              compact      the dataset's cursors, ledgers, noise key, owner
+``privacy-ledger.<reports>`` 1              compact      the dataset's cursors, ledgers, sealed noise key, owner
 ==========================  ==============  ===========  ==================================================
 
 The dead-letter, releases, state and partials topics are created with ``max.message.bytes`` =
@@ -31,13 +35,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+from aiokafka.protocol.metadata import MetadataRequest
 
-from agents.errors import BrokerError, TopicError
+from agents.errors import AuthorizationError, BrokerError, TopicError
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.spec import CollectionSpec
 
@@ -63,6 +75,8 @@ class TopicPlan:
     required: Mapping[str, str]
     #: Numeric configs an existing topic must have at least (e.g. ``max.message.bytes`` for what the worker writes).
     minimum: Mapping[str, int] = field(default_factory=dict)
+    #: The operations the caller needs on the topic, named in the error when the broker refuses to describe it.
+    access: str = "Describe"
 
 
 @dataclass(frozen=True)
@@ -82,8 +96,11 @@ class WorkerTopics:
 
     @classmethod
     def for_spec(cls, spec: CollectionSpec, group: str) -> WorkerTopics:
-        """The topics of worker group ``group`` for ``spec``."""
-        return cls(
+        """The topics of worker group ``group`` for ``spec``.
+
+        :class:`TopicError` when an internal topic's name starts with the reports topic's: a prefixed ACL on the
+        reports topic (which device producers may hold) would reach the group's state or the ledger."""
+        topics = cls(
             reports=spec.topics.reports,
             dead_letter=spec.topics.dead_letter,
             releases=spec.topics.releases,
@@ -94,19 +111,30 @@ class WorkerTopics:
             partitions=spec.topics.partitions,
             replication_factor=spec.topics.replication_factor,
         )
+        for name in (topics.stage1_state, topics.partials, topics.stage2_state, topics.ledger):
+            if name.startswith(topics.reports):
+                raise TopicError(
+                    f"topic {name} starts with the reports topic's name {topics.reports!r}: a prefixed ACL on the "
+                    f"reports topic would let its writers write there too; choose a --group that does not start "
+                    f"with {topics.reports!r}"
+                )
+        return topics
 
     def plans(self) -> list[TopicPlan]:
         """Creation plans of all seven topics."""
         big = {"max.message.bytes": str(MAX_RECORD_BYTES)}  # a state record holds a whole window's counts
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", **big}
         least = {"max.message.bytes": MAX_RECORD_BYTES}
+        own = "Read, Write and DescribeConfigs"
+        dead_letter, releases = output_plans(self.dead_letter, self.releases, self.partitions)
         return [
-            reports_plan(self.reports, self.partitions),
-            *output_plans(self.dead_letter, self.releases, self.partitions),
-            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least),
-            TopicPlan(self.partials, 1, big, {}, least),
-            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least),
-            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}, least),
+            replace(reports_plan(self.reports, self.partitions), access="Read and DescribeConfigs"),
+            replace(dead_letter, access="Write and DescribeConfigs"),
+            replace(releases, access="Write and DescribeConfigs"),
+            TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least, own),
+            TopicPlan(self.partials, 1, big, {}, least, own),
+            TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least, own),
+            TopicPlan(self.ledger, 1, compact, {"cleanup.policy": "compact"}, least, own),
         ]
 
     def stage2_transactional_id(self) -> str:
@@ -115,8 +143,54 @@ class WorkerTopics:
         return f"{self.ledger}.stage2"
 
 
+#: What Kafka answers for a missing ACL.
+_REFUSALS = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    ClusterAuthorizationFailedError,
+)
+
+
+def denied_access(err: BaseException, topics: WorkerTopics, group: str) -> str | None:
+    """One line naming the ACL a worker lacks when Kafka refused an operation for it (``None``: not a refusal).
+
+    A refusal inside a transaction often surfaces as the abort's error (``InvalidTxnState``, ``IllegalOperation``)
+    raised while handling it: the exception's context chain is searched too."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, _REFUSALS):
+            err = cause
+            break
+        cause = cause.__cause__ or cause.__context__
+    names = sorted(str(n) for n in (err.args[0] if err.args and isinstance(err.args[0], set) else err.args))
+    if isinstance(err, TopicAuthorizationFailedError):
+        access = {p.name: p.access for p in topics.plans()}
+        needs = "; ".join(f"{access.get(n, 'Describe')} on topic {n}" for n in names)
+        return f"not authorized: the worker needs {needs} (docs/operations.md, 'Least privilege')"
+    if isinstance(err, GroupAuthorizationFailedError):
+        return (
+            f"not authorized: the worker needs Read on consumer group {group} (docs/operations.md, 'Least privilege')"
+        )
+    if isinstance(err, TransactionalIdAuthorizationFailed):
+        return (
+            f"not authorized: the worker needs Write on transactional id {', '.join(names)} (prefixed {group}.stage1. "
+            f"and {topics.stage2_transactional_id()}; docs/operations.md, 'Least privilege')"
+        )
+    if isinstance(err, ClusterAuthorizationFailedError):
+        return "not authorized: Kafka refused a cluster operation (ClusterAuthorizationFailed; docs/operations.md)"
+    return None
+
+
 def ledger_topic(reports: str) -> str:
-    """The privacy-ledger topic of the dataset held in the reports topic ``reports``."""
+    """The privacy-ledger topic of the dataset held in the reports topic ``reports`` (outside any prefix of it)."""
+    return f"privacy-ledger.{reports}"
+
+
+def legacy_ledger_topic(reports: str) -> str:
+    """Where versions before 2026-11-25 kept the ledger (unsealed; under the reports topic's prefix)."""
     return f"{reports}.privacy-ledger"
 
 
@@ -159,6 +233,7 @@ async def ensure_plans(
     admin = AIOKafkaAdminClient(**client_kwargs(bootstrap), request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
+        await _check_described(admin, plans)
         existing = set(await admin.list_topics())
         missing = [p for p in plans if p.name not in existing]
         if missing:
@@ -172,6 +247,25 @@ async def ensure_plans(
         raise BrokerError(f"cannot ensure topics on {bootstrap_of(bootstrap)}: {err!r}") from err
     finally:
         await admin.close()
+
+
+#: Kafka's ``TOPIC_AUTHORIZATION_FAILED`` error code (also what a topic one may not describe reports, existing or not).
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+async def _check_described(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
+    """:class:`AuthorizationError` naming the first topic of ``plans`` the broker will not describe to this principal
+    (no ACL on it: creating it would fail, and waiting for its leader would time out with a misleading message)."""
+    # never auto-created by this look (admin.describe_topics would let the broker create a missing topic with defaults)
+    response = await admin._send_request(MetadataRequest([p.name for p in plans], allow_auto_topic_creation=False))
+    topics = response.to_object()["topics"]
+    denied = {d["topic"] for d in topics if d.get("error_code") == TOPIC_AUTHORIZATION_FAILED}
+    for p in plans:
+        if p.name in denied:
+            raise AuthorizationError(
+                f"not authorized for topic {p.name}: this principal needs {p.access} on it (docs/operations.md, "
+                "'Least privilege')"
+            )
 
 
 async def _wait_for_metadata(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
@@ -232,7 +326,12 @@ async def _configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, di
     resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
     actual: dict[str, dict[str, str]] = {}
     for response in await admin.describe_configs(resources):
-        for _code, _msg, _rtype, name, entries in response.resources:
+        for code, _msg, _rtype, name, entries in response.resources:
+            if code == TOPIC_AUTHORIZATION_FAILED:
+                raise AuthorizationError(
+                    f"not authorized to DescribeConfigs on topic {name}: the worker checks its configs at start "
+                    "(grant DescribeConfigs on it: docs/operations.md, 'Least privilege')"
+                )
             actual[name] = {e[0]: e[1] for e in entries}
     return actual
 

@@ -32,9 +32,11 @@ from agents.changelog import (
     read_to_end,
     start_transactional_producer,
 )
-from agents.errors import AgentError, ConfigurationError
+from agents.errors import AgentError, ConfigurationError, LedgerError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
+from agents.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
+from agents.lost_ledger import lost_ledger
 from agents.partials import Partial
 from agents.placement import Placement
 from agents.recovery import ride_out
@@ -85,6 +87,13 @@ class WorkerSettings:
     future_tolerance_ms: int = FUTURE_TOLERANCE_MS
     #: Take over the dataset's privacy ledger from the group that owns it (see :meth:`Worker._ledger_owner`).
     adopt_ledger: bool = False
+    #: The worker group's secret that seals the ledger (:mod:`agents.ledger_seal`); ``None``: the key file at
+    #: :func:`agents.ledger_seal.default_key_path`, created when absent. Every worker of a group needs the same.
+    ledger_secret: LedgerSecret | None = field(default=None, repr=False)
+    #: Start a new dataset although the ledger is gone and the dataset was released before (:mod:`agents.lost_ledger`).
+    new_dataset: bool = False
+    #: Move an unsealed ledger of an older version (:func:`agents.topics.legacy_ledger_topic`) into the sealed one.
+    migrate_ledger: bool = False
     #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
     #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
     #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
@@ -136,6 +145,8 @@ class _Stage2Slot:
     state: ReleaserState
     producer: AIOKafkaProducer
     next_offset: int
+    #: Seals the dataset records this holding writes (it knows the ledger's records as restored).
+    seal: LedgerSeal
 
 
 class Worker:
@@ -186,6 +197,8 @@ class Worker:
         self._stop_event = asyncio.Event()
         #: Set by :meth:`stop` and :meth:`close` only (``_stopping`` also by a failure, which may be recovered from).
         self.stop_requested = False
+        #: Seals the dataset's ledger (:mod:`agents.ledger_seal`).
+        self._seal_secret = settings.ledger_secret or LedgerSecret.from_file(default_key_path())
         #: The source partitions' batches from fetch to commit; it keeps the worker's failure (nothing commits after
         #: one) and stops the worker with it. A new one after each recovery (:meth:`run`).
         self._stage1 = self._new_pipeline()
@@ -227,6 +240,9 @@ class Worker:
         leaves nothing behind (retry it)."""
         if self._consumer is not None:
             return
+        # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
+        # not fit are truncated to its limit (never lost); asked first, so that a refusal leaves no consumer behind
+        limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
         consumer = AIOKafkaConsumer(
             **client_kwargs(self.settings.connection),
             group_id=self.settings.group,
@@ -240,9 +256,6 @@ class Worker:
         )
         try:
             await consumer.start()
-            # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that
-            # would not fit are truncated to its limit (never lost)
-            limit = await topic_config(self.settings.connection, self.topics.dead_letter, "max.message.bytes")
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), self.settings.close_timeout_s)
@@ -415,18 +428,22 @@ class Worker:
     async def _assign_stage1(self, tp: TopicPartition) -> None:
         p = tp.partition
         producer = await self._stage1_producer(p)
-        state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
-        state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
-        offset = await self._seek_committed(tp)
-        replay = state.replay_from()
-        readmitted = 0
-        if replay is not None:  # rebuild the open windows' client maps from the source log
-            records = await read_range(self.settings.connection, tp, replay, offset)
-            # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
-            # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
-            trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
-            readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
-            self.stats.reports_replayed += readmitted
+        try:  # a refusal (an ACL, retention) leaves no producer behind
+            state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
+            state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
+            offset = await self._seek_committed(tp)
+            replay = state.replay_from()
+            readmitted = 0
+            if replay is not None:  # rebuild the open windows' client maps from the source log
+                records = await read_range(self.settings.connection, tp, replay, offset)
+                # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
+                # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
+                trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
+                readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
+                self.stats.reports_replayed += readmitted
+        except BaseException:
+            await producer.stop()
+            raise
         self._stage1.add(state, producer, offset)
         log.info(
             "stage 1 took partition %d at offset %d (watermark %s, %d open windows, %d reports re-admitted)",
@@ -438,51 +455,84 @@ class Worker:
         )
 
     async def _assign_stage2(self, tp: TopicPartition) -> None:
-        """Take stage 2 -- unless the dataset's ledger belongs to another group (see :meth:`_ledger_owner`)."""
+        """Take stage 2 -- unless the dataset's ledger does not verify, is lost, or belongs to another group; then
+        stage 2 stays off, and ``WorkerStats.ledger_refusal`` says why (``/readyz``, ``ptel_worker_ledger_refused``)."""
+        try:
+            await self._take_stage2(tp)
+        except LedgerError as err:
+            self.stats.ledger_refusal = (err.kind, str(err))
+            log.error("stage 2 releases nothing: %s", err)
+        else:
+            if self._stage2 is not None:
+                self.stats.ledger_refusal = None
+
+    async def _take_stage2(self, tp: TopicPartition) -> None:
         bootstrap, group = self.settings.connection, self.settings.group
         ledger_tp = TopicPartition(self.topics.ledger, 0)
         # a first look before fencing: a group that may not release must not fence the owner's stage 2 either
-        if self._ledger_owner(await read_to_end(bootstrap, ledger_tp)) is not None:
-            return
+        self._ledger_owner(
+            LedgerSeal(self._seal_secret, self.topics.ledger).open(await read_to_end(bootstrap, ledger_tp))
+        )
         producer = await start_transactional_producer(
             bootstrap, self.topics.stage2_transactional_id(), self.settings.retry_backoff_ms
         )
-        retention_ms = self.spec.window.retention_s * 1000
-        ledgers = {m.name: MetricLedger(m.name, m.budget, retention_ms) for m in self.spec.metrics}
-        state = ReleaserState(
-            self.topics.partitions,
-            ledgers,
-            retention_ms,
-            window_ms=self.window.size_ms,
-            empty=self.aggregator.empty,
-            group=group,
-            backlog_windows=self.settings.backlog_windows(self.window),
-            hold_ms=self.settings.release_hold_ms(self.window),
-            outbox=True,
-        )
-        group_records = await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
-        dataset_records = await read_to_end(bootstrap, ledger_tp)  # complete now: the previous holder is fenced
-        if self._ledger_owner(dataset_records) is not None:
+        try:
+            retention_ms = self.spec.window.retention_s * 1000
+            ledgers = {m.name: MetricLedger(m.name, m.budget, retention_ms) for m in self.spec.metrics}
+            state = ReleaserState(
+                self.topics.partitions,
+                ledgers,
+                retention_ms,
+                window_ms=self.window.size_ms,
+                empty=self.aggregator.empty,
+                group=group,
+                backlog_windows=self.settings.backlog_windows(self.window),
+                hold_ms=self.settings.release_hold_ms(self.window),
+                outbox=True,
+            )
+            # dataset records live in the sealed ledger only: one in the group's topic is never believed
+            group_records = [
+                kv
+                for kv in await read_to_end(bootstrap, TopicPartition(self.topics.stage2_state, 0))
+                if not is_dataset_key(kv[0])
+            ]
+            seal = LedgerSeal(self._seal_secret, self.topics.ledger)
+            # complete now: the previous holder is fenced
+            dataset_records = seal.open(await read_to_end(bootstrap, ledger_tp))
+            self._ledger_owner(dataset_records)
+            migrated: list[tuple[bytes, bytes | None]] = []
+            if dataset_records is None:
+                migrated = await lost_ledger(
+                    self._consumer,
+                    self.settings.connection,
+                    self.topics,
+                    tp,
+                    group_records,
+                    new_dataset=self.settings.new_dataset,
+                    migrate=self.settings.migrate_ledger,
+                )
+            state.restore(group_records + (dataset_records or migrated))
+            state.claim()
+            offset = await self._seek_committed(tp)
+        except BaseException:
             await producer.stop()
-            return
-        state.restore(group_records + dataset_records)
-        state.claim()
-        offset = await self._seek_committed(tp)
-        changes = state.state_records()
-        if changes:  # fresh dataset records (noise key, origin, owner): write them now, before any release
+            raise
+        changes = _sealed(seal, migrated + state.state_records())
+        if changes:  # fresh dataset records (noise key, origin, owner), sealed: write them now, before any release
             async with producer.transaction():
                 await delivered(await self._send_stage2_state(producer, changes))
             self.stats.transactions += 1
-        self._stage2 = _Stage2Slot(state, producer, offset)
+        self._stage2 = _Stage2Slot(state, producer, offset, seal)
         log.info(
             "stage 2 took the partials partition (%d windows pending, %d state records written)",
             len(state.pending),
             len(changes),
         )
 
-    def _ledger_owner(self, dataset_records: Sequence[tuple[bytes, bytes | None]]) -> str | None:
-        """The group that owns the dataset's ledger if it is another one and this worker may not adopt it (then
-        stage 2 stays off, said once in the log and in ``WorkerStats.ledger_owner``); else ``None``.
+    def _ledger_owner(self, dataset_records: Sequence[tuple[bytes, bytes | None]] | None) -> None:
+        """The group that owns the dataset's ledger if it is another one and this worker may not adopt it -- then
+        :class:`LedgerError` (``not_owner``): stage 2 stays off, said in the log, ``/readyz`` and
+        ``WorkerStats.ledger_owner``.
 
         The ledger belongs to the reports, not to a group: a second group releasing the same windows with fresh
         noise would let anyone average the two copies. So a group reads the reports topic only to count (its
@@ -490,20 +540,18 @@ class Worker:
         the owner's stage 2 and continues its cursors, budget and noise key: no window is released twice.
         """
         owner: str | None = None
-        for key, value in dataset_records:
+        for key, value in dataset_records or ():
             if key == OWNER_KEY:
                 owner = None if value is None else str(json.loads(value)["group"])
         if owner is None or owner == self.settings.group or self.settings.adopt_ledger:
-            return None
+            return
         self.stats.ledger_owner = owner
-        log.error(
-            "the privacy ledger %s of these reports belongs to worker group %r: this group (%r) releases nothing "
-            "(no window is released twice); stop that group and start this one with --adopt-ledger to move it",
-            self.topics.ledger,
-            owner,
-            self.settings.group,
+        raise LedgerError(
+            "not_owner",
+            f"the privacy ledger {self.topics.ledger} of these reports belongs to worker group {owner!r}: this group "
+            f"({self.settings.group!r}) releases nothing (no window is released twice); stop that group and start "
+            "this one with --adopt-ledger to move it",
         )
-        return owner
 
     async def _send_stage2_state(
         self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]
@@ -512,7 +560,7 @@ class Worker:
         their delivery futures (await them before the commit: :func:`agents.changelog.delivered`)."""
         sent = []
         for key, value in changes:
-            topic = self.topics.ledger if is_dataset_key(key) else self.topics.stage2_state
+            topic = self.topics.ledger if is_dataset_key(key) or key == HEAD_KEY else self.topics.stage2_state
             sent.append(await producer.send(topic, value, key=key, partition=0))
         return sent
 
@@ -569,7 +617,7 @@ class Worker:
         """Release every due window and commit the releases with stage 2's state (and the partials ``offsets``
         consumed, if any) in one transaction."""
         releases = slot.state.release(self.builder, max_bytes=MAX_RELEASE_BYTES)
-        changes = slot.state.state_records()
+        changes = _sealed(slot.seal, slot.state.state_records())
         if not releases and not changes and offsets is None:
             return
         producer = slot.producer
@@ -626,6 +674,14 @@ class Worker:
         times = [consumer.last_poll_timestamp(tp) for tp in assigned]
         known = [t for t in times if t is not None]
         return max(known) if known else 0
+
+
+def _sealed(seal: LedgerSeal, changes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
+    """Stage 2's changed state records as written: the group's as they are, the dataset's sealed (noise key
+    encrypted, the new head after them)."""
+    return [(k, v) for k, v in changes if not is_dataset_key(k)] + seal.seal(
+        [(k, v) for k, v in changes if is_dataset_key(k)]
+    )
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -33,5 +33,8 @@ class WorkerStats:
     last_commit_s: float | None = None
     #: The group owning the dataset's ledger when it is another one (this worker's stage 2 then stays off).
     ledger_owner: str | None = None
+    #: Why this worker's stage 2 refused the dataset's ledger and releases nothing: ``(kind, message)`` of the
+    #: :class:`agents.errors.LedgerError` (``tampered``, ``lost``, ``legacy``, ``not_owner``); ``None``: not refused.
+    ledger_refusal: tuple[str, str] | None = None
     #: Releases published, by (metric, ``released`` or ``refused``).
     releases_by_outcome: Counter[tuple[str, str]] = field(default_factory=Counter)

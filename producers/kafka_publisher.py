@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
@@ -231,6 +232,9 @@ class ReportPublisher:
             await producer.start()
         except Exception as err:
             await producer.stop()
+            if isinstance(err, ClusterAuthorizationFailedError | TopicAuthorizationFailedError):
+                # an idempotent producer's InitProducerId needs Write on some topic (Kafka >= 3.0, KIP-679)
+                raise PublishError(f"not authorized: this principal needs Write on topic {self.topic}") from None
             raise PublishError(
                 f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {type(err).__name__}: {err}"
             ) from None

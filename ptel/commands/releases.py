@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
@@ -464,7 +464,10 @@ async def read_releases(
         await consumer.start()
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
+            await consumer._client.set_topics([topic])  # this topic's metadata, whether or not it may be described
             await consumer._client.force_metadata_update()
+            if topic in consumer._client.cluster.unauthorized_topics:  # no ACL: fetching would retry forever
+                raise TopicAuthorizationFailedError(topic)
             partitions = consumer.partitions_for_topic(topic) or {0}
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
@@ -519,6 +522,10 @@ def run(args: Any) -> int:
         )
     except KeyboardInterrupt:
         return 130
+    except TopicAuthorizationFailedError:
+        topic = args.topic or spec.topics.releases
+        print(f"ptel releases: not authorized: this principal needs Read on topic {topic}", file=sys.stderr)
+        return 1
     except KafkaError as err:
         print(f"error: cannot read releases from Kafka at {connection.describe()}: {err}", file=sys.stderr)
         return 1

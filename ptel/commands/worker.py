@@ -17,11 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from agents.app import build_worker, default_group
-from agents.errors import AgentError
+from agents.errors import AgentError, LedgerError
+from agents.ledger_seal import LedgerSecret, default_key_path
 from agents.observability import WorkerObserver, serve
 from agents.recovery import retry_retriable
-from agents.topics import WorkerTopics, ensure_topics
+from agents.topics import WorkerTopics, denied_access, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from ptel.commands.options import (
@@ -75,6 +78,26 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="take over the privacy ledger of the reports topic from the worker group that owns it (its cursors, "
         "budget and noise key continue: no window is released twice); stop the other group first",
+    )
+    p.add_argument(
+        "--ledger-key-file",
+        type=Path,
+        default=None,
+        help="the worker group's secret that seals the privacy ledger; every worker of the group needs the same "
+        "file, readable by them only (default $PTEL_LEDGER_KEY_FILE, else ~/.config/ptel/ledger.key; created mode "
+        "0600 when absent)",
+    )
+    p.add_argument(
+        "--new-dataset",
+        action="store_true",
+        help="the privacy ledger is gone although the dataset was released before: start a new dataset anyway "
+        "(spend and cursors restart, windows of the backlog may be released again with fresh noise)",
+    )
+    p.add_argument(
+        "--migrate-ledger",
+        action="store_true",
+        help="move the unsealed <reports>.privacy-ledger of an older version into the sealed "
+        "privacy-ledger.<reports> (stop the older workers first; delete the old topic afterwards)",
     )
     p.add_argument(
         "--instance-id",
@@ -139,6 +162,11 @@ def run(args: Any) -> int:
     connection = kafka_connection_or_report(args)
     if connection is None:
         return 2
+    try:
+        ledger_secret = LedgerSecret.from_file(args.ledger_key_file or default_key_path())
+    except LedgerError as err:
+        print(f"ptel worker: --ledger-key-file: {err}", file=sys.stderr)
+        return 2
     settings = WorkerSettings(
         bootstrap=connection.bootstrap_servers,
         kafka=connection,
@@ -153,11 +181,20 @@ def run(args: Any) -> int:
         adopt_ledger=args.adopt_ledger,
         instance_id=args.instance_id or None,
         backlog_s=args.backlog,
+        ledger_secret=ledger_secret,
+        new_dataset=args.new_dataset,
+        migrate_ledger=args.migrate_ledger,
     )
     try:
         return asyncio.run(_main(spec, settings, args))
     except AgentError as err:
         print(f"worker failed: {err}", file=sys.stderr)
+        return 1
+    except KafkaError as err:
+        denied = denied_access(err, WorkerTopics.for_spec(spec, settings.group), settings.group)
+        if denied is None:
+            raise
+        print(f"ptel worker: {denied}", file=sys.stderr)
         return 1
 
 
@@ -206,6 +243,8 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             f"{s.ledger_owner!r} (start with --adopt-ledger to take it over)",
             flush=True,
         )
+    elif s.ledger_refusal is not None:
+        print(f"this worker released nothing: privacy ledger refused ({s.ledger_refusal[0]}): {s.ledger_refusal[1]}")
     print(
         f"worker stopped: {s.records} records, {s.reports_counted} reports counted, {s.dead_letters} dead letters, "
         f"{s.releases} releases",

@@ -12,6 +12,7 @@ import datetime
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,3 +142,44 @@ def start_secured_broker(folder: Path) -> SecuredBroker:
     )
     kafka.start()
     return SecuredBroker(kafka, f"127.0.0.1:{port}", f"127.0.0.1:{sasl}", f"127.0.0.1:{mtls}", pki, password)
+
+
+@dataclass
+class AuthorizingBroker:
+    """A running broker whose ``StandardAuthorizer`` denies what no ACL allows: ``sasl`` (SASL_PLAINTEXT, SCRAM-SHA-512
+    users) for the principals under test, ``plaintext`` for the super user (``User:ANONYMOUS``) that sets up topics
+    and ACLs."""
+
+    kafka: LocalKafka
+    plaintext: str
+    sasl: str
+    password: str
+
+    def stop(self) -> None:
+        self.kafka.stop()
+        shutil.rmtree(self.kafka.instance_dir, ignore_errors=True)
+
+
+def start_authorizing_broker(users: Sequence[str]) -> AuthorizingBroker:
+    """Start a broker with KRaft's ``StandardAuthorizer`` (``allow.everyone.if.no.acl.found=false``) and a
+    SASL_PLAINTEXT listener for the SCRAM-SHA-512 ``users`` (one password); no TLS (the authorizer is what is under
+    test, and no key stores need making) (blocking: call it with ``asyncio.to_thread``)."""
+    password = secrets.token_hex(12)
+    port, sasl, controller = free_port(), free_port(), free_port()
+    listeners = f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl},CONTROLLER://127.0.0.1:{controller}"
+    overrides = {
+        "listeners": listeners,
+        "advertised.listeners": listeners,
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": "User:ANONYMOUS",  # the PLAINTEXT listener's and the controller's principal
+    }
+    scram = [a for user in users for a in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")]
+    kafka = LocalKafka(port=port, controller_port=controller, overrides=overrides, format_args=tuple(scram))
+    kafka.start()
+    return AuthorizingBroker(kafka, f"127.0.0.1:{port}", f"127.0.0.1:{sasl}", password)

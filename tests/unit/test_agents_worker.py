@@ -15,6 +15,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from agents.changelog import ReplayError, check_range_retained
 from agents.errors import AgentError, ConfigurationError, StateError
 from agents.kinds import Aggregator
+from agents.ledger_seal import HEAD_KEY
 from agents.stage1 import PartitionState
 from agents.stage1_pipeline import screen_timestamps
 from agents.stage1_records import DeadLetter, Record
@@ -206,6 +207,9 @@ class _Producer:
         delivered.set_result(None)
         return delivered
 
+    async def stop(self) -> None:
+        self._open = None
+
 
 async def test_assigning_stage2_writes_a_fresh_noise_key(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
     producer = _Producer()
@@ -214,8 +218,8 @@ async def test_assigning_stage2_writes_a_fresh_noise_key(worker: Worker, monkeyp
     async def start(*_: Any) -> _Producer:
         return producer
 
-    async def read(*_: Any) -> list[tuple[bytes, bytes | None]]:
-        return list(stored)
+    async def read(_: Any, tp: TopicPartition) -> list[tuple[bytes, bytes | None]]:
+        return list(stored) if tp.topic == worker.topics.ledger else []
 
     async def seek(*_: Any) -> int:
         return 0
@@ -226,11 +230,18 @@ async def test_assigning_stage2_writes_a_fresh_noise_key(worker: Worker, monkeyp
     tp = TopicPartition(worker.topics.partials, 0)
     await worker._assign_stage2(tp)
     (txn,) = producer.committed
-    # a new dataset: its noise key, origin and owner go to the dataset's ledger topic, before any release
+    # a new dataset: its noise key, origin and owner go to the dataset's ledger topic, sealed, before any release
     ledger = worker.topics.ledger
-    assert [(t, k) for t, k, _ in txn] == [(ledger, NOISE_KEY), (ledger, ORIGIN_KEY), (ledger, OWNER_KEY)]
+    assert [(t, k) for t, k, _ in txn] == [
+        (ledger, NOISE_KEY),
+        (ledger, ORIGIN_KEY),
+        (ledger, OWNER_KEY),
+        (ledger, HEAD_KEY),
+    ]
     slot = worker._stage2
-    assert slot is not None and txn[0][2] == slot.state.noise_key
+    assert slot is not None and len(slot.state.noise_key) == 32
+    stored_key = txn[0][2] or b""
+    assert slot.state.noise_key not in stored_key  # never in Kafka in the clear
     assert slot.state.state_records() == []  # nothing left unwritten: the first release does not wait
     # a restart restores the key and writes nothing
     stored.extend((k, v) for _, k, v in txn if k is not None)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from agents.app import release_builder
+from agents.errors import LedgerError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import KeyedCounts, Partial
@@ -160,9 +161,11 @@ def _never(*_: Any) -> Release:
 
 def test_a_second_group_releases_nothing_unless_it_adopts_the_ledger(worker: Worker) -> None:
     owned = [(OWNER_KEY, json.dumps({"group": "first"}).encode())]
-    assert worker._ledger_owner(owned) == "first" and worker.stats.ledger_owner == "first"
-    assert worker._ledger_owner([(OWNER_KEY, json.dumps({"group": "second"}).encode())]) is None
-    assert worker._ledger_owner([]) is None  # a new dataset: whoever comes first
+    with pytest.raises(LedgerError, match="belongs to worker group 'first'") as refused:
+        worker._ledger_owner(owned)
+    assert refused.value.kind == "not_owner" and worker.stats.ledger_owner == "first"
+    worker._ledger_owner([(OWNER_KEY, json.dumps({"group": "second"}).encode())])  # no error
+    worker._ledger_owner([])  # no error: a new dataset, whoever comes first
     adopting = Worker(
         SPEC,
         WorkerSettings("127.0.0.1:1", "second", adopt_ledger=True),
@@ -171,7 +174,7 @@ def test_a_second_group_releases_nothing_unless_it_adopts_the_ledger(worker: Wor
         builder=_never,
     )
     try:
-        assert adopting._ledger_owner(owned) is None
+        adopting._ledger_owner(owned)  # no error: it adopts
     finally:
         adopting._cpu.shutdown(wait=True)
 
