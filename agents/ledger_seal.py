@@ -49,7 +49,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from agents.errors import LedgerError
-from agents.stage2 import NOISE_KEY
+from agents.stage2 import NOISE_KEY, is_dataset_key
 
 #: The head record's key in the ledger topic.
 HEAD_KEY = b"head"
@@ -148,6 +148,13 @@ class LedgerSeal:
     def _mac(self, digests: dict[str, str]) -> str:
         body = json.dumps({"v": _HEAD_VERSION, "topic": self.topic, "records": digests}, sort_keys=True)
         return hmac.new(self._mac_key, body.encode(), hashlib.sha256).hexdigest()
+
+    def seal_state(self, changes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
+        """Stage 2's changed state records as written: the group's as they are, the dataset's sealed (:meth:`seal`:
+        noise key encrypted, the new head after them)."""
+        return [(k, v) for k, v in changes if not is_dataset_key(k)] + self.seal(
+            [(k, v) for k, v in changes if is_dataset_key(k)]
+        )
 
     def seal(self, changes: Iterable[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
         """The records to write for ``changes`` (dataset records in plaintext): the noise key encrypted, and the new

@@ -87,6 +87,15 @@ def is_dataset_key(key: bytes) -> bool:
     return key in (NOISE_KEY, ORIGIN_KEY, OWNER_KEY) or key.startswith((b"cursor/", b"ledger/", b"outbox/"))
 
 
+def ledger_owner(dataset_records: Iterable[tuple[bytes, bytes | None]]) -> str | None:
+    """The worker group named by the dataset's latest owner record (``None``: no owner yet, or tombstoned)."""
+    owner: str | None = None
+    for key, value in dataset_records:
+        if key == OWNER_KEY:
+            owner = None if value is None else str(json.loads(value)["group"])
+    return owner
+
+
 def _outbox_key(metric: str, start: int) -> bytes:
     return f"outbox/{metric}/{start}".encode()
 

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
 from agents.changelog import (
-    TRANSACTIONAL_RETRY_BACKOFF_MS,
     delivered,
     read_range,
     read_to_end,
@@ -43,13 +41,14 @@ from agents.recovery import ride_out
 from agents.stage1 import PartitionState
 from agents.stage1_pipeline import Stage1Pipeline, now_ms
 from agents.stage1_records import Handover, SourceRecord
-from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
+from agents.stage2 import ReleaserState, is_dataset_key, ledger_owner
 from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.validation import Protocol, Validator
-from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy, caught_up_at_fetch
+from agents.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
 from agents.windows import WindowSpec
+from agents.worker_settings import WorkerSettings as WorkerSettings
 from agents.worker_stats import WorkerStats
-from schemas.kafka_connection import Connection, KafkaConnection, client_kwargs
+from schemas.kafka_connection import client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
 
@@ -57,87 +56,6 @@ log = logging.getLogger(__name__)
 
 #: ``(merged partial, ledger) -> release`` (see :func:`agents.release.build_release`).
 Builder = Callable[[Partial, MetricLedger], Release]
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    """How a worker talks to Kafka and how it treats idle partitions."""
-
-    bootstrap: str
-    group: str
-    idle: IdlePolicy = field(default_factory=IdlePolicy)
-    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
-    kafka: KafkaConnection | None = field(default=None, repr=False)
-    #: Records per fetch (``getmany``'s ``max_records``), all partitions together: a batch's CPU work.
-    max_batch: int = 2_000
-    #: Records per stage-1 transaction at most: batches of a partition that finish while its transaction commits
-    #: join the next one up to this many (group commit, see :mod:`agents.stage1_pipeline`); ``max_batch``: one
-    #: transaction per batch.
-    max_transaction_records: int = 200_000
-    poll_timeout_ms: int = 100
-    session_timeout_ms: int = 10_000
-    #: Threads for stage-1 numpy work (bound, count), shared by the worker's partitions (decoding runs on the event
-    #: loop: see :mod:`agents.stage1_pipeline`). Two overlap numpy kernels (which release the GIL); one per partition
-    #: would keep the event loop -- fetching, committing the transactions -- waiting for the GIL behind all of them.
-    stage1_threads: int = 2
-    #: Retry backoff of the transactional producers (see :data:`agents.changelog.TRANSACTIONAL_RETRY_BACKOFF_MS`).
-    retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
-    #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
-    #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
-    future_tolerance_ms: int = FUTURE_TOLERANCE_MS
-    #: Take over the dataset's privacy ledger from the group that owns it (see :meth:`Worker._ledger_owner`).
-    adopt_ledger: bool = False
-    #: The worker group's secret that seals the ledger (:mod:`agents.ledger_seal`); ``None``: the key file at
-    #: :func:`agents.ledger_seal.default_key_path`, created when absent. Every worker of a group needs the same.
-    ledger_secret: LedgerSecret | None = field(default=None, repr=False)
-    #: Start a new dataset although the ledger is gone and the dataset was released before (:mod:`agents.lost_ledger`).
-    new_dataset: bool = False
-    #: Move an unsealed ledger of an older version (:func:`agents.topics.legacy_ledger_topic`) into the sealed one.
-    migrate_ledger: bool = False
-    #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
-    #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
-    #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
-    instance_id: str | None = None
-    #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
-    #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
-    backlog_s: int = 60
-    #: First wait (seconds) before recovering from a retriable failure; doubled per failed attempt up to 15 s
-    #: (:class:`agents.recovery.Backoff`).
-    recovery_backoff_s: float = 0.5
-    #: A retriable failure that has not cleared after this many seconds of recovery attempts stops the worker.
-    recovery_deadline_s: float = 900.0
-    #: Bound on closing one failed Kafka client during a recovery (a client of a broker that is down may hang).
-    close_timeout_s: float = 10.0
-
-    @property
-    def connection(self) -> Connection:
-        """What every client of the worker connects with: :attr:`kafka`, else plaintext to :attr:`bootstrap`."""
-        return self.kafka if self.kafka is not None else self.bootstrap
-
-    #: Added to the hold of every release (:meth:`release_hold_ms`) for the hand-over's transaction and stage 2's.
-    release_slack_ms: int = 1_000
-
-    def release_hold_ms(self, window: WindowSpec) -> int:
-        """How long after its end stage 2 holds a window before releasing it (:attr:`ReleaserState.hold_ms`):
-        the grace, the idle timeout, the clock skew, a poll and :attr:`release_slack_ms`.
-
-        Every partition closes window ``[s, e)`` by then in normal operation, whoever reported when: the last
-        record that keeps it open has a broker time ``t < e + grace``; the partition is idle from ``t +
-        idle_timeout`` and advances to ``t_fetch - skew >= e + grace`` once ``t_fetch >= e + grace + skew``, at the
-        next poll. So the release time is ``e + hold`` (plus the stage-2 tick): the window and the settings, not
-        the arrivals (issue 22, finding 6). Only a lagging worker (overload, an outage) releases later, when the
-        window completes."""
-        idle = self.idle
-        return (
-            window.grace_ms
-            + max(idle.idle_timeout_ms, idle.clock_skew_ms)
-            + idle.clock_skew_ms
-            + (self.poll_timeout_ms + self.release_slack_ms)
-        )
-
-    def backlog_windows(self, window: WindowSpec) -> int:
-        """:attr:`backlog_s` in whole windows, rounded up."""
-        return -(-self.backlog_s // window.size_s)
 
 
 @dataclass
@@ -232,8 +150,7 @@ class Worker:
             self.settings.connection, f"{self.settings.group}.stage1.{partition}", self.settings.retry_backoff_ms
         )
 
-    # ------------------------------------------------------------------------------------------
-    # lifecycle
+    # -- lifecycle --
 
     async def start(self) -> None:
         """Join the group (topics must exist: :func:`agents.topics.ensure_topics`). Idempotent; a start that fails
@@ -379,8 +296,7 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # ------------------------------------------------------------------------------------------
-    # assignment
+    # -- assignment --
 
     async def _assign(self, tps: set[TopicPartition]) -> None:
         consumer = self._consumer
@@ -517,7 +433,7 @@ class Worker:
         except BaseException:
             await producer.stop()
             raise
-        changes = _sealed(seal, migrated + state.state_records())
+        changes = seal.seal_state(migrated + state.state_records())
         if changes:  # fresh dataset records (noise key, origin, owner), sealed: write them now, before any release
             async with producer.transaction():
                 await delivered(await self._send_stage2_state(producer, changes))
@@ -539,10 +455,7 @@ class Worker:
         stage 1) unless it owns the ledger, was the first, or is started with ``adopt_ledger`` -- which fences
         the owner's stage 2 and continues its cursors, budget and noise key: no window is released twice.
         """
-        owner: str | None = None
-        for key, value in dataset_records or ():
-            if key == OWNER_KEY:
-                owner = None if value is None else str(json.loads(value)["group"])
+        owner = ledger_owner(dataset_records or ())
         if owner is None or owner == self.settings.group or self.settings.adopt_ledger:
             return
         self.stats.ledger_owner = owner
@@ -564,8 +477,7 @@ class Worker:
             sent.append(await producer.send(topic, value, key=key, partition=0))
         return sent
 
-    # ------------------------------------------------------------------------------------------
-    # stage 1
+    # -- stage 1 --
 
     async def _idle_tick(self, consumer: AIOKafkaConsumer, active: set[int]) -> None:
         """The idle rule for every source partition without records in this fetch (see
@@ -581,8 +493,7 @@ class Worker:
             if fetch_ms is not None:
                 await self._stage1.advance_idle(p, now, fetch_ms)
 
-    # ------------------------------------------------------------------------------------------
-    # stage 2
+    # -- stage 2 --
 
     async def _stage2_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> None:
         slot = self._stage2
@@ -617,7 +528,7 @@ class Worker:
         """Release every due window and commit the releases with stage 2's state (and the partials ``offsets``
         consumed, if any) in one transaction."""
         releases = slot.state.release(self.builder, max_bytes=MAX_RELEASE_BYTES)
-        changes = _sealed(slot.seal, slot.state.state_records())
+        changes = slot.seal.seal_state(slot.state.state_records())
         if not releases and not changes and offsets is None:
             return
         producer = slot.producer
@@ -639,8 +550,7 @@ class Worker:
             if self.on_release is not None:
                 self.on_release(rel)
 
-    # ------------------------------------------------------------------------------------------
-    # read-only views for operators (agents.observability)
+    # -- read-only views for operators (agents.observability) --
 
     @property
     def failure(self) -> BaseException | None:
@@ -674,14 +584,6 @@ class Worker:
         times = [consumer.last_poll_timestamp(tp) for tp in assigned]
         known = [t for t in times if t is not None]
         return max(known) if known else 0
-
-
-def _sealed(seal: LedgerSeal, changes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
-    """Stage 2's changed state records as written: the group's as they are, the dataset's sealed (noise key
-    encrypted, the new head after them)."""
-    return [(k, v) for k, v in changes if not is_dataset_key(k)] + seal.seal(
-        [(k, v) for k, v in changes if is_dataset_key(k)]
-    )
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
