@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import signal
 import ssl
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 
@@ -140,13 +140,13 @@ async def _serve(
         f"{scheme}://{shown}:{bound_port(runner)}/v1/reports (/healthz, /readyz, /metrics, /openapi.json)",
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    print("gateway stopping: refusing new reports, waiting for Kafka's acknowledgements", flush=True)
-    await runner.cleanup()
+    async with StopRequest(command="ptel gateway") as stop:
+        await stop.event.wait()
+        print("gateway stopping: refusing new reports, waiting for Kafka's acknowledgements", flush=True)
+        await runner.cleanup()  # a second signal during this wait exits at once (143/130)
     stats = gateway.forwarder.stats
-    print(f"gateway stopped: {stats.reports} report(s) in {stats.messages} message(s) acknowledged", flush=True)
+    print(
+        f"gateway stopped ({stop.reason}): {stats.reports} report(s) in {stats.messages} message(s) acknowledged",
+        flush=True,
+    )
     return 0

@@ -28,6 +28,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.kafka_connection import Connection, client_kwargs
 from schemas.releases import Release
 
@@ -335,9 +336,16 @@ def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str])
 
 
 async def read_releases(
-    bootstrap: Connection, topic: str, *, idle_s: float, follow: bool = False, on_release: Any = None
+    bootstrap: Connection,
+    topic: str,
+    *,
+    idle_s: float,
+    follow: bool = False,
+    on_release: Any = None,
+    stop: asyncio.Event | None = None,
 ) -> list[Release]:
-    """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one."""
+    """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one (or
+    ``stop`` is set: within one 0.3 s poll)."""
     consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False)
     seen: dict[str, Release] = {}
     try:
@@ -350,7 +358,7 @@ async def read_releases(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         last = time.monotonic()
-        while follow or time.monotonic() - last < idle_s:
+        while (follow or time.monotonic() - last < idle_s) and not (stop is not None and stop.is_set()):
             batch = await consumer.getmany(timeout_ms=300)
             for recs in batch.values():
                 for r in recs:
@@ -384,23 +392,27 @@ def run(args: Any) -> int:
         if not wanted or rel.metric in wanted:
             print(format_release(rel, truth, args.rows) + "\n", flush=True)
 
-    try:
-        releases = asyncio.run(
-            read_releases(
+    async def read() -> tuple[list[Release], str]:
+        async with StopRequest(command="ptel releases") as stop:  # SIGINT/SIGTERM: summary, plot, exit 0
+            found = await read_releases(
                 connection,
                 args.topic or spec.topics.releases,
                 idle_s=args.idle,
                 follow=args.follow,
                 on_release=show,
+                stop=stop.event,
             )
-        )
+        return found, stop.reason
+
+    try:
+        releases, stopped = asyncio.run(read())
     except KeyboardInterrupt:
         return 130
     except KafkaError as err:
         print(f"error: cannot read releases from Kafka at {connection.describe()}: {err}", file=sys.stderr)
         return 1
     releases = [r for r in releases if not wanted or r.metric in wanted]
-    print(f"{len(releases)} releases", flush=True)
+    print(f"{len(releases)} releases" + (f" ({stopped})" if stopped else ""), flush=True)
     if args.plot:
         print(f"plot: {plot_releases(releases, truth, args.plot)}")
     return 0
