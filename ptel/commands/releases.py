@@ -394,6 +394,8 @@ def run(args: Any) -> int:
 
     async def read() -> tuple[list[Release], str]:
         async with StopRequest(command="ptel releases") as stop:  # SIGINT/SIGTERM: summary, plot, exit 0
+            if args.follow:
+                print(f"following {args.topic or spec.topics.releases} (SIGINT or SIGTERM to stop)", file=sys.stderr)
             found = await read_releases(
                 connection,
                 args.topic or spec.topics.releases,
