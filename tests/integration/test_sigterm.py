@@ -4,6 +4,9 @@ The contract (``ptel/shutdown.py``, docs/operations.md "Stopping"): the first SI
 what was accepted, prints a summary naming the signal and exits 0. Each test waits until the command is working,
 sends SIGTERM, and checks the status, the summary and the flush: every report ``ptel produce`` counted as sent and
 every report the gateway answered 202 is in the topic; the demo leaves none of its topics behind.
+
+The worker's, the monitor's and the gateway's real ``/metrics`` are linted on the way with ``promtool check
+metrics``' rules (``tests/promlint.py``, issue 25 item 6).
 """
 
 from __future__ import annotations
@@ -28,10 +31,20 @@ from schemas.wire import BoolPayload, Report, encode_report
 from tests.integration.agents_support import delete_worker_topics, make_spec, wait_view
 from tests.integration.gateway_support import read_reports
 from tests.kafka_helpers import delete_topics
+from tests.promlint import lint
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
 STOP_TIMEOUT_S = 60.0
+
+
+async def _lint_metrics(url: str) -> str:
+    """The ``/metrics`` text at ``url``, after checking that promtool's rules find no problem in it."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        assert response.status == 200, await response.text()
+        text = await response.text()
+    assert lint(text) == [], text
+    return text
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -124,7 +137,9 @@ async def test_releases_follow_prints_its_summary_and_exits_0(kafka_bootstrap: s
         await delete_worker_topics(kafka_bootstrap, spec, f"{spec.name}-g")
 
 
-async def test_worker_commits_prints_its_summary_and_exits_0(kafka_bootstrap: str, tmp_path: Path) -> None:
+async def test_worker_metrics_lint_clean_and_sigterm_exits_0_with_a_summary(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     spec, spec_path = make_spec(tmp_path, METRICS, partitions=1)
     group = f"{spec.name}-g"
     log = tmp_path / "worker.log"
@@ -134,6 +149,8 @@ async def test_worker_commits_prints_its_summary_and_exits_0(kafka_bootstrap: st
     proc = _start(argv, log)
     try:
         await wait_view(proc, log, f"http://127.0.0.1:{port}/readyz", lambda status, _: status == 200)
+        text = await _lint_metrics(f"http://127.0.0.1:{port}")
+        assert "ptel_worker_up 1.0" in text
         code, out = await _sigterm(proc, log)
         assert code == 0, out[-3000:]
         assert "ptel worker: SIGTERM received: stopping" in out
@@ -143,7 +160,7 @@ async def test_worker_commits_prints_its_summary_and_exits_0(kafka_bootstrap: st
         await delete_worker_topics(kafka_bootstrap, spec, group)
 
 
-async def test_monitor_stops_on_sigterm_with_status_0(kafka_bootstrap: str, tmp_path: Path) -> None:
+async def test_monitor_metrics_lint_clean_and_sigterm_exits_0(kafka_bootstrap: str, tmp_path: Path) -> None:
     spec, spec_path = make_spec(tmp_path, METRICS, partitions=1)
     app_id = f"ptel-monitor-{spec.name}"
     log = tmp_path / "monitor.log"
@@ -152,6 +169,8 @@ async def test_monitor_stops_on_sigterm_with_status_0(kafka_bootstrap: str, tmp_
     proc = _start([*argv, "--app-id", app_id], log)
     try:
         await wait_view(proc, log, f"http://127.0.0.1:{port}/healthz", lambda status, _: status == 200)
+        text = await _lint_metrics(f"http://127.0.0.1:{port}")
+        assert f'ptel_monitor_messages_received_total{{spec="{spec.name}"}}' in text
         code, out = await _sigterm(proc, log)
         assert code == 0, out[-3000:]
         assert "ptel monitor: stopped by SIGTERM" in out, out[-3000:]
@@ -167,7 +186,9 @@ async def test_monitor_stops_on_sigterm_with_status_0(kafka_bootstrap: str, tmp_
         await delete_worker_topics(kafka_bootstrap, spec, f"{spec.name}-g")
 
 
-async def test_gateway_flushes_every_accepted_report_and_exits_0(kafka_bootstrap: str, tmp_path: Path) -> None:
+async def test_gateway_metrics_lint_clean_and_sigterm_flushes_every_accepted_report(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     spec, spec_path = make_spec(tmp_path, METRICS, partitions=2)
     await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
     keys = GatewayKeys.generate()
@@ -196,6 +217,8 @@ async def test_gateway_flushes_every_accepted_report_and_exits_0(kafka_bootstrap
                 async with session.post(f"{url}/v1/reports", data=body, headers=headers) as response:
                     assert response.status == 202, await response.text()
                     accepted += 1
+        text = await _lint_metrics(url)
+        assert 'ptel_gateway_requests_total{reason="accepted",status="202"}' in text
         code, out = await _sigterm(proc, log)  # within the 200 ms linger: the last batch is still to be sent
         assert code == 0, out[-3000:]
         assert re.search(rf"gateway stopped \(stopped by SIGTERM\): {accepted} report\(s\)", out), out[-3000:]
