@@ -5,6 +5,8 @@
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
 #   make lint   -- ruff check + mypy
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
+#   make check-deploy -- opt-in: Prometheus' promtool (built with `go install` into .tools/, ~15 min the first
+#                  time) runs `check rules` and `test rules` on deploy/prometheus/ (make test checks deploy/ without it)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
 # Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
 # Maven fetch is skipped when the jars are cached.
@@ -14,7 +16,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test lint bench broker-start broker-stop clean
+.PHONY: setup browser demo test lint bench check-deploy broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@$(BIN)/ptel broker fetch
@@ -63,6 +65,16 @@ bench: setup
 	$(BIN)/python -m bench.gateway_throughput
 	$(BIN)/python -m bench.dashboard_latency
 
+TOOLS := $(CURDIR)/.tools
+PROMTOOL_VERSION := v0.316.0
+
+check-deploy: setup
+	@command -v go >/dev/null 2>&1 || { echo "make check-deploy needs the Go toolchain (apt-get install golang-go)"; exit 1; }
+	@test -x $(TOOLS)/promtool || { echo "building promtool $(PROMTOOL_VERSION) into $(TOOLS) (go install)"; \
+		GOBIN=$(TOOLS) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION); }
+	$(TOOLS)/promtool check rules deploy/prometheus/ptel-rules.yml
+	$(TOOLS)/promtool test rules deploy/prometheus/ptel-rules.test.yml
+
 broker-start: setup
 	$(BIN)/ptel broker start
 
@@ -71,4 +83,4 @@ broker-stop:
 
 clean:
 	@if [ -x $(BIN)/ptel ]; then $(BIN)/ptel broker stop --all; fi
-	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) .kafka .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist
