@@ -49,6 +49,7 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.errors import PtelError
 from ptel.kafka_broker import (
     KAFKA_VERSION,
     BrokerError,
@@ -102,7 +103,7 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class _InterruptedError(Exception):
+class _InterruptedError(PtelError):
     """SIGTERM (or SIGINT) outside the event loop: while the local broker starts or stops."""
 
 
