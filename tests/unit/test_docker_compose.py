@@ -111,6 +111,8 @@ def test_secured_profile_reads_every_secret_from_files(compose: dict[str, Any]) 
         text = yaml.safe_dump(services[name]).lower()
         assert "password" not in text.replace("broker-key-password", "").replace("kafka-password", ""), name
     assert services["kafka-secured"]["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
+    # the profile's first service builds the image (the profile runs without the default services)
+    assert services["secrets"]["build"]["dockerfile"] == "Dockerfile"
 
 
 def test_secured_broker_listens_on_sasl_ssl_only() -> None:
