@@ -99,9 +99,13 @@ class StopRequest:
         self._loop = None
 
     async def sleep(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True at once if a stop is (or becomes) requested."""
+        """Sleep up to ``seconds``; True at once if a stop is (or becomes) requested (outside ``async with``: a
+        plain sleep, nothing can interrupt it)."""
         if self.requested:
             return True
+        if self._event is None:
+            await asyncio.sleep(max(0.0, seconds))
+            return False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.event.wait(), max(0.0, seconds))
         return self.requested

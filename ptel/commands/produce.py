@@ -226,9 +226,10 @@ async def simulate(
     master: ClientSecret,
     truth: GroundTruth,
     progress: _Progress,
-    stop: StopRequest,
+    stop: StopRequest | None = None,
 ) -> int:
     """Send the simulated windows (until a stop is requested: then between two chunks); returns the windows begun."""
+    stop = stop or StopRequest()
     size = spec.window.size_s
     windows = args.windows if args.windows is not None else max(1, math.ceil((args.duration or 3 * size) / size))
     population = Population(spec, args.clients, seed=args.seed, master=master)
@@ -278,10 +279,11 @@ async def replay(
     master: ClientSecret,
     truth: GroundTruth,
     progress: _Progress,
-    stop: StopRequest,
+    stop: StopRequest | None = None,
 ) -> tuple[int, int]:
     """Send the valid lines of ``--replay`` (until a stop is requested: every line read before it is sent);
     returns (sent events, rejected lines)."""
+    stop = stop or StopRequest()
     pacer = Pacer(args.rate, sleep=_interruptible(stop))
     chunk = pacer.chunk(CHUNK)
     secrets: dict[str, ClientSecret] = {}
