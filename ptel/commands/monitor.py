@@ -133,7 +133,13 @@ def run(args: Any) -> int:
     )
     # the logging set-up of `ptel` (ptel.logs) stays in place: Faust logs through the same handler and format
     worker = _MonitorWorker(
-        app, loglevel=str(args.log_level).lower(), loop=loop, redirect_stdouts=False, override_logging=False
+        app,
+        loglevel=str(args.log_level).lower(),
+        loop=loop,
+        redirect_stdouts=False,
+        override_logging=False,
+        stdout=sys.stdout,  # faust's defaults are the streams at its import, before --log-format json wrapped them
+        stderr=sys.stderr,
     )
     code = 0
     try:

@@ -12,6 +12,7 @@ metrics``' rules (``tests/promlint.py``, issue 25 item 6).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -47,9 +48,9 @@ async def _lint_metrics(url: str) -> str:
     return text
 
 
-def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], log: Path, **environ: str) -> subprocess.Popen[bytes]:
     out = log.open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **environ}
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "ptel.cli", *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env
@@ -166,14 +167,16 @@ async def test_monitor_metrics_lint_clean_and_sigterm_exits_0(kafka_bootstrap: s
     log = tmp_path / "monitor.log"
     port = free_port()
     argv = ["monitor", "--spec", str(spec_path), "--bootstrap", kafka_bootstrap, "--web-port", str(port)]
-    proc = _start([*argv, "--app-id", app_id], log)
+    proc = _start([*argv, "--app-id", app_id, "--log-format", "json", "--log-level", "INFO"], log)
     try:
         await wait_view(proc, log, f"http://127.0.0.1:{port}/healthz", lambda status, _: status == 200)
         text = await _lint_metrics(f"http://127.0.0.1:{port}")
         assert f'ptel_monitor_messages_received_total{{spec="{spec.name}"}}' in text
         code, out = await _sigterm(proc, log)
         assert code == 0, out[-3000:]
-        assert "ptel monitor: stopped by SIGTERM" in out, out[-3000:]
+        # --log-format json: every line, Faust's own output included, is one JSON object
+        events = [json.loads(line)["event"] for line in out.splitlines()]
+        assert "ptel monitor: stopped by SIGTERM (exit 0)" in events, out[-3000:]
     finally:
         proc.kill()
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -230,17 +233,18 @@ async def test_gateway_metrics_lint_clean_and_sigterm_flushes_every_accepted_rep
 
 
 async def test_demo_deletes_its_topics_on_sigterm_and_exits_0(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Against the configured broker (``--bootstrap``; the one connection model): no broker of its own."""
+    """Against the Kafka that ``$PTEL_KAFKA_BOOTSTRAP_SERVERS`` names (the one connection model, no flag): no broker
+    of its own (issue 25: it started a PLAINTEXT broker on 9092 whatever was configured)."""
     log = tmp_path / "demo.log"
-    argv = ["demo", "--bootstrap", kafka_bootstrap, "--windows", "3", "--clients", "200", "--no-dashboard"]
-    proc = _start([*argv, "--out", str(tmp_path / "out")], log)
+    argv = ["demo", "--windows", "3", "--clients", "200", "--no-dashboard", "--out", str(tmp_path / "out")]
+    proc = _start(argv, log, PTEL_KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, KAFKA_BOOTSTRAP_SERVERS="")
     try:
         created = await _wait_for(proc, log, r"^\[2/7\] created topics (\S+) ")
         tag = created.group(1).rsplit(".", 1)[1]
         await _wait_for(proc, log, r"^\[4/7\] simulating")
         code, out = await _sigterm(proc, log)
         assert code == 0, out[-3000:]
-        assert "[1/7] using Kafka at" in out and "starting Apache Kafka" not in out
+        assert f"[1/7] using Kafka at {kafka_bootstrap}" in out and "starting Apache Kafka" not in out
         assert re.search(r"^ptel demo: stopped by SIGTERM after \d+ of \d+ releases$", out, re.MULTILINE), out[-3000:]
         assert "deleted this run's 7 topics" in out, out[-3000:]
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
