@@ -8,6 +8,8 @@
 #   make lint   -- ruff check + mypy
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
+#   make check-deploy -- opt-in: Prometheus' promtool (built with `go install` into .tools/, ~15 min the first
+#                  time) runs `check rules` and `test rules` on deploy/prometheus/ (make test checks deploy/ without it)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
 # Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
 # Maven fetch is skipped when the jars are cached.
@@ -17,7 +19,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
 
-.PHONY: setup browser demo test test-e2e-long test-acl-matrix lint audit bench broker-start broker-stop clean
+.PHONY: setup browser demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
 
 setup: $(INSTALLED) browser
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
@@ -84,6 +86,16 @@ bench: setup
 	$(BIN)/python -m bench.gateway_throughput
 	$(BIN)/python -m bench.dashboard_latency
 
+TOOLS := $(CURDIR)/.tools
+PROMTOOL_VERSION := v0.316.0
+
+check-deploy: setup
+	@command -v go >/dev/null 2>&1 || { echo "make check-deploy needs the Go toolchain (apt-get install golang-go)"; exit 1; }
+	@test -x $(TOOLS)/promtool || { echo "building promtool $(PROMTOOL_VERSION) into $(TOOLS) (go install)"; \
+		GOBIN=$(TOOLS) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION); }
+	$(TOOLS)/promtool check rules deploy/prometheus/ptel-rules.yml
+	$(TOOLS)/promtool test rules deploy/prometheus/ptel-rules.test.yml
+
 broker-start: setup
 	$(BIN)/ptel broker start
 
@@ -92,4 +104,4 @@ broker-stop:
 
 clean:
 	@if [ -x $(BIN)/ptel ]; then $(BIN)/ptel broker stop --all; fi
-	rm -rf $(VENV) .kafka .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) .kafka .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist

@@ -24,6 +24,8 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   ``privacy_spent``, ``privacy_budget``       gauge     per ``metric`` and ``unit`` (``epsilon``, ``rho``, ``delta``):
                                                         the ledger's total over the horizon and the spec's cap (stage-2
                                                         owner only)
+  ``privacy_budget_schedule``                 gauge     per ``metric`` and ``unit``: the part of the budget that even
+                                                        spending may have used by now (:func:`budget_schedule`)
   ``stage2_owner``                            gauge     1 where this process runs stage 2
   ``ledger_refused``                          gauge     per ``reason`` (``tampered``, ``lost``, ``legacy``,
                                                         ``not_owner``): 1 while this process's stage 2 refuses the
@@ -64,6 +66,24 @@ from agents.worker import Worker
 LEDGER_REFUSALS = ("tampered", "lost", "legacy", "not_owner")
 #: Buckets of the release-latency histogram, seconds after window end + grace.
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, math.inf)
+
+
+def budget_schedule(
+    budget: float, oldest_charge_ms: int | None, now_ms: float, *, horizon_s: int, window_s: int
+) -> float:
+    """The budget's schedule: ``B · min(1, (now − oldest charged window's start + w) / H)``.
+
+    Under basic sequential composition (the accountant's, :mod:`mechanisms.accountant`) a ledger that spends evenly
+    over its horizon ``H`` (the spec's ``retention_s``) has spent at most ``B·e/H`` after ``e`` seconds, plus the
+    current window's charge (``w``, the window size); from ``e ≥ H`` on the horizon slides and the schedule is the
+    whole budget ``B``. Spending above it means the budget runs out before the horizon does -- releases will be
+    refused --, which the rule ``PtelPrivacyBudgetAheadOfSchedule`` (``deploy/prometheus/ptel-rules.yml``) alerts
+    on; at steady state spent ≤ B = schedule, so it never fires, unlike ``spent / budget > 0.9`` (60/60 by design).
+    """
+    if oldest_charge_ms is None:
+        return 0.0
+    elapsed_ms = max(0.0, now_ms - oldest_charge_ms + window_s * 1000)
+    return budget * min(1.0, elapsed_ms / (horizon_s * 1000))
 
 
 @dataclass(frozen=True)
@@ -159,8 +179,14 @@ class WorkerObserver(Collector):
                 "ptel_worker_privacy_spent", "Ledger total over the horizon", labels=["metric", "unit"]
             )
             budget = GaugeMetricFamily("ptel_worker_privacy_budget", "The spec's budget", labels=["metric", "unit"])
+            schedule = GaugeMetricFamily(
+                "ptel_worker_privacy_budget_schedule",
+                "Budget that even spending over the horizon may have used by now",
+                labels=["metric", "unit"],
+            )
             for metric, ledger in sorted(releaser.ledgers.items()):
                 s = ledger.summary()
+                oldest = min((e.window_start_ms for e in ledger.entries), default=None)
                 for unit, got, cap in (
                     ("epsilon", s.spent_epsilon, s.budget_epsilon),
                     ("rho", s.spent_rho, s.budget_rho),
@@ -170,7 +196,12 @@ class WorkerObserver(Collector):
                         spent.add_metric([metric, unit], float(got))
                     if cap is not None:
                         budget.add_metric([metric, unit], float(cap))
-            yield from (spent, budget)
+                        window = w.spec.window
+                        planned = budget_schedule(
+                            float(cap), oldest, now_ms, horizon_s=window.retention_s, window_s=window.size_s
+                        )
+                        schedule.add_metric([metric, unit], planned)
+            yield from (spent, budget, schedule)
         refused = GaugeMetricFamily(
             "ptel_worker_ledger_refused",
             "1 while this process's stage 2 refuses the dataset's privacy ledger (releases nothing), by reason",

@@ -5,7 +5,13 @@ Every command takes ``--log-level`` (default ``$PTEL_LOG_LEVEL``, else ``WARNING
 project's loggers, aiokafka's and Faust's all go through it:
 
 - ``json``: one JSON object per line (``timestamp`` in UTC ISO 8601, ``level``, ``logger``, ``event``, and the
-  exception's traceback as ``exception``), rendered by structlog's ``ProcessorFormatter`` for a log shipper;
+  exception's traceback as ``exception``), rendered by structlog's ``ProcessorFormatter`` for a log shipper --
+  and *every* line the process writes is such an object (:func:`json_everywhere`): what the commands print
+  (banners and summaries on stdout: ``level: info``, logger ``ptel.stdout``; lines on stderr: logger
+  ``ptel.stderr``, ``level: error`` for a failure -- it names an error, a refusal, what must be --, else
+  ``warning``), Faust's banner, Python warnings (``py.warnings``: an unclosed aiokafka producer's dump is one
+  record), an uncaught exception (one ``critical`` record with its traceback); terminal escape codes are removed
+  and a progress bar is one record of its last state (its ``\r`` redraws are dropped);
 - ``text``: ``timestamp [level] event [logger]``, coloured only when the stream is a terminal (no escape codes in
   files or pipes).
 
@@ -22,10 +28,17 @@ Two filters keep the console readable without hiding anything that needs a perso
 from __future__ import annotations
 
 import argparse
+import atexit
+import io
+import json
 import logging
 import os
+import re
 import sys
 import time
+import warnings
+from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, TextIO
 
 import structlog
@@ -109,19 +122,111 @@ class RetriableNoise(logging.Filter):
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
+#: ANSI/VT100 escape sequences (colours, cursor moves): never part of a JSON log line.
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
+#: What makes a line on stderr an error record rather than a warning (the commands' one-line failures).
+_FAILURE = re.compile(r"error|fail|cannot|could not|refus|invalid|must|not found|no such|denied|unreachable", re.I)
+
+
+def strip_escapes(text: str) -> str:
+    """``text`` without terminal escape sequences (ECMA-48 CSI and OSC, and two-byte escapes)."""
+    return _ESCAPES.sub("", text)
+
+
+def _without_escapes(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: no escape codes in a JSON record's strings (Faust colours some of its messages)."""
+    return {k: strip_escapes(v) if isinstance(v, str) else v for k, v in event_dict.items()}
+
+
+def json_record(event: str, level: str, logger: str) -> str:
+    """One line of the ``json`` format, as structlog renders a log record (without the line break)."""
+    timestamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return json.dumps({"event": event, "level": level, "logger": logger, "timestamp": timestamp}, ensure_ascii=False)
+
+
+class JsonLines(io.TextIOBase):
+    """A text stream that writes each line given to it as one JSON record on ``target`` (a line is complete at
+    ``\n``; a ``\r`` starts it over, as a terminal would; escape codes are removed; blank lines are dropped)."""
+
+    def __init__(self, target: TextIO, *, level: str, logger: str) -> None:
+        super().__init__()
+        self.target = target
+        self.level = level
+        self.logger = logger
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False  # no colours, no progress bars
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def _emit(self, line: str) -> None:
+        event = strip_escapes(line.rsplit("\r", 1)[-1]).rstrip()
+        if event.strip():
+            level = "error" if self.level == "warning" and _FAILURE.search(event) else self.level
+            self.target.write(json_record(event, level, self.logger) + "\n")
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close(self) -> None:
+        if self._partial:
+            self._emit(self._partial)
+            self._partial = ""
+        self.flush()
+
+
+def json_everywhere(stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+    """Make every line of the process JSON (see the module docstring): ``sys.stdout`` and ``sys.stderr`` become
+    :class:`JsonLines`, warnings go through logging, an uncaught exception is one ``critical`` record. Call it
+    after the handler was made on the real stderr (:func:`configure` does)."""
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    if not isinstance(out, JsonLines):
+        sys.stdout = JsonLines(out, level="info", logger="ptel.stdout")
+        atexit.register(sys.stdout.close)  # a last line without its line break
+    if not isinstance(err, JsonLines):
+        sys.stderr = JsonLines(err, level="warning", logger="ptel.stderr")
+        atexit.register(sys.stderr.close)
+    logging.captureWarnings(True)
+    warnings.simplefilter("default", ResourceWarning)  # an unclosed client is worth one record, not silence
+
+    def log_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        logging.getLogger("ptel").critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+
+    sys.excepthook = log_uncaught
+
+
 def configure(level: str | int = "WARNING", fmt: str = "text", stream: TextIO | None = None) -> logging.Handler:
     """Route every logger through one handler on ``stream`` (stderr by default); returns the handler."""
     if fmt not in FORMATS:
         raise LogSetupError(f"--log-format / ${FORMAT_ENV} ({fmt!r}) must be one of {', '.join(FORMATS)}")
     numeric = parse_level(level)
     out = stream if stream is not None else sys.stderr
+    if isinstance(out, JsonLines):  # configured again (tests): log to the real stream under it
+        out = out.target
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=bool(getattr(out, "isatty", lambda: False)()))
     )
+    clean: list[Any] = [_without_escapes] if fmt == "json" else []
     formatter = structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *clean, renderer],
         foreign_pre_chain=[
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
@@ -138,4 +243,6 @@ def configure(level: str | int = "WARNING", fmt: str = "text", stream: TextIO | 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    if fmt == "json" and stream is None:
+        json_everywhere()
     return handler

@@ -9,12 +9,11 @@ import time
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
-from prometheus_client import CollectorRegistry
 
 from agents.monitor.agents import register_agents
-from agents.monitor.app import MonitorSettings, create_app, default_app_id
+from agents.monitor.app import MonitorSettings, create_app
 from agents.monitor.dashboard import ReleaseFeed
+from agents.monitor.prometheus import MonitorMetrics
 from agents.monitor.tables import define_tables
 from agents.monitor.topics import define_topics
 from agents.monitor.views import register_views
@@ -33,9 +32,10 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
     feed = ReleaseFeed()
     register_agents(app, spec, topics, tables, feed)
     token = settings.operator_token.get_secret_value() if settings.operator_token else None
-    # faust-streaming's own Prometheus sensors, in a registry of this app's (two monitors in one process never clash)
-    registry = CollectorRegistry()
-    app.monitor = PrometheusMonitor(metrics=FaustMetrics.create(registry, default_app_id(spec).replace(".", "_")))
+    # faust-streaming's own Prometheus sensors, renamed (ptel_monitor_*, spec label, seconds), in a registry of this
+    # app's (two monitors in one process never clash)
+    metrics = MonitorMetrics(spec.name)
+    app.monitor = metrics.sensor
     register_views(
         app,
         spec,
@@ -44,7 +44,7 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
         loopback=settings.loopback,
         behind_proxy=settings.behind_proxy,
         ready=Readiness(app, settings).check,
-        prometheus=registry,
+        prometheus=metrics.registry,
         feed=feed,
     )
     return app

@@ -1,6 +1,8 @@
 """``ptel demo``: the whole pipeline in one command, in about a minute and a half.
 
-1. starts the local Apache Kafka broker (or uses ``--bootstrap``);
+1. uses the Kafka that the connection options configure (``--bootstrap``, ``--kafka-config``, the TLS/SASL flags
+   or ``$PTEL_KAFKA_*``: the one connection model of every command); when none is configured, starts the local
+   Apache Kafka broker (PLAINTEXT on 127.0.0.1, ``--port``);
 2. creates this run's topics (the spec's names with a run suffix, so runs never mix);
 3. starts an agents worker in this process, and ``ptel monitor`` in a subprocess: its live dashboard's URL
    is printed first (``--serve``: kept up after the last window until Ctrl-C);
@@ -11,6 +13,9 @@
 6. writes ``out/demo-releases.png`` (estimates with CIs against the truth), ``out/demo-truth.json`` and
    ``out/demo-releases.jsonl``;
 7. stops the worker and the monitor, deletes the run's topics and stops the broker it started; exits 0.
+
+SIGINT or SIGTERM at any point runs step 7 too (the run's topics are deleted unless ``--keep-topics``) and exits 0
+after a summary line; a second signal exits at once (130/143, :mod:`ptel.shutdown`).
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from agents.worker import WorkerSettings
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
+    kafka_configured,
     kafka_connection_or_report,
     load_spec_or_report,
 )
 from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.errors import PtelError
 from ptel.kafka_broker import (
     KAFKA_VERSION,
     BrokerError,
@@ -52,6 +59,7 @@ from ptel.kafka_broker import (
     port_is_free,
     probe_metadata,
 )
+from ptel.shutdown import StopRequest
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
@@ -95,15 +103,36 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+class _InterruptedError(PtelError):
+    """SIGTERM (or SIGINT) outside the event loop: while the local broker starts or stops."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise _InterruptedError(signal.Signals(signum).name)
+
+
 def run(args: argparse.Namespace) -> int:
     base = load_spec_or_report(args.spec)
     if base is None:
         return SPEC_ERROR_EXIT
+    # outside the event loop (the local broker's start), a signal unwinds through the `finally` that stops it
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(base, args)
+    except _InterruptedError as interrupted:
+        print(f"ptel demo: stopped by {interrupted} before the run began; nothing to clean up", flush=True)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(base: CollectionSpec, args: argparse.Namespace) -> int:
     broker: LocalKafka | None = None
     started_here = False
     try:
         connection: Connection
-        if args.bootstrap:
+        if kafka_configured(args):
             kafka = kafka_connection_or_report(args)
             if kafka is None:
                 return 2
@@ -148,19 +177,27 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
     spec = _run_spec(base, tag)
     group = f"ptel-agents.{spec.name}.{tag}"
     topics = WorkerTopics.for_spec(spec, group)
-    await ensure_topics(connection, topics)
-    print(
-        f"[2/7] created topics {spec.topics.reports} ({spec.topics.partitions} partitions, LogAppendTime), "
-        f"{spec.topics.releases}, {spec.topics.dead_letter}, 3 internal ones and the privacy ledger {topics.ledger}",
-        flush=True,
-    )
-
-    dashboard = None if args.no_dashboard else _Dashboard.start(spec, connection, tag, args)
-    try:
-        return await _simulate(spec, base, connection, topics, group, args, dashboard)
-    finally:
-        if dashboard is not None:
-            await dashboard.stop(connection, delete_topics=not args.keep_topics)
+    dashboard: _Dashboard | None = None
+    async with StopRequest(command="ptel demo") as stop:  # a second signal, even during the cleanup: exit at once
+        try:
+            await ensure_topics(connection, topics)
+            print(
+                f"[2/7] created topics {spec.topics.reports} ({spec.topics.partitions} partitions, LogAppendTime), "
+                f"{spec.topics.releases}, {spec.topics.dead_letter}, 3 internal ones and the privacy ledger "
+                f"{topics.ledger}",
+                flush=True,
+            )
+            dashboard = None if args.no_dashboard else _Dashboard.start(spec, connection, tag, args)
+            code = await _simulate(spec, base, connection, topics, group, args, dashboard, stop)
+            return 0 if stop.requested else code
+        finally:
+            # on every path -- done, failed or stopped by a signal: the monitor first, then its source topics
+            if dashboard is not None:
+                await dashboard.stop(connection, delete_topics=not args.keep_topics)
+            if not args.keep_topics:
+                names = [p.name for p in topics.plans()]
+                await _delete_topics(connection, names)
+                print(f"      deleted this run's {len(names)} topics", flush=True)
 
 
 async def _simulate(
@@ -171,6 +208,7 @@ async def _simulate(
     group: str,
     args: argparse.Namespace,
     dashboard: _Dashboard | None,
+    stop: StopRequest,
 ) -> int:
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
@@ -232,8 +270,9 @@ async def _simulate(
         for _ in tqdm(range(args.windows), desc="      windows", unit="window", file=sys.stdout, disable=not _tty()):
             now = time.time()
             start = (int(now) // size + 1) * size
+            if await stop.sleep(start + 0.2 - now):
+                break
             wanted.update(f"{m.name}|{start * 1000}" for m in spec.metrics)
-            await asyncio.sleep(start + 0.2 - now)
             for ev in population.round():
                 sent = await client.send_rows(ev.metric, ev.values, secrets=population.secrets_of(ev.clients))
                 truth.add_rows(ev.metric, sent, ev.values, ev.indices)  # per send window
@@ -255,7 +294,8 @@ async def _simulate(
         )
         deadline = time.monotonic() + size + spec.window.grace_s + 60
         while len(releases) < expected and time.monotonic() < deadline and not task.done():
-            await asyncio.sleep(0.2)
+            if await stop.sleep(0.2):
+                break
         bar.close()
         bar = None
     finally:
@@ -277,12 +317,11 @@ async def _simulate(
         f"{out_dir / 'demo-releases.jsonl'}",
         flush=True,
     )
-    if dashboard is not None:
-        if args.serve:
-            await dashboard.serve_until_interrupted()
-        await dashboard.stop(connection, delete_topics=not args.keep_topics)  # before its source topics go
-    if not args.keep_topics:
-        await _delete_topics(connection, [p.name for p in topics.plans()])
+    if dashboard is not None and args.serve and not stop.requested:
+        await dashboard.serve_until_interrupted(stop)
+    if stop.requested:
+        print(f"ptel demo: {stop.reason} after {len(releases)} of {expected} releases", flush=True)
+        return 0
     if len(releases) < expected:
         print(f"ptel demo: only {len(releases)} of {expected} releases arrived", file=sys.stderr)
         return 1
@@ -339,20 +378,11 @@ class _Dashboard:
         print(f"      live dashboard: {url}  (monitor {app_id}, log {out_dir / 'demo-monitor.log'})", flush=True)
         return cls(proc, url, app_id)
 
-    async def serve_until_interrupted(self) -> None:
+    async def serve_until_interrupted(self, stop: StopRequest) -> None:
         """Keep the dashboard up until SIGINT/SIGTERM (the cleanup after it still runs)."""
         print(f"      the dashboard stays up at {self.url}; press Ctrl-C to stop", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            while not stop.is_set() and self.proc.poll() is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+        while self.proc.poll() is None and not await stop.sleep(1.0):
+            pass
 
     async def stop(self, connection: Connection, *, delete_topics: bool) -> None:
         """Stop the monitor (SIGINT, then SIGKILL after :data:`MONITOR_STOP_S`) and delete its internal topics;

@@ -29,6 +29,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.http_surface import is_loopback_host
 from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
@@ -201,23 +202,24 @@ async def _serve(
         f"{', bearer token' if operator[2] else ', loopback peers only'})",
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, watcher.reload, "SIGHUP")
-    watching = asyncio.create_task(watcher.run(), name="gateway-key-file-watch")
-    gave_up = asyncio.create_task(gateway.forwarder.gave_up.wait())
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({gave_up, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (gave_up, stopped, watching):
-        task.cancel()
-    failed = gateway.forwarder.failed
-    if failed is not None:
-        print(f"ptel gateway: giving up ({failed}); exiting 1 for a supervisor to restart it", file=sys.stderr)
-    print("gateway stopping: refusing new reports, waiting for Kafka's acknowledgements", flush=True)
-    await runner.cleanup()
-    await operator_runner.cleanup()
+    async with StopRequest(command="ptel gateway") as stop:  # a second signal while stopping exits at once
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, watcher.reload, "SIGHUP")
+        watching = asyncio.create_task(watcher.run(), name="gateway-key-file-watch")
+        gave_up = asyncio.create_task(gateway.forwarder.gave_up.wait())
+        stopped = asyncio.create_task(stop.event.wait())
+        await asyncio.wait({gave_up, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (gave_up, stopped, watching):
+            task.cancel()
+        failed = gateway.forwarder.failed
+        if failed is not None:
+            print(f"ptel gateway: giving up ({failed}); exiting 1 for a supervisor to restart it", file=sys.stderr)
+        print("gateway stopping: refusing new reports, waiting for Kafka's acknowledgements", flush=True)
+        await runner.cleanup()
+        await operator_runner.cleanup()
     stats = gateway.forwarder.stats
-    print(f"gateway stopped: {stats.reports} report(s) in {stats.messages} message(s) acknowledged", flush=True)
+    print(
+        f"gateway stopped{f' ({stop.reason})' if stop.requested else ''}: {stats.reports} report(s) in "
+        f"{stats.messages} message(s) acknowledged",
+        flush=True,
+    )
     return 0 if failed is None else 1

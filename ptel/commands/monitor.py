@@ -10,6 +10,8 @@ spec's retention, dead-letter counts by reason, exact under redelivery -- and se
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,21 @@ from ptel.commands.options import (
     load_spec_or_report,
     operator_token_or_report,
 )
+from ptel.shutdown import forced_exit_status
+
+
+class _MonitorWorker(faust.Worker):
+    """Faust's worker (mode's signal handling: SIGINT/SIGTERM stop the agents, the web server and the loop), which
+    also remembers the signal for the summary and, like every ``ptel`` command, exits at once on a second one."""
+
+    stop_signal: signal.Signals | None = None
+
+    def _schedule_shutdown(self, sig: signal.Signals) -> None:  # mode.Worker's hook of both signals
+        if self.stop_signal is not None:
+            print(f"ptel monitor: {sig.name} again while stopping: exiting now", file=sys.stderr, flush=True)
+            os._exit(forced_exit_status(sig))
+        self.stop_signal = sig
+        super()._schedule_shutdown(sig)
 
 
 def register(subparsers: Any) -> None:
@@ -109,11 +126,20 @@ def run(args: Any) -> int:
         flush=True,
     )
     # the logging set-up of `ptel` (ptel.logs) stays in place: Faust logs through the same handler and format
-    worker = faust.Worker(
-        app, loglevel=str(args.log_level).lower(), loop=loop, redirect_stdouts=False, override_logging=False
+    worker = _MonitorWorker(
+        app,
+        loglevel=str(args.log_level).lower(),
+        loop=loop,
+        redirect_stdouts=False,
+        override_logging=False,
+        stdout=sys.stdout,  # faust's defaults are the streams at its import, before --log-format json wrapped them
+        stderr=sys.stderr,
     )
+    code = 0
     try:
         worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
     except SystemExit as done:
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    return 0
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    if worker.stop_signal is not None:
+        print(f"ptel monitor: stopped by {worker.stop_signal.name} (exit {code})", flush=True)
+    return code

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from schemas.kafka_connection import KafkaConnection, KafkaConnectionError
+from schemas.kafka_connection import ENV_PREFIX, KafkaConnection, KafkaConnectionError
 from schemas.spec import CollectionSpec, SpecError, load_spec
 
 SPEC_ERROR_EXIT = 2  # the exit status of a command whose spec cannot be loaded (argparse's usage-error status)
@@ -44,6 +45,35 @@ def add_bootstrap_argument(parser: argparse.ArgumentParser, *, default: str | No
         "--ssl-keyfile", type=Path, default=None, help="client key (mutual TLS); its password: $PTEL_KAFKA_SSL_PASSWORD"
     )
     kafka.add_argument("--kafka-config", type=Path, default=None, help="TOML or YAML file of connection fields")
+
+
+#: The options of :func:`add_bootstrap_argument` (their ``argparse`` destinations).
+CONNECTION_OPTIONS = (
+    "bootstrap",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "kafka_config",
+)
+#: ``PTEL_KAFKA_*`` variables that configure the local development broker, not a connection.
+LOCAL_BROKER_VARIABLES = ("PTEL_KAFKA_HOME", "PTEL_KAFKA_PORT")
+
+
+def kafka_configured(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the options or the environment name a Kafka to use: any connection flag, ``--kafka-config``, a
+    non-empty ``$PTEL_KAFKA_<FIELD>`` or ``$KAFKA_BOOTSTRAP_SERVERS`` (``ptel demo`` starts its own local broker
+    only when none is)."""
+    env = os.environ if environ is None else environ
+    if any(getattr(args, name, None) for name in CONNECTION_OPTIONS):
+        return True
+    return any(
+        value.strip()
+        for key, value in env.items()
+        if (key.startswith(ENV_PREFIX) and key not in LOCAL_BROKER_VARIABLES) or key == "KAFKA_BOOTSTRAP_SERVERS"
+    )
 
 
 def kafka_connection(args: argparse.Namespace) -> KafkaConnection:

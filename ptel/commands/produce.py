@@ -59,6 +59,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 from schemas.wire import DEFAULT_SHARDS
@@ -227,17 +228,26 @@ async def simulate(
     master: ClientSecret,
     truth: GroundTruth,
     progress: _Progress,
-) -> None:
+    stop: StopRequest | None = None,
+) -> int:
+    """Send the simulated windows (until a stop is requested: then between two chunks); returns the windows begun."""
+    stop = stop or StopRequest()
     size = spec.window.size_s
     windows = args.windows if args.windows is not None else max(1, math.ceil((args.duration or 3 * size) / size))
     population = Population(spec, args.clients, seed=args.seed, master=master)
-    pacer = Pacer(args.rate)
+    pacer = Pacer(args.rate, sleep=_interruptible(stop))
     chunk = pacer.chunk(CHUNK)
+    begun = 0
     for _ in range(windows):
+        if stop.requested:
+            break
+        begun += 1
         started = time.time()
         for events in population.round():
             privatizer = client.privatizer(events.metric)
             for lo in range(0, len(events.values), chunk):
+                if stop.requested:
+                    break
                 values = events.values[lo : lo + chunk]
                 owners = events.clients[lo : lo + chunk]
                 # stamped with the send time (the wire never carries a simulated time): see the module doc
@@ -248,10 +258,20 @@ async def simulate(
                 truth.add_rows(events.metric, sent, values, indices)  # the truth of what was sent, per send window
                 progress.update(len(values))
                 await pacer.sent_more(len(values))
-        if args.realtime:
+        if args.realtime and begun < windows:
             # wait for the next wall-clock window so each simulated window lands in its own broker window
             next_start = (math.floor(started / size) + 1) * size
-            await asyncio.sleep(max(0.0, next_start - time.time()))
+            await stop.sleep(next_start - time.time())
+    return begun
+
+
+def _interruptible(stop: StopRequest) -> Callable[[float], Awaitable[None]]:
+    """A sleep for :class:`Pacer` that a stop request cuts short."""
+
+    async def sleep(seconds: float) -> None:
+        await stop.sleep(seconds)
+
+    return sleep
 
 
 async def replay(
@@ -261,9 +281,12 @@ async def replay(
     master: ClientSecret,
     truth: GroundTruth,
     progress: _Progress,
+    stop: StopRequest | None = None,
 ) -> tuple[int, int]:
-    """Send the valid lines of ``--replay``; returns (sent events, rejected lines)."""
-    pacer = Pacer(args.rate)
+    """Send the valid lines of ``--replay`` (until a stop is requested: every line read before it is sent);
+    returns (sent events, rejected lines)."""
+    stop = stop or StopRequest()
+    pacer = Pacer(args.rate, sleep=_interruptible(stop))
     chunk = pacer.chunk(CHUNK)
     secrets: dict[str, ClientSecret] = {}
     pending: dict[str, list[ReplayEvent]] = defaultdict(list)
@@ -289,6 +312,8 @@ async def replay(
         await pacer.sent_more(len(events))
 
     for item in read_events(args.replay, spec, dict(client.privatizers)):
+        if stop.requested:
+            break
         if isinstance(item, LineError):
             rejected += 1
             if rejected <= MAX_ERRORS_SHOWN:
@@ -326,6 +351,7 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
     publisher = ReportPublisher(settings, topic, windows=WindowDeadline(spec.window.size_s, spec.window.grace_s))
     progress = _Progress(not args.no_progress and sys.stderr.isatty(), None)  # a bar (\r) only on a terminal
     rejected = 0
+    windows_begun: int | None = None
     started = time.monotonic()
     await publisher.start()
     client = EdgeClient(
@@ -336,17 +362,18 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
         shards=args.shards,
         quota_file=args.quota_file,
     )
-    try:
-        if args.replay is not None:
-            _, rejected = await replay(args, spec, client, master, truth, progress)
-        else:
-            await simulate(args, spec, client, master, truth, progress)
-    finally:
-        progress.close()
+    async with StopRequest(command="ptel produce") as stop:
         try:
-            await publisher.stop()
+            if args.replay is not None:
+                _, rejected = await replay(args, spec, client, master, truth, progress, stop)
+            else:
+                windows_begun = await simulate(args, spec, client, master, truth, progress, stop)
         finally:
-            truth.write(args.truth)
+            progress.close()
+            try:
+                await publisher.stop()  # flushes: every report handed to it is acknowledged (or raises)
+            finally:
+                truth.write(args.truth)
     elapsed = time.monotonic() - started
     s = client.stats
     rate = s.reports / elapsed if elapsed > 0 else float("nan")
@@ -359,6 +386,9 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
     )
     if args.replay is not None:
         print(f"rejected {rejected:,} line(s) of {args.replay} (not sent)")
+    if stop.requested:
+        done = f" in window {windows_begun}" if windows_begun is not None else ""
+        print(f"{stop.reason}{done}: every report sent was acknowledged by Kafka", flush=True)
     return 0
 
 

@@ -34,6 +34,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.kafka_connection import Connection, client_kwargs
 from schemas.releases import EstimateRecord, Release, neighbours
 
@@ -455,9 +456,16 @@ def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str])
 
 
 async def read_releases(
-    bootstrap: Connection, topic: str, *, idle_s: float, follow: bool = False, on_release: Any = None
+    bootstrap: Connection,
+    topic: str,
+    *,
+    idle_s: float,
+    follow: bool = False,
+    on_release: Any = None,
+    stop: asyncio.Event | None = None,
 ) -> list[Release]:
-    """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one."""
+    """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one (or
+    ``stop`` is set: within one 0.3 s poll)."""
     consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False)
     seen: dict[str, Release] = {}
     try:
@@ -473,7 +481,7 @@ async def read_releases(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         last = time.monotonic()
-        while follow or time.monotonic() - last < idle_s:
+        while (follow or time.monotonic() - last < idle_s) and not (stop is not None and stop.is_set()):
             batch = await consumer.getmany(timeout_ms=300)
             for recs in batch.values():
                 for r in recs:
@@ -510,16 +518,22 @@ def run(args: Any) -> int:
         if selected(rel):
             print(rel.to_bytes().decode() if jsonl else format_release(rel, truth, args.rows) + "\n", flush=True)
 
-    try:
-        releases = asyncio.run(
-            read_releases(
+    async def read() -> tuple[list[Release], str]:
+        async with StopRequest(command="ptel releases") as stop:  # SIGINT/SIGTERM: summary, plot, exit 0
+            if args.follow:
+                print(f"following {args.topic or spec.topics.releases} (SIGINT or SIGTERM to stop)", file=sys.stderr)
+            found = await read_releases(
                 connection,
                 args.topic or spec.topics.releases,
                 idle_s=args.idle,
                 follow=args.follow,
                 on_release=show,
+                stop=stop.event,
             )
-        )
+        return found, stop.reason
+
+    try:
+        releases, stopped = asyncio.run(read())
     except KeyboardInterrupt:
         return 130
     except TopicAuthorizationFailedError:
@@ -531,7 +545,11 @@ def run(args: Any) -> int:
         return 1
     shown = [r for r in releases if selected(r)]
     # the summary goes to stderr in jsonl mode: stdout stays one JSON record a line
-    print(f"{len(shown)} releases shown of {len(releases)} read", file=sys.stderr if jsonl else sys.stdout, flush=True)
+    print(
+        f"{len(shown)} releases shown of {len(releases)} read" + (f" ({stopped})" if stopped else ""),
+        file=sys.stderr if jsonl else sys.stdout,
+        flush=True,
+    )
     if args.plot:
         print(f"plot: {plot_releases(shown, truth, args.plot)}", file=sys.stderr if jsonl else sys.stdout)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from ptel.commands.options import (
     load_spec_or_report,
     operator_token_or_report,
 )
+from ptel.shutdown import StopRequest
 from schemas.releases import Release
 
 #: Seconds the worker keeps retrying retriable errors while it creates its topics and joins its group.
@@ -215,9 +215,6 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             print(release_line(rel), flush=True)
 
     worker = build_worker(spec, settings, insecure_noise_seed=args.insecure_noise_seed, on_release=show)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, worker.stop)
     print(
         f"worker of group {settings.group} on {settings.kafka.describe() if settings.kafka else settings.bootstrap}: "
         f"{len(spec.metrics)} metrics, "
@@ -226,7 +223,8 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
     )
     runner = None
     await retry_retriable(worker.start, "joining the group", STARTUP_DEADLINE_S)
-    async with worker:
+    # SIGINT/SIGTERM: the open transaction commits, then the loop ends (a second signal: exit at once)
+    async with StopRequest(worker.stop, command="ptel worker") as stop, worker:
         if args.metrics_port is not None:
             observer = WorkerObserver(worker, ready_after_s=args.ready_after)
             runner = await serve(observer, args.metrics_bind, args.metrics_port, token=args.operator_token)
@@ -247,7 +245,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         print(f"this worker released nothing: privacy ledger refused ({s.ledger_refusal[0]}): {s.ledger_refusal[1]}")
     print(
         f"worker stopped: {s.records} records, {s.reports_counted} reports counted, {s.dead_letters} dead letters, "
-        f"{s.releases} releases",
+        f"{s.releases} releases" + (f" ({stop.reason})" if stop.requested else ""),
         flush=True,
     )
     return 0

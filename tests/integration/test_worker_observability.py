@@ -24,6 +24,7 @@ from agents.worker import WorkerSettings
 from ptel.kafka_broker import LocalKafka, free_port
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import make_spec, send_all, wait_for_window_start
+from tests.promlint import lint
 
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
 
@@ -73,6 +74,7 @@ async def test_metrics_health_and_readiness_follow_the_broker(tmp_path: Path) ->
         await _until("the window's release", released, 60)
         status, text = await _get(f"{base}/metrics")
         assert status == 200
+        assert lint(text) == [], text  # promtool check metrics' rules, with releases and dead letters in it
         families = {f.name: f for f in text_string_to_metric_families(text)}
         for name in (
             "ptel_worker_records",

@@ -9,9 +9,11 @@ import pytest
 
 from ptel.cli import build_parser, main
 from ptel.commands.options import (
+    CONNECTION_OPTIONS,
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
+    kafka_configured,
     kafka_connection,
     load_spec_or_report,
 )
@@ -91,16 +93,7 @@ def test_every_spec_command_has_the_same_options(command: str) -> None:
     if command != "demo":
         spec = actions["spec"]
         assert spec.required and spec.type is Path and spec.help == "collection spec (YAML or TOML)"
-    for name in (
-        "bootstrap",
-        "security_protocol",
-        "sasl_mechanism",
-        "sasl_username",
-        "ssl_cafile",
-        "ssl_certfile",
-        "ssl_keyfile",
-        "kafka_config",
-    ):
+    for name in CONNECTION_OPTIONS:
         assert name in actions and not actions[name].required, (command, name)
     assert not any("password" in a for a in actions), command
 
@@ -122,3 +115,23 @@ def test_every_command_exits_2_on_an_unreadable_spec(
     bad.write_text("name: [unclosed\n")
     assert main([command, "--spec", str(bad)]) == SPEC_ERROR_EXIT == 2
     assert "bad.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "configured"),
+    [
+        ([], {}, False),
+        ([], {"PTEL_KAFKA_HOME": "/x", "PTEL_KAFKA_PORT": "9999"}, False),  # the local broker's own settings
+        ([], {"PTEL_KAFKA_BOOTSTRAP_SERVERS": " "}, False),
+        (["--bootstrap", "k:9092"], {}, True),
+        (["--kafka-config", "kafka.toml"], {}, True),
+        (["--security-protocol", "SASL_SSL"], {}, True),
+        ([], {"PTEL_KAFKA_BOOTSTRAP_SERVERS": "k:9092"}, True),
+        ([], {"KAFKA_BOOTSTRAP_SERVERS": "k:9092"}, True),
+        ([], {"PTEL_KAFKA_SECURITY_PROTOCOL": "SSL"}, True),
+    ],
+)
+def test_demo_uses_a_configured_kafka(argv: list[str], environ: dict[str, str], configured: bool) -> None:
+    """``ptel demo`` starts its own broker only when no flag, file or variable names a Kafka (issue 25)."""
+    args = build_parser().parse_args(["demo", *argv])
+    assert kafka_configured(args, environ) is configured

@@ -1,0 +1,111 @@
+"""A graceful stop on SIGINT and SIGTERM, the same for every long-running ``ptel`` command.
+
+The contract (docs/operations.md, "Stopping"): the first SIGINT or SIGTERM asks the command to stop -- it takes no
+new work, flushes what it has already accepted (every report handed to Kafka is acknowledged; the worker commits its
+open transaction; the demo deletes its topics), prints its summary with the signal's name, and exits 0. A second
+signal while it is stopping means "now": the command exits at once with ``128 + signal number`` (130 for SIGINT, 143
+for SIGTERM), saying on stderr that the flush was cut short.
+
+:class:`StopRequest` is that contract for an asyncio command::
+
+    async with StopRequest() as stop:
+        while not stop.requested:
+            ...                              # take and send work
+            if await stop.sleep(1.0):        # a pause that a signal cuts short
+                break
+    print(summary, stop.reason)              # "stopped by SIGTERM"
+
+``on_stop`` is called on the first signal too (say, ``worker.stop``), for commands whose loop lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable
+from types import TracebackType
+
+#: The signals that stop a command gracefully.
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+
+
+def forced_exit_status(sig: signal.Signals) -> int:
+    """The status of a stop forced by a second signal: the shell's convention, ``128 + n``."""
+    return 128 + int(sig)
+
+
+class StopRequest:
+    """Records the first SIGINT/SIGTERM (and calls ``on_stop``); a second one exits the process at once."""
+
+    def __init__(self, on_stop: Callable[[], object] | None = None, *, command: str = "ptel") -> None:
+        self.on_stop = on_stop
+        self.command = command
+        self.signal: signal.Signals | None = None
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def reason(self) -> str:
+        """``"stopped by SIGTERM"`` (or SIGINT), or ``""`` if no signal came."""
+        return "" if self.signal is None else f"stopped by {self.signal.name}"
+
+    @property
+    def event(self) -> asyncio.Event:
+        """Set on the first signal (only while entered)."""
+        if self._event is None:
+            raise RuntimeError("StopRequest.event is available inside `async with StopRequest()` only")
+        return self._event
+
+    def _received(self, sig: signal.Signals) -> None:
+        if self.signal is not None:
+            print(
+                f"{self.command}: {sig.name} again while stopping: exiting now (status {forced_exit_status(sig)}); "
+                "what was not yet flushed may be lost",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            os._exit(forced_exit_status(sig))
+        self.signal = sig
+        print(
+            f"{self.command}: {sig.name} received: stopping (flushing what was accepted)", file=sys.stderr, flush=True
+        )
+        if self._event is not None:
+            self._event.set()
+        if self.on_stop is not None:
+            self.on_stop()
+
+    async def __aenter__(self) -> StopRequest:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        for sig in STOP_SIGNALS:
+            self._loop.add_signal_handler(sig, self._received, sig)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            for sig in STOP_SIGNALS:
+                self._loop.remove_signal_handler(sig)
+        self._loop = None
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True at once if a stop is (or becomes) requested (outside ``async with``: a
+        plain sleep, nothing can interrupt it)."""
+        if self.requested:
+            return True
+        if self._event is None:
+            await asyncio.sleep(max(0.0, seconds))
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), max(0.0, seconds))
+        return self.requested
