@@ -30,7 +30,7 @@ from agents.observability import budget_schedule
 from gateway.metrics import GatewayMetrics
 from mechanisms.core import MAX_DIVERGENCE
 from ptel.cli import build_parser
-from schemas.spec import load_spec
+from schemas.spec import RegressionMetric, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -196,10 +196,19 @@ def _replay(metric: str, charge: float, windows: int) -> list[tuple[float, float
     return out
 
 
+def _window_epsilon(metric: str) -> float:
+    """The ε the worker charges ``metric`` for one window (its spec's window cost)."""
+    m = DEMO.metric(metric)
+    assert isinstance(m, RegressionMetric)
+    unit, first, _ = m.window_cost()
+    assert unit == "epsilon"
+    return float(first)
+
+
 def test_the_budget_alert_is_silent_at_steady_state_and_the_old_one_is_not() -> None:
-    """latency_vs_payload: 1 ε per window, 60 windows per horizon, budget 60 -- spent is 60/60 from the 60th window
-    on, for ever (the issue's 60/60)."""
-    steady = _replay("latency_vs_payload", 1.0, windows=3 * 60)
+    """latency_vs_payload: its window cost (1.25 ε with the point-count test), 60 windows per horizon, budget 75 --
+    spent is 75/75 from the 60th window on, for ever (the issue's 60/60)."""
+    steady = _replay("latency_vs_payload", _window_epsilon("latency_vs_payload"), windows=3 * 60)
     assert len(steady) == 180, "the designed spending must never be refused"
     assert not [i for i, (spent, schedule, _) in enumerate(steady) if spent > schedule * AHEAD_MARGIN]
     old_rule = [i for i, (spent, _, budget) in enumerate(steady) if spent / budget > 0.9]
@@ -207,8 +216,8 @@ def test_the_budget_alert_is_silent_at_steady_state_and_the_old_one_is_not() -> 
 
 
 def test_the_budget_alert_fires_before_the_refusal_when_spending_outruns_the_horizon() -> None:
-    """The mutation: 2 ε per window exhausts the budget after 30 of the 60 windows; the alert fires at once."""
-    fast = _replay("latency_vs_payload", 2.0, windows=3 * 60)
+    """The mutation: twice the window cost exhausts the budget after 30 of the 60 windows; the alert fires at once."""
+    fast = _replay("latency_vs_payload", 2 * _window_epsilon("latency_vs_payload"), windows=3 * 60)
     assert len(fast) == 30  # the 31st release is refused
     firing = [i for i, (spent, schedule, _) in enumerate(fast) if spent > schedule * AHEAD_MARGIN]
     assert firing and firing[0] <= 2, firing
