@@ -131,6 +131,13 @@ def register(subparsers: Any) -> None:
         default=10.0,
         help="/readyz fails when no fetch response arrived for this many seconds (default 10)",
     )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=STARTUP_DEADLINE_S,
+        help="seconds to keep retrying retriable Kafka errors while creating the topics and joining the group, "
+        f"then exit 1 (default {STARTUP_DEADLINE_S:g})",
+    )
     p.add_argument("--insecure-noise-seed", default=None, help=argparse.SUPPRESS)  # tests only: predictable noise
     p.add_argument("--quiet", action="store_true", help="do not print releases")
     p.set_defaults(func=run)
@@ -155,6 +162,12 @@ def run(args: Any) -> int:
         return 2
     if not 0 < args.ready_after < float("inf"):
         print(f"ptel worker: --ready-after ({args.ready_after}) must be a number of seconds in (0, ∞)", file=sys.stderr)
+        return 2
+    if not 0 < args.startup_timeout < float("inf"):
+        print(
+            f"ptel worker: --startup-timeout ({args.startup_timeout}) must be a number of seconds in (0, ∞)",
+            file=sys.stderr,
+        )
         return 2
     spec = load_spec_or_report(args.spec)
     if spec is None:
@@ -208,7 +221,9 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         )
     topics = WorkerTopics.for_spec(spec, settings.group)
     # a broker still starting, or a fresh cluster whose metadata has not reached every broker: retried, bounded
-    await retry_retriable(lambda: ensure_topics(settings.connection, topics), "ensuring the topics", STARTUP_DEADLINE_S)
+    await retry_retriable(
+        lambda: ensure_topics(settings.connection, topics), "ensuring the topics", args.startup_timeout
+    )
 
     def show(rel: Release) -> None:
         if not args.quiet:
@@ -222,7 +237,7 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         flush=True,
     )
     runner = None
-    await retry_retriable(worker.start, "joining the group", STARTUP_DEADLINE_S)
+    await retry_retriable(worker.start, "joining the group", args.startup_timeout)
     # SIGINT/SIGTERM: the open transaction commits, then the loop ends (a second signal: exit at once)
     async with StopRequest(worker.stop, command="ptel worker") as stop, worker:
         if args.metrics_port is not None:

@@ -80,7 +80,7 @@ def test_text_format_is_unchanged_and_the_json_check_can_fail() -> None:
 
 def test_a_real_command_fails_in_json(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "ptel.cli", "worker", "--spec", str(ROOT / "examples" / "demo-spec.yaml")]
-    argv += ["--bootstrap", "127.0.0.1:1", "--log-format", "json"]
+    argv += ["--bootstrap", "127.0.0.1:1", "--log-format", "json", "--startup-timeout", "3"]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1
     records = _records(done.stdout.splitlines() + done.stderr.splitlines())
