@@ -29,7 +29,10 @@ RUN pip install . -c constraints.txt && rm -rf build *.egg-info
 COPY examples ./examples
 
 # An unprivileged user (the worker's state lives in Kafka; the producer keeps its client secret in ~/.config/ptel).
-RUN useradd --create-home --uid 10001 ptel && chown ptel /app
+# /var/lib/ptel (ptel's, mode 0700): where a volume keeps the workers' privacy-ledger key when no secret store
+# provides it (docker-compose.yml: PTEL_LEDGER_KEY_FILE=/var/lib/ptel/ledger.key; a new named volume takes this
+# directory's owner and mode).
+RUN useradd --create-home --uid 10001 ptel && chown ptel /app && install -d -o ptel -g ptel -m 0700 /var/lib/ptel
 USER ptel
 
 # Liveness of the service the container runs: its /healthz (the worker's --metrics-port 9108 by default; the compose

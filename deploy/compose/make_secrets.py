@@ -12,12 +12,17 @@ file                                  owner  what
 ``kafka-password``                    kafka  the SCRAM-SHA-512 password of user ``ptel`` (Kafka formats it in)
 ``kafka-client.yaml``                 ptel   the clients' ``--kafka-config``: SASL_SSL, SCRAM-SHA-512, that password
 ``monitor-operator-token``            ptel   the monitor's operator bearer token
+``worker-operator-token``             ptel   the bearer token of the worker's ``/metrics`` (``--operator-token-file``)
+``gateway-operator-token``            ptel   the bearer token of the gateway's operator listener (``/metrics``)
+``ledger.key``                        ptel   the workers' privacy-ledger key (``PTEL_LEDGER_KEY_FILE``): one file for
+                                             every worker of the group (``agents/ledger_seal.py``)
 ``gateway.keys``                      ptel   the gateway's key file (``ptel gateway-keys``)
 ``gateway.pem``, ``gateway.key``      ptel   the gateway's HTTPS certificate (``localhost``, ``gateway-secured``)
 ====================================  =====  =======================================================================
 
 Each secret is mode 0600 and owned by the one user that reads it (Kafka's image runs as uid 1000, ours as 10001),
-so a service sees only its own secrets' contents. Runs in the project image (it has ``cryptography``).
+so a service sees only its own secrets' contents. Runs in the project image (it has ``cryptography``). A folder made
+by an older version gets the files it lacks (:data:`ADDED_LATER`) and keeps the others.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ def make_secrets(folder: Path, kafka_host: str, mount: Path = MOUNT) -> bool:
     """Write the files of the module docstring into ``folder`` (seen by the services at ``mount``); False (and nothing
     written) if already done."""
     if (folder / ".complete").exists():
-        return False
+        return _add_missing(folder)
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -137,8 +142,33 @@ def make_secrets(folder: Path, kafka_host: str, mount: Path = MOUNT) -> bool:
         gateway_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, unencrypted),
         PTEL_UID,
     )
+    _add_missing(folder)
     (folder / ".complete").write_text("made by deploy/compose/make_secrets.py\n")
     return True
+
+
+#: Files a folder made before they existed lacks: written when absent, never replaced (a new ledger key would make
+#: the workers refuse their own ledger as tampered).
+ADDED_LATER = ("worker-operator-token", "gateway-operator-token", "ledger.key")
+
+
+def _add_missing(folder: Path) -> bool:
+    """Write those of :data:`ADDED_LATER` that ``folder`` lacks; whether any was written."""
+    from agents.ledger_seal import LedgerSecret  # the project image's own key file format
+
+    made = False
+    for name in ADDED_LATER:
+        path = folder / name
+        if path.exists():
+            continue
+        if name == "ledger.key":
+            LedgerSecret.from_file(path, create=True)  # mode 0600
+            if os.geteuid() == 0:
+                os.chown(path, PTEL_UID, PTEL_UID)
+        else:
+            _write(path, secrets.token_urlsafe(32).encode(), PTEL_UID)
+        made = True
+    return made
 
 
 def main() -> None:

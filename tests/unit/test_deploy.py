@@ -9,12 +9,18 @@
   alert's logic is replayed here on the real ledger: silent at steady state, firing when spending outruns the
   horizon -- and the documented ``spent / budget > 0.9`` fires at steady state (the issue's finding).
 * Grafana: the dashboard is JSON whose queries parse and name exported metrics.
+* The three deployment rules (docs/operations.md, "Deploying"; tests/deploy_rules.py), each with mutation tests
+  that remove the setting and see the check fail: every worker pod reads the SAME ledger key from one Secret,
+  owner-only and read-only (not its own default key); every operator ``/metrics`` off loopback has a token file from
+  a Secret; every Prometheus scrape job (ptel-scrape.yml) sends credentials to the port that serves ``/metrics``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from gateway.metrics import GatewayMetrics
 from mechanisms.core import MAX_DIVERGENCE
 from ptel.cli import build_parser
 from schemas.spec import RegressionMetric, load_spec
+from tests.deploy_rules import ledger_key_file, metrics_route, metrics_route_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -98,8 +105,344 @@ def test_workload_probes_command_and_secrets(obj: dict[str, Any]) -> None:
     assert "ptel-kafka" in mounted and mounted <= secrets
     assert parsed.kafka_config is not None and str(parsed.kafka_config).startswith("/etc/ptel/kafka/")
     for env in container.get("env", []):
-        assert "value" not in env or not re.search(r"pass|token|secret|key", env["name"], re.I), env
+        # a *_FILE variable names a file (its origin is checked below), never a secret itself
+        secretive = re.search(r"pass|token|secret|key", env["name"], re.I) and not env["name"].endswith("_FILE")
+        assert "value" not in env or not secretive, env
     assert not any(re.search(r"pass|token", a, re.I) and not a.startswith("--") and "/" not in a for a in args)
+
+
+# ------------------------------------------------------------------------- Kubernetes: the deployment rules
+
+
+@dataclass(frozen=True)
+class SecretFile:
+    """Where a file a container reads comes from: key ``key`` of Secret ``secret``, as the reader sees it."""
+
+    secret: str
+    key: str
+    mode: int  # as the reader's stat() shows it
+    read_only: bool  # the reader cannot write there (so cannot make a file of its own instead)
+
+
+def _mount(container: dict[str, Any], path: str) -> tuple[dict[str, Any], str] | None:
+    """The volume mount ``path`` lies under (the longest), and ``path`` relative to it."""
+    mounts = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        return None
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    return mount, path[len(mount["mountPath"].rstrip("/")) + 1 :]
+
+
+def _copies(init: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """``install -m MODE [-t DIR] SRC... | SRC DST`` of an init container: destination -> (source, mode)."""
+    argv = init.get("command", []) + init.get("args", [])
+    if argv[:1] != ["install"]:
+        return {}
+    mode, rest = int(argv[argv.index("-m") + 1], 8), [a for a in argv[1:] if a != "-m"]
+    rest.remove(argv[argv.index("-m") + 1])
+    if "-t" in rest:
+        folder = rest[rest.index("-t") + 1]
+        sources = [a for a in rest if a not in ("-t", folder)]
+        return {f"{folder}/{Path(s).name}": (s, mode) for s in sources}
+    (source, destination) = rest
+    return {destination: (source, mode)}
+
+
+def _secret_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> SecretFile | None:
+    """The Secret behind ``path`` in ``container``: mounted directly, or copied by an init container into an
+    ``emptyDir`` (then with the copy's mode). A Secret volume's files are group-readable under the pod's ``fsGroup``
+    whatever ``defaultMode`` says (kubelet ORs 0440 in: kubernetes/kubernetes#57923)."""
+    found = _mount(container, path)
+    if found is None:
+        return None
+    mount, relative = found
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    read_only = bool(mount.get("readOnly"))
+    if "secret" in volume:
+        mode = volume["secret"].get("defaultMode", 0o644)
+        if pod.get("securityContext", {}).get("fsGroup") is not None:
+            mode |= 0o440
+        return SecretFile(volume["secret"]["secretName"], relative, mode, read_only)
+    if "emptyDir" in volume:
+        for init in pod.get("initContainers", []):
+            for destination, (source, mode) in _copies(init).items():
+                there = _mount(init, destination)
+                if there is not None and there[0]["name"] == volume["name"] and there[1] == relative:
+                    origin = _secret_file(pod, init, source)
+                    if origin is not None:
+                        return SecretFile(origin.secret, origin.key, mode, read_only)
+    return None
+
+
+def _owner_only(origin: SecretFile | None) -> bool:
+    return origin is not None and origin.mode & 0o077 == 0
+
+
+def _pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(workload name, pod spec, its ptel container) of every Deployment and StatefulSet."""
+    out = []
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            pod = obj["spec"]["template"]["spec"]
+            (container,) = pod["containers"]
+            out.append((obj["metadata"]["name"], pod, container))
+    return out
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _ledger_key_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Rule 1: every worker pod reads its ledger key from the same key of the same Secret, a file only its user can
+    read (the worker refuses another) on a volume it cannot write (it would otherwise make a key of its own)."""
+    problems, origins = [], set()
+    secrets = {(o["metadata"]["name"], k) for o in objects if o["kind"] == "Secret" for k in o.get("stringData", {})}
+    for name, pod, container in _pods(objects):
+        if container["args"][1] != "worker":
+            continue
+        path = ledger_key_file(container["args"], _env(container))
+        origin = None if path is None else _secret_file(pod, container, path)
+        if origin is None:
+            problems.append(f"{name}: ledger key {path} is not from a Secret (each pod would make its own)")
+            continue
+        origins.add((origin.secret, origin.key))
+        if (origin.secret, origin.key) not in secrets:
+            problems.append(f"{name}: ledger key from {origin.secret}/{origin.key}, which no Secret defines")
+        if not _owner_only(origin):
+            problems.append(f"{name}: ledger key {path} has mode {origin.mode:04o}: the worker refuses it")
+        if not origin.read_only:
+            problems.append(f"{name}: ledger key {path} on a writable volume (a missing key would be made anew)")
+    if len(origins) > 1:
+        problems.append(f"workers read different ledger keys: {sorted(origins)}")
+    if not origins and not problems:
+        problems.append("no worker")
+    return problems
+
+
+def _operator_token_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Rule 2: every operator /metrics off loopback has a token file from a Secret (owner-only for the gateway,
+    which refuses another), and the gateway's operator listener is a declared container port."""
+    problems = []
+    for name, pod, container in _pods(objects):
+        args = container["args"]
+        problems += [f"{name}: {p}" for p in metrics_route_problems(args)]
+        route = metrics_route(args)
+        if route is None or route.token_file is None:
+            continue
+        origin = _secret_file(pod, container, route.token_file)
+        if origin is None:
+            problems.append(f"{name}: operator token {route.token_file} is not from a Secret")
+        elif route.server == "gateway" and not _owner_only(origin):
+            problems.append(f"{name}: operator token mode {origin.mode:04o}: the gateway refuses it")
+        if route.port not in {p["containerPort"] for p in container["ports"]}:
+            problems.append(f"{name}: /metrics port {route.port} is not a container port")
+    return problems
+
+
+SCRAPE = yaml.safe_load((DEPLOY / "prometheus" / "ptel-scrape.yml").read_text())
+
+
+def _scrape_problems(scrape: dict[str, Any], objects: list[dict[str, Any]]) -> list[str]:
+    """Rule 3: one job per server, named as the alert rules name it, keeping exactly the pod port that serves that
+    server's /metrics, and sending credentials; no pod invites a generic (credential-less) annotation scrape."""
+    problems = []
+    servers = {}
+    for name, _pod, container in _pods(objects):
+        route = metrics_route(container["args"])
+        assert route is not None, name
+        servers[name] = (route, {p["name"]: p["containerPort"] for p in container["ports"]})
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    if set(jobs) != set(servers):
+        problems.append(f"scrape jobs {sorted(jobs)} are not the workloads {sorted(servers)}")
+    for job_name, job in jobs.items():
+        if not job.get("authorization", {}).get("credentials_file"):
+            problems.append(f"{job_name}: scrapes an operator /metrics without credentials")
+        if job.get("metrics_path", "/metrics") != "/metrics" or job_name not in servers:
+            problems.append(f"{job_name}: not a server's /metrics")
+            continue
+        if not servers[job_name][0].scrapeable:
+            problems.append(f"{job_name}: its server's /metrics answers loopback peers only (no token)")
+        keep = [r for r in job.get("relabel_configs", []) if r.get("action") == "keep"]
+        route, ports = servers[job_name]
+        if len(keep) != 1 or keep[0]["source_labels"] != [
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name",
+            "__meta_kubernetes_pod_container_port_name",
+        ]:
+            problems.append(f"{job_name}: does not keep one (app, port name) pair")
+            continue
+        app, _, port_name = keep[0]["regex"].partition(";")
+        if app != job_name or ports.get(port_name) != route.port:
+            problems.append(f"{job_name}: keeps port {port_name!r}, not /metrics' port {route.port}")
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
+            if annotations.get("prometheus.io/scrape") == "true":
+                problems.append(f"{obj['metadata']['name']}: invites a scrape without credentials")
+    return problems
+
+
+K8S = [o for _, o in OBJECTS]
+
+
+def test_every_worker_pod_reads_the_same_ledger_key_from_a_secret() -> None:
+    assert _ledger_key_problems(K8S) == []
+
+
+def test_every_operator_metrics_route_off_loopback_has_a_token_from_a_secret() -> None:
+    assert _operator_token_problems(K8S) == []
+    # the gateway's /metrics is on its operator listener, off the devices' port, and bound for Prometheus
+    (gateway,) = [c for _, _, c in _pods(K8S) if c["args"][1] == "gateway"]
+    route = metrics_route(gateway["args"])
+    assert route is not None and not route.loopback and route.port != 8088
+
+
+def test_every_scrape_job_sends_credentials_to_the_metrics_port() -> None:
+    assert _scrape_problems(SCRAPE, K8S) == []
+    rule_jobs = set(re.findall(r'job="([a-z-]+)"', (DEPLOY / "prometheus" / "ptel-rules.yml").read_text()))
+    assert rule_jobs <= {job["job_name"] for job in SCRAPE["scrape_configs"]}, rule_jobs
+
+
+def test_the_gateway_reads_its_key_file_owner_only_from_its_secret() -> None:
+    """The gateway refuses a key file that group or others may read (gateway/keys.py): not the Secret volume itself
+    (0440 under fsGroup) but the init container's copy."""
+    (pod, gateway) = next((p, c) for _, p, c in _pods(K8S) if c["args"][1] == "gateway")
+    keys = str(build_parser().parse_args(gateway["args"][1:]).keys)
+    origin = _secret_file(pod, gateway, keys)
+    assert origin is not None and origin.secret == "ptel-gateway-keys" and _owner_only(origin), origin
+    assert not _owner_only(_secret_file(pod, pod["initContainers"][0], "/etc/ptel/gateway/gateway.keys"))
+
+
+def _mutated(change: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = json.loads(json.dumps(K8S))
+    change(objects)
+    return objects
+
+
+def _workload(objects: list[dict[str, Any]], command: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(object, pod spec, container) of the workload running ``ptel <command>``."""
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            pod = obj["spec"]["template"]["spec"]
+            if pod["containers"][0]["args"][1] == command:
+                return obj, pod, pod["containers"][0]
+    raise AssertionError(command)
+
+
+def _drop_env(objects: list[dict[str, Any]]) -> None:
+    _, _, container = _workload(objects, "worker")
+    container["env"] = [e for e in container["env"] if e["name"] != "PTEL_LEDGER_KEY_FILE"]
+
+
+def _second_worker_with_its_own_key(objects: list[dict[str, Any]]) -> None:
+    obj, _, _ = _workload(objects, "worker")
+    twin = json.loads(json.dumps(obj))
+    twin["metadata"]["name"] = "ptel-worker-b"
+    (volume,) = [v for v in twin["spec"]["template"]["spec"]["volumes"] if v["name"] == "ledger-key"]
+    volume["secret"]["secretName"] = "ptel-ledger-key-b"
+    objects.append(twin)
+    objects.append({"kind": "Secret", "metadata": {"name": "ptel-ledger-key-b"}, "stringData": {"ledger.key": "x"}})
+
+
+def _key_straight_from_the_secret(objects: list[dict[str, Any]]) -> None:
+    """PTEL_LEDGER_KEY_FILE on the Secret volume itself (0440 under fsGroup, whatever its defaultMode)."""
+    _, _, container = _workload(objects, "worker")
+    container["volumeMounts"].append({"name": "ledger-key", "mountPath": "/etc/ptel/ledger-key", "readOnly": True})
+    for env in container["env"]:
+        if env["name"] == "PTEL_LEDGER_KEY_FILE":
+            env["value"] = "/etc/ptel/ledger-key/ledger.key"
+
+
+def _copy_group_readable(objects: list[dict[str, Any]]) -> None:
+    _, pod, _ = _workload(objects, "worker")
+    command = pod["initContainers"][0]["command"]
+    command[command.index("-m") + 1] = "0440"
+
+
+def _key_volume_writable(objects: list[dict[str, Any]]) -> None:
+    _, _, container = _workload(objects, "worker")
+    for mount in container["volumeMounts"]:
+        if mount["name"] == "run":
+            mount.pop("readOnly")
+
+
+def _drop_flag(command: str, flag: str) -> Callable[[list[dict[str, Any]]], None]:
+    def change(objects: list[dict[str, Any]]) -> None:
+        _, _, container = _workload(objects, command)
+        args = container["args"]
+        i = args.index(flag)
+        del args[i : i + 2]
+
+    return change
+
+
+def _gateway_token_straight_from_the_secret(objects: list[dict[str, Any]]) -> None:
+    _, _, container = _workload(objects, "gateway")
+    container["volumeMounts"].append({"name": "operator-token", "mountPath": "/etc/ptel/operator", "readOnly": True})
+    args = container["args"]
+    args[args.index("--operator-token-file") + 1] = "/etc/ptel/operator/token"
+
+
+def _undeclared_operator_port(objects: list[dict[str, Any]]) -> None:
+    _, _, container = _workload(objects, "gateway")
+    container["ports"] = [p for p in container["ports"] if p["name"] != "operator"]
+
+
+Objects = list[dict[str, Any]]
+K8S_MUTATIONS: dict[str, tuple[Callable[[Objects], None], Callable[[Objects], list[str]]]] = {
+    "worker-without-PTEL_LEDGER_KEY_FILE": (_drop_env, _ledger_key_problems),
+    "second-worker-with-its-own-key-Secret": (_second_worker_with_its_own_key, _ledger_key_problems),
+    "key-read-on-the-Secret-volume-0440": (_key_straight_from_the_secret, _ledger_key_problems),
+    "key-copied-group-readable": (_copy_group_readable, _ledger_key_problems),
+    "key-on-a-writable-volume": (_key_volume_writable, _ledger_key_problems),
+    "worker-metrics-without-token": (_drop_flag("worker", "--operator-token-file"), _operator_token_problems),
+    "monitor-without-token": (_drop_flag("monitor", "--operator-token-file"), _operator_token_problems),
+    "gateway-operator-listener-without-token": (
+        _drop_flag("gateway", "--operator-token-file"),
+        _operator_token_problems,
+    ),
+    "gateway-token-on-the-Secret-volume-0440": (_gateway_token_straight_from_the_secret, _operator_token_problems),
+    "gateway-operator-port-undeclared": (_undeclared_operator_port, _operator_token_problems),
+}
+
+
+@pytest.mark.parametrize("mutation", K8S_MUTATIONS)
+def test_the_kubernetes_rule_checks_fail_without_their_setting(mutation: str) -> None:
+    change, check = K8S_MUTATIONS[mutation]
+    assert check(K8S) == []
+    assert check(_mutated(change)), mutation
+
+
+def _scrape_mutated(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    scrape: dict[str, Any] = json.loads(json.dumps(SCRAPE))
+    change(scrape)
+    return scrape
+
+
+def _job(scrape: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(j for j in scrape["scrape_configs"] if j["job_name"] == name)
+
+
+SCRAPE_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "worker-job-without-credentials": lambda s: _job(s, "ptel-worker").pop("authorization"),
+    "gateway-job-on-the-devices-port": lambda s: _job(s, "ptel-gateway")["relabel_configs"][0].update(
+        regex="ptel-gateway;http"
+    ),
+    "monitor-job-missing": lambda s: s["scrape_configs"].remove(_job(s, "ptel-monitor")),
+}
+
+
+@pytest.mark.parametrize("mutation", SCRAPE_MUTATIONS)
+def test_the_scrape_check_fails_without_its_setting(mutation: str) -> None:
+    assert _scrape_problems(_scrape_mutated(SCRAPE_MUTATIONS[mutation]), K8S), mutation
+
+
+def test_the_scrape_check_fails_on_an_annotation_scrape() -> None:
+    def annotate(objects: list[dict[str, Any]]) -> None:
+        obj, _, _ = _workload(objects, "worker")
+        obj["spec"]["template"]["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
+
+    assert _scrape_problems(SCRAPE, _mutated(annotate))
 
 
 # ---------------------------------------------------------------------------------------------- Prometheus
@@ -241,14 +584,71 @@ def test_grafana_dashboard_queries_parse_and_name_exported_metrics() -> None:
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
 
 
+SYSTEMD_UNIT = (DEPLOY / "systemd" / "ptel-worker@.service").read_text()
+
+
+def _unit_settings(text: str) -> dict[str, list[str]]:
+    """A unit file's settings, each key with all its values in order (Environment=, LoadCredential= repeat)."""
+    out: dict[str, list[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        if "=" in line and not line.startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _systemd_problems(text: str) -> list[str]:
+    """The deployment rules on the worker unit: its ledger key file is named, exists before start (the unit asserts
+    it) and is not a systemd credential (shown mode 0440: refused); /metrics off loopback has its token."""
+    settings = _unit_settings(text)
+    credentials = "/run/credentials/ptel-worker@0.service"  # %d
+    env = dict(e.replace("%d", credentials).split("=", 1) for e in settings.get("Environment", []))
+    (exec_start,) = settings["ExecStart"]
+    argv = [a.replace("%i", "0").replace("%d", credentials) for a in exec_start.split()]
+    argv[0] = "ptel"
+    problems = metrics_route_problems(argv)
+    key = ledger_key_file(argv, env)
+    if key is None:
+        problems.append("worker: no ledger key file (each host would make its own)")
+    elif key not in settings.get("AssertFileNotEmpty", []):
+        problems.append(f"worker: the unit starts without its ledger key {key} (the worker would make one)")
+    if key is not None and "/run/credentials/" in key:
+        problems.append("worker: the ledger key as a systemd credential reads as mode 0440 (ACL mask): refused")
+    route = metrics_route(argv)
+    if (
+        route is not None
+        and route.token_file is not None
+        and not any(route.token_file.endswith("/" + c.split(":", 1)[0]) for c in settings.get("LoadCredential", []))
+    ):
+        problems.append(f"worker: its operator token {route.token_file} is no credential of the unit")
+    return problems
+
+
 def test_systemd_unit_runs_the_worker_with_files_for_secrets() -> None:
-    text = (DEPLOY / "systemd" / "ptel-worker@.service").read_text().replace("\\\n", " ")
-    lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
-    argv = lines["ExecStart"].split()
+    settings = _unit_settings(SYSTEMD_UNIT)
+    argv = settings["ExecStart"][0].split()
     parsed = build_parser().parse_args([a.replace("%i", "0") for a in argv[1:]])
     assert parsed.func is not None and parsed.kafka_config is not None
-    assert lines["Restart"] == "on-failure" and lines["KillSignal"] == "SIGTERM" and lines["User"] == "ptel"
-    assert not re.search(r"PASSWORD|TOKEN", text)
+    assert settings["Restart"] == ["on-failure"] and settings["KillSignal"] == ["SIGTERM"]
+    assert settings["User"] == ["ptel"]
+    assert not re.search(r"PASSWORD|TOKEN", SYSTEMD_UNIT)
+    assert _systemd_problems(SYSTEMD_UNIT) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("Environment=PTEL_LEDGER_KEY_FILE=/etc/ptel/ledger.key\n", ""),
+        ("AssertFileNotEmpty=/etc/ptel/ledger.key\n", ""),
+        ("PTEL_LEDGER_KEY_FILE=/etc/ptel/ledger.key", "PTEL_LEDGER_KEY_FILE=%d/ledger.key"),
+        (" --operator-token-file %d/operator-token", ""),
+        ("LoadCredential=operator-token:", "LoadCredential=metrics-token:"),
+    ],
+    ids=["no-key-file", "starts-without-key", "key-as-credential", "no-token", "token-not-loaded"],
+)
+def test_the_systemd_checks_fail_without_their_setting(old: str, new: str) -> None:
+    assert old in SYSTEMD_UNIT
+    assert _systemd_problems(SYSTEMD_UNIT.replace(old, new))
 
 
 def test_monitor_and_gateway_expositions_feed_the_name_check() -> None:

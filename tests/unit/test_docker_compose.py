@@ -1,14 +1,27 @@
-"""docker-compose.yml and Dockerfile, checked statically (no Docker engine runs where the tests run)."""
+"""docker-compose.yml and Dockerfile, checked statically (no Docker engine runs where the tests run).
+
+The deployment rules (docs/operations.md, "Deploying"; tests/deploy_rules.py) on every ``ptel`` service, each with
+a mutation test that removes the setting and sees the check fail: every worker names its ledger key file, on a
+volume that outlives the container, the same one for every worker of a profile (the secured profile's is a file
+``make_secrets.py`` generates); every operator ``/metrics`` off loopback has a token file ``make_secrets.py``
+generates; the secured profile's servers are scrapeable from the network.
+"""
 
 from __future__ import annotations
 
 import base64
+import importlib.util
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.deploy_rules import ledger_key_file, metrics_route, metrics_route_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,17 +142,20 @@ def test_secured_broker_listens_on_sasl_ssl_only() -> None:
     assert "--add-scram" in script and "SCRAM-SHA-512=[name=ptel" in script
 
 
-def test_make_secrets_writes_a_loadable_client_config(tmp_path: Path) -> None:
-    """The generated client file is a valid --kafka-config for SASL_SSL; every secret file is mode 0600; a second
-    run keeps the first run's secrets."""
-    import importlib.util
-
-    from schemas.kafka_connection import KafkaConnection
-
+def _make_secrets_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("make_secrets", ROOT / "deploy" / "compose" / "make_secrets.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_make_secrets_writes_a_loadable_client_config(tmp_path: Path) -> None:
+    """The generated client file is a valid --kafka-config for SASL_SSL; every secret file is mode 0600; a second
+    run keeps the first run's secrets."""
+    from schemas.kafka_connection import KafkaConnection
+
+    module = _make_secrets_module()
     folder = tmp_path / "secrets"
     assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
     connection = KafkaConnection.load(folder / "kafka-client.yaml")
@@ -149,11 +165,179 @@ def test_make_secrets_writes_a_loadable_client_config(tmp_path: Path) -> None:
     password = connection.sasl_password.get_secret_value()
     assert password == (folder / "kafka-password").read_text() and len(password) >= 32
     for name in ("kafka-client.yaml", "kafka-password", "broker-key-password", "broker-keystore.p12",
-                 "monitor-operator-token", "gateway.keys", "gateway.key"):  # fmt: skip
+                 "monitor-operator-token", "gateway.keys", "gateway.key", "worker-operator-token",
+                 "gateway-operator-token", "ledger.key"):  # fmt: skip
         assert (folder / name).stat().st_mode & 0o777 == 0o600, name
     assert (folder / "ca.pem").read_bytes().startswith(b"-----BEGIN CERTIFICATE-----")
     assert module.make_secrets(folder, "kafka-secured", mount=folder) is False
     assert (folder / "kafka-password").read_text() == password
+
+
+def test_make_secrets_writes_the_workers_ledger_key_once(tmp_path: Path) -> None:
+    """``ledger.key`` is a key the worker loads (its own format, owner-only); a second run keeps it byte for byte (a
+    new one would make the workers refuse their ledger); a folder made before it existed gets it and the tokens,
+    and keeps everything else."""
+    from agents.ledger_seal import LedgerSecret
+
+    module = _make_secrets_module()
+    folder = tmp_path / "secrets"
+    assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
+    key = (folder / "ledger.key").read_bytes()
+    assert len(LedgerSecret.from_file(folder / "ledger.key", create=False).secret) == 32
+    for name in ("worker-operator-token", "gateway-operator-token"):
+        assert len((folder / name).read_text()) >= 16, name
+    assert module.make_secrets(folder, "kafka-secured", mount=folder) is False
+    assert (folder / "ledger.key").read_bytes() == key
+    # an older version's folder: .complete, but none of the files added later
+    password = (folder / "kafka-password").read_bytes()
+    for name in module.ADDED_LATER:
+        (folder / name).unlink()
+    assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
+    assert {p.name for p in folder.iterdir()} >= set(module.ADDED_LATER)
+    assert (folder / "ledger.key").stat().st_mode & 0o777 == 0o600
+    assert (folder / "kafka-password").read_bytes() == password
+
+
+# ------------------------------------------------------------------------------------- the deployment rules
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The files make_secrets.py writes into the ``ptel-secrets`` volume (run for real)."""
+    folder = tmp_path_factory.mktemp("secrets") / "ptel"
+    _make_secrets_module().make_secrets(folder, "kafka-secured", mount=folder)
+    return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+
+
+SECRETS_VOLUME = "ptel-secrets"
+
+
+def _volume_at(service: dict[str, Any], path: str) -> tuple[str, str, str, bool] | None:
+    """(volume source, its mount point, ``path`` relative to it, read-only) of the mount ``path`` lies under."""
+    best = None
+    for mount in service.get("volumes", []):
+        source, target, *options = mount.split(":")
+        if path.startswith(target.rstrip("/") + "/") and (best is None or len(target) > len(best[1])):
+            best = (source, target, path[len(target.rstrip("/")) + 1 :], "ro" in options)
+    return best
+
+
+def _image_owned_dirs() -> set[str]:
+    """Directories the Dockerfile makes for user ptel (a new named volume mounted there takes their owner)."""
+    text = (ROOT / "Dockerfile").read_text()
+    return set(re.findall(r"install -d -o ptel -g ptel -m 0?700 (\S+)", text))
+
+
+def _rule_problems(compose: dict[str, Any], generated: set[str]) -> list[str]:
+    problems: list[str] = []
+    declared = set(compose.get("volumes", {}))
+    keys: dict[str, set[tuple[str, str]]] = {}
+    for name, service in _ptel_services(compose).items():
+        command = service["command"]
+        if command[0] != "ptel":
+            continue
+        problems += [f"{name}: {p}" for p in metrics_route_problems(command)]
+        route = metrics_route(command)
+        if route is not None and route.token_file is not None:
+            where = _volume_at(service, route.token_file)
+            if where is None or where[0] != SECRETS_VOLUME or where[2] not in generated:
+                problems.append(f"{name}: operator token {route.token_file} is no file make_secrets.py writes")
+        if command[1] != "worker":
+            continue
+        key = ledger_key_file(command, service.get("environment", {}))
+        where = None if key is None else _volume_at(service, key)
+        if where is None:
+            problems.append(f"{name}: ledger key {key} in the container (a recreated worker makes a new one)")
+            continue
+        source, target, relative, read_only = where
+        if source not in declared:
+            problems.append(f"{name}: ledger key on {source}, not a named volume of the file")
+        if source == SECRETS_VOLUME and relative not in generated:
+            problems.append(f"{name}: ledger key {key} is no file make_secrets.py writes (never made)")
+        if source != SECRETS_VOLUME and (read_only or target not in _image_owned_dirs()):
+            problems.append(f"{name}: the worker cannot make its ledger key in {target} (read-only or not ptel's)")
+        keys.setdefault(",".join(service.get("profiles", ["default"])), set()).add((source, relative))
+    problems += [f"profile {p}: workers read different ledger keys {sorted(k)}" for p, k in keys.items() if len(k) > 1]
+    if not keys:
+        problems.append("no worker")
+    for name in ("worker-secured", "monitor-secured", "gateway-secured"):
+        route = metrics_route(compose["services"][name]["command"])
+        if route is None or not route.scrapeable:
+            problems.append(f"{name}: /metrics not scrapeable from the network ({route})")
+    return problems
+
+
+def test_every_worker_has_one_lasting_ledger_key_and_every_operator_route_its_token(
+    compose: dict[str, Any], generated: set[str]
+) -> None:
+    assert {"ledger.key", "worker-operator-token", "gateway-operator-token"} <= generated
+    assert _rule_problems(compose, generated) == []
+
+
+def _env_without(service: str, variable: str) -> Callable[[dict[str, Any]], None]:
+    return lambda c: c["services"][service]["environment"].pop(variable)
+
+
+def _without_flag(service: str, flag: str) -> Callable[[dict[str, Any]], None]:
+    def change(c: dict[str, Any]) -> None:
+        command = c["services"][service]["command"]
+        i = command.index(flag)
+        del command[i : i + 2]
+
+    return change
+
+
+def _set_flag(service: str, flag: str, value: str) -> Callable[[dict[str, Any]], None]:
+    def change(c: dict[str, Any]) -> None:
+        command = c["services"][service]["command"]
+        command[command.index(flag) + 1] = value
+
+    return change
+
+
+def _second_worker_with_its_own_volume(c: dict[str, Any]) -> None:
+    twin = json.loads(json.dumps(c["services"]["worker"]))
+    twin["volumes"] = ["worker-b-ledger-key:/var/lib/ptel"]
+    c["services"]["worker-b"] = twin
+    c["volumes"]["worker-b-ledger-key"] = None
+
+
+COMPOSE_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "secured-worker-without-PTEL_LEDGER_KEY_FILE": _env_without("worker-secured", "PTEL_LEDGER_KEY_FILE"),
+    "worker-without-PTEL_LEDGER_KEY_FILE": _env_without("worker", "PTEL_LEDGER_KEY_FILE"),
+    "worker-key-in-the-container-layer": lambda c: c["services"]["worker"].pop("volumes"),
+    "worker-key-volume-read-only": lambda c: c["services"]["worker"].update(
+        volumes=["worker-ledger-key:/var/lib/ptel:ro"]
+    ),
+    "secured-worker-key-not-generated": lambda c: c["services"]["worker-secured"]["environment"].update(
+        PTEL_LEDGER_KEY_FILE="/run/secrets/ptel/worker-ledger.key"
+    ),
+    "second-worker-with-its-own-key-volume": _second_worker_with_its_own_volume,
+    "secured-worker-metrics-without-token": _without_flag("worker-secured", "--operator-token-file"),
+    "secured-gateway-operator-listener-without-token": _without_flag("gateway-secured", "--operator-token-file"),
+    "secured-gateway-token-not-generated": _set_flag(
+        "gateway-secured", "--operator-token-file", "/run/secrets/ptel/metrics-token"
+    ),
+    "secured-gateway-operator-listener-on-loopback": _without_flag("gateway-secured", "--operator-listen"),
+    "secured-monitor-without-token": _without_flag("monitor-secured", "--operator-token-file"),
+    "worker-metrics-off-loopback-without-token": lambda c: c["services"]["worker"]["command"].extend(
+        ["--metrics-bind", "0.0.0.0"]
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", COMPOSE_MUTATIONS)
+def test_the_compose_rule_checks_fail_without_their_setting(
+    compose: dict[str, Any], generated: set[str], mutation: str
+) -> None:
+    mutated: dict[str, Any] = json.loads(json.dumps(compose))
+    COMPOSE_MUTATIONS[mutation](mutated)
+    assert _rule_problems(mutated, generated), mutation
+
+
+def test_the_image_owned_dir_check_reads_the_dockerfile() -> None:
+    """The plain worker's key volume is writable by ptel only because the Dockerfile makes its mount point ptel's."""
+    assert "/var/lib/ptel" in _image_owned_dirs()
 
 
 def test_kafka_is_the_official_391_image_in_kraft_combined_mode(kafka: dict[str, Any]) -> None:
