@@ -75,7 +75,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await ensure_topics(args.bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
 
     population = Population(spec, args.devices, seed=7, master=ClientSecret.generate())
-    client = EdgeClient(spec, _Unused(), enforce_bounds=False)
+    client = EdgeClient(spec, _Unused(), enforce_bounds=False, quota_file=None)
     now = int(time.time())
     jobs: list[tuple[str, bytes]] = []
     for m in spec.metrics:

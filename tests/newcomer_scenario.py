@@ -109,6 +109,7 @@ async def run(bootstrap: str, clients: int, windows: int, size_s: int, seed: int
     settings = WorkerSettings(bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1500, clock_skew_ms=500))
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
     releases: dict[str, Release] = {}
+
     def keep(rel: Release) -> None:
         releases.setdefault(rel.key, rel)
 
@@ -123,7 +124,7 @@ async def run(bootstrap: str, clients: int, windows: int, size_s: int, seed: int
     try:
         async with served_gateway(spec, bootstrap) as served, aiohttp.ClientSession() as session:
             sinks = [GatewaySink(served.url, served.keys.issue(f"device-{i}"), session=session) for i in range(clients)]
-            client = EdgeClient(spec, _DeviceSink())
+            client = EdgeClient(spec, _DeviceSink(), quota_file=None)
             gate = asyncio.Semaphore(64)
             for _ in range(windows):
                 now = time.time()

@@ -255,7 +255,7 @@ async def test_the_readme_device_example_sends_through_a_real_gateway(kafka_boot
     assert report.metric == "crashed_today"
     window = report.client_time // spec.window.size_s
     assert report.pseudonym == served.keys.pseudonym("readme-device", "crashed_today", window)
-    assert (home / "quota.json").exists() and (home / "client.secret").stat().st_mode & 0o077 == 0
+    assert (home / "client.secret.quota").exists() and (home / "client.secret").stat().st_mode & 0o077 == 0
 
 
 async def test_mutual_tls_names_the_device_by_its_certificate(kafka_bootstrap: str, tmp_path: Path) -> None:

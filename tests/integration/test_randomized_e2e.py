@@ -56,6 +56,7 @@ _TEMPLATES: dict[str, dict[str, Any]] = {
         "p": 0.5,
         "q": 0.75,
         "candidates": ["u1", "u2", "u3", "u4", "u5"],
+        "guarantee": "client_value",  # memoized PRR (f > 0): RAPPOR's longitudinal guarantee
     },
     "keyed": {
         "kind": "keyed",
@@ -99,7 +100,7 @@ async def _through_the_gateway(
     rng: random.Random, spec: CollectionSpec, url: str, token_of: Any, plan: list[list[tuple[str, Any]]]
 ) -> Counter[tuple[str, int]]:
     acked: Counter[tuple[str, int]] = Counter()
-    client = EdgeClient(spec, _Unused(), enforce_bounds=False)
+    client = EdgeClient(spec, _Unused(), enforce_bounds=False, quota_file=None)
 
     async def device(d: int, events: list[tuple[str, Any]], session: aiohttp.ClientSession) -> None:
         secret = ClientSecret.generate()
@@ -132,8 +133,8 @@ async def _straight_to_kafka(
     secrets = [ClientSecret.generate() for _ in plan]
     settings = KafkaSettings(bootstrap_servers=bootstrap, linger_ms=rng.choice((0, 5)))
     async with ReportPublisher(settings, spec.topics.reports) as publisher:
-        singles = EdgeClient(spec, publisher, enforce_bounds=False)
-        batches = EdgeClient(spec, publisher, batch_size=rng.choice((3, 50)), enforce_bounds=False)
+        singles = EdgeClient(spec, publisher, enforce_bounds=False, quota_file=None)
+        batches = EdgeClient(spec, publisher, batch_size=rng.choice((3, 50)), enforce_bounds=False, quota_file=None)
         window_ms = int(time.time()) // SIZE_S * SIZE_S * 1000
         rows: dict[str, list[tuple[int, Any]]] = {}
         for d, events in enumerate(plan):

@@ -132,7 +132,7 @@ async def test_releases_follow_prints_its_summary_and_exits_0(kafka_bootstrap: s
         await _wait_for(proc, log, r"following .* SIGTERM to stop")
         code, out = await _sigterm(proc, log)
         assert code == 0, out
-        assert re.search(r"^0 releases \(stopped by SIGTERM\)$", out, re.MULTILINE), out
+        assert re.search(r"^0 releases shown of 0 read \(stopped by SIGTERM\)$", out, re.MULTILINE), out
     finally:
         proc.kill()
         await delete_worker_topics(kafka_bootstrap, spec, f"{spec.name}-g")
@@ -196,7 +196,7 @@ async def test_gateway_metrics_lint_clean_and_sigterm_flushes_every_accepted_rep
     await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
     keys = GatewayKeys.generate()
     keys.save(tmp_path / "gateway.keys")
-    port = free_port()
+    port, operator_port = free_port(), free_port()
     log = tmp_path / "gateway.log"
     argv = [
         "gateway",
@@ -207,7 +207,8 @@ async def test_gateway_metrics_lint_clean_and_sigterm_flushes_every_accepted_rep
         "--keys",
         str(tmp_path / "gateway.keys"),
     ]
-    proc = _start([*argv, "--listen", f"127.0.0.1:{port}", "--linger-ms", "200"], log)
+    listeners = ["--listen", f"127.0.0.1:{port}", "--operator-listen", f"127.0.0.1:{operator_port}"]
+    proc = _start([*argv, *listeners, "--linger-ms", "200"], log)
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_view(proc, log, f"{url}/readyz", lambda status, _: status == 200)
@@ -220,7 +221,7 @@ async def test_gateway_metrics_lint_clean_and_sigterm_flushes_every_accepted_rep
                 async with session.post(f"{url}/v1/reports", data=body, headers=headers) as response:
                     assert response.status == 202, await response.text()
                     accepted += 1
-        text = await _lint_metrics(url)
+        text = await _lint_metrics(f"http://127.0.0.1:{operator_port}")  # operator data: the operator listener
         assert 'ptel_gateway_requests_total{reason="accepted",status="202"}' in text
         code, out = await _sigterm(proc, log)  # within the 200 ms linger: the last batch is still to be sent
         assert code == 0, out[-3000:]
