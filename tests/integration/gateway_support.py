@@ -95,7 +95,7 @@ def privatized_reports(spec: CollectionSpec, metrics: list[str], *, seed: int) -
     that metric (any kind), stamped now."""
     population = Population(spec, max(1, len(metrics)), seed=seed, master=ClientSecret.generate())
     events = {m.name: population.events(m) for m in spec.metrics}
-    client = EdgeClient(spec, _NoSink(), enforce_bounds=False)
+    client = EdgeClient(spec, _NoSink(), enforce_bounds=False, quota_file=None)
     now = int(time.time())
     out = []
     for i, metric in enumerate(metrics):

@@ -3,7 +3,8 @@ against this test's own Kafka 3.9.1 with KRaft's ``StandardAuthorizer`` denying 
 one of those ACLs removed, the command must stop with a one-line error naming the missing permission and a non-zero
 exit -- never spin, never exit 0.
 
-One broker for every case (SASL_PLAINTEXT with SCRAM-SHA-512 users ``device``, ``worker``, ``analyst``; the PLAINTEXT
+One broker for every case (SASL_PLAINTEXT with SCRAM-SHA-512 users ``device``, ``worker``, ``analyst``, ``gateway``,
+``monitor``; the PLAINTEXT
 listener's principal is the super user that creates the topics and the ACLs, as an operator would). The ACLs are
 set through the admin protocol (:mod:`tests.integration.acls`).
 """
@@ -11,6 +12,7 @@ set through the admin protocol (:mod:`tests.integration.acls`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,24 +22,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agents.app import default_group
+from agents.monitor.app import default_app_id
 from agents.topics import WorkerTopics, ensure_topics, ledger_topic
+from ptel.kafka_broker import free_port
 from schemas.spec import CollectionSpec
 from tests.integration.acls import Acl, create_acls, delete_acls
-from tests.integration.agents_support import ROOT, make_spec, read_topic
+from tests.integration.agents_support import ROOT, make_spec, read_topic, stop_monitor, wait_view
+from tests.integration.gateway_support import post, privatized_bodies, read_reports
 from tests.integration.secured_broker import AuthorizingBroker, start_authorizing_broker
 
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
-PRINCIPALS = ("device", "worker", "analyst")
+PRINCIPALS = ("device", "worker", "analyst", "gateway", "monitor")
 #: A command that has not stopped this many seconds after a missing permission is a spin.
 STOP_WITHIN_S = 40.0
 
 
-def principal_acls(spec: CollectionSpec, group: str) -> dict[str, dict[str, Acl]]:
-    """The ACLs of docs/operations.md ("Least privilege"), per principal and by a label naming each, for ``spec`` and
-    worker group ``group`` (every topic created beforehand by an administrator)."""
+def principal_acls(spec: CollectionSpec, group: str, app_id: str) -> dict[str, dict[str, Acl]]:
+    """The ACLs of docs/operations.md ("Least privilege"), per principal and by a label naming each, for ``spec``,
+    worker group ``group`` and monitor app id ``app_id`` (every topic created beforehand by an administrator)."""
     reports, releases, dead = spec.topics.reports, spec.topics.releases, spec.topics.dead_letter
     ledger = ledger_topic(reports)
     w = "User:worker"
@@ -62,18 +68,36 @@ def principal_acls(spec: CollectionSpec, group: str) -> dict[str, dict[str, Acl]
         "device": {"Write reports": Acl("User:device", "Write", "Topic", reports)},
         "worker": worker,
         "analyst": {"Read releases": Acl("User:analyst", "Read", "Topic", releases)},
+        # the idempotent producer's InitProducerId needs no more than Write on a topic (KIP-679); Read: the
+        # idempotency keys of recent windows read back at start (gateway.idempotency_recovery)
+        "gateway": {
+            "Write reports": Acl("User:gateway", "Write", "Topic", reports),
+            "Read reports": Acl("User:gateway", "Read", "Topic", reports),
+        },
+        "monitor": {
+            "Read releases": Acl("User:monitor", "Read", "Topic", releases),
+            "Read dead-letter": Acl("User:monitor", "Read", "Topic", dead),
+            "All app topics": Acl("User:monitor", "All", "Topic", app_id, "PREFIXED"),
+            "All group": Acl("User:monitor", "All", "Group", app_id),
+        },
     }
 
 
-#: Every (principal, ACL label) of :func:`principal_acls`; the first five run in ``make test`` (the ones the issue
-#: measured: the analyst's spin, the worker's misleading DescribeConfigs message, its ledger read), the whole
-#: matrix with ``PTEL_ACL_MATRIX=1`` (``make test-acl-matrix``).
+#: Every (principal, ACL label) of :func:`principal_acls`; the first seven run in ``make test`` (the ones the issue
+#: measured: the analyst's spin, the worker's misleading DescribeConfigs message, its ledger read; one each of the
+#: gateway and the monitor), the whole matrix with ``PTEL_ACL_MATRIX=1`` (``make test-acl-matrix``).
 CASES = [
     ("analyst", "Read releases"),
     ("worker", "DescribeConfigs reports"),
     ("worker", "Read reports"),
     ("worker", "Read ledger"),
     ("device", "Write reports"),
+    ("gateway", "Write reports"),
+    ("monitor", "Read releases"),
+    ("gateway", "Read reports"),
+    ("monitor", "Read dead-letter"),
+    ("monitor", "All app topics"),
+    ("monitor", "All group"),
     ("worker", "Write dead-letter"),
     ("worker", "DescribeConfigs dead-letter"),
     ("worker", "Write releases"),
@@ -87,7 +111,7 @@ CASES = [
     ("worker", "Write stage-1 transactional ids"),
     ("worker", "Write stage-2 transactional id"),
 ]
-SELECTED = CASES if os.environ.get("PTEL_ACL_MATRIX") == "1" else CASES[:5]
+SELECTED = CASES if os.environ.get("PTEL_ACL_MATRIX") == "1" else CASES[:7]
 
 
 @dataclass
@@ -98,6 +122,8 @@ class Cluster:
     group: str
     acls: dict[str, dict[str, Acl]]
     tmp: Path
+    #: The gateway's key file (``ptel gateway-keys create``).
+    keys: Path
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", PTEL_KAFKA_SASL_PASSWORD=self.broker.password)
@@ -133,9 +159,12 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
         spec, spec_path = make_spec(tmp, METRICS, partitions=1, size_s=1, grace_s=0)
         group = default_group(spec)
         await ensure_topics(broker.plaintext, WorkerTopics.for_spec(spec, group))  # as the administrator
-        acls = principal_acls(spec, group)
+        acls = principal_acls(spec, group, default_app_id(spec))
         await create_acls(broker.plaintext, [a for each in acls.values() for a in each.values()])
-        yield Cluster(broker, spec, spec_path, group, acls, tmp)
+        keys = tmp / "gateway.keys"
+        done = subprocess.run(_ptel("gateway-keys", "create", str(keys)), cwd=ROOT, capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        yield Cluster(broker, spec, spec_path, group, acls, tmp, keys)
     finally:
         await asyncio.to_thread(broker.stop)
 
@@ -164,6 +193,77 @@ def _releases(c: Cluster) -> list[str]:
     return [*c.args("releases", "analyst"), "--idle", "1"]
 
 
+def _ptel(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ptel.cli", *args]
+
+
+def _gateway(c: Cluster, port: int = 0) -> list[str]:
+    return [
+        *c.args("gateway", "gateway"),
+        "--keys",
+        str(c.keys),
+        "--listen",
+        f"127.0.0.1:{port or free_port()}",
+        "--operator-listen",
+        "127.0.0.1:0",
+    ]
+
+
+def _monitor(c: Cluster, port: int = 0) -> list[str]:
+    return [*c.args("monitor", "monitor"), "--web-port", str(port or free_port()), "--log-level", "warning"]
+
+
+async def _gateway_accepts_a_report(c: Cluster) -> None:
+    """``ptel gateway`` as ``User:gateway`` takes a device's report (token of ``ptel gateway-keys token``) with 202,
+    and the report is in the reports topic afterwards."""
+    before = len(await read_reports(c.broker.plaintext, c.spec.topics.reports, 1))
+    done = subprocess.run(_ptel("gateway-keys", "token", str(c.keys), "device-7"), capture_output=True, check=False)
+    token = done.stdout.decode().strip()
+    assert done.returncode == 0 and token, done.stderr.decode()
+    port = free_port()
+    log = c.tmp / "gateway.log"
+    proc = subprocess.Popen(_gateway(c, port), cwd=ROOT, env=c.env(), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        async with aiohttp.ClientSession() as session:
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"{url}/readyz") as r:
+                        if r.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+            body = privatized_bodies(c.spec, ["crashed"], seed=7)[0]
+            status, answer, _ = await post(session, url, body, token=token, idempotency_key="k-1")
+        assert status == 202, (status, answer)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+    assert code == 0, log.read_text()[-3000:]
+    after = await read_reports(c.broker.plaintext, c.spec.topics.reports, 1)
+    assert len(after) == before + 1, (before, len(after))
+
+
+async def _monitor_serves_the_releases(c: Cluster) -> None:
+    """``ptel monitor`` as ``User:monitor`` serves the worker's releases on ``/api/metrics/``."""
+    port = free_port()
+    log = c.tmp / "monitor.log"
+    proc = subprocess.Popen(_monitor(c, port), cwd=ROOT, env=c.env(), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    try:
+        index = await wait_view(
+            proc,
+            log,
+            f"http://127.0.0.1:{port}/api/metrics/",
+            lambda s, b: s == 200 and all(m["latest"] is not None for m in b["metrics"]),
+            timeout_s=60,
+        )
+    finally:
+        code = await asyncio.to_thread(stop_monitor, proc)
+    assert [m["metric"] for m in index["metrics"]] == ["crashed"], index
+    assert code == 0, log.read_text()[-3000:]
+
+
 async def test_every_principal_works_with_exactly_its_acls(cluster: Cluster) -> None:
     c = cluster
     code, out, err, took = await asyncio.to_thread(_run, c, _produce(c), 60)
@@ -186,7 +286,9 @@ async def test_every_principal_works_with_exactly_its_acls(cluster: Cluster) -> 
     assert worker.returncode == 0, (w_out.decode()[-2000:], w_err.decode()[-3000:])
     code, out, err, took = await asyncio.to_thread(_run, c, _releases(c))
     assert code == 0 and "releases" in out, (code, out[-2000:], err[-2000:])
-    print(f"full ACLs: produce, worker, releases fine (releases read in {took:.1f} s)")
+    await _monitor_serves_the_releases(c)
+    await _gateway_accepts_a_report(c)
+    print(f"full ACLs: produce, worker, releases, monitor, gateway fine (releases read in {took:.1f} s)")
 
 
 @pytest.mark.parametrize(("principal", "label"), SELECTED, ids=[f"{p}-without-{label}" for p, label in SELECTED])
@@ -199,6 +301,8 @@ async def test_a_missing_acl_stops_the_command_with_one_line_naming_it(
         "device": _produce(c),
         "analyst": _releases(c),
         "worker": [*c.args("worker", "worker"), "--idle-timeout", "0.5", "--quiet"],
+        "gateway": _gateway(c),
+        "monitor": _monitor(c),
     }[principal]
     await delete_acls(c.broker.plaintext, [acl])
     try:
@@ -207,7 +311,7 @@ async def test_a_missing_acl_stops_the_command_with_one_line_naming_it(
         await create_acls(c.broker.plaintext, [acl])
     lines = [line for line in err.strip().splitlines() if line.strip()]
     # the command's own last word (log lines around it may say more): "ptel <command>: ", "worker failed: ", "error: "
-    said = [line for line in lines if line.startswith(("ptel ", "worker failed: ", "error: "))]
+    said = [line for line in lines if line.startswith(("ptel ", "worker failed: ", "monitor failed: ", "error: "))]
     last = said[-1] if said else (lines[-1] if lines else "")
     print(f"without {acl}: exit {code} after {took:.1f} s: {last}")
     assert code is not None, f"still running {STOP_WITHIN_S} s after the refusal (a spin): {lines[-3:]}"
