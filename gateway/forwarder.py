@@ -54,7 +54,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
 from gateway.errors import ForwardError, GatewaySettingError
-from gateway.kafka_probe import connection_problem, is_fatal
+from gateway.kafka_probe import authorization_refusal, connection_problem, is_fatal
 from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.wire import Report, ReportBatch, encode_batch, partition_key
 
@@ -230,6 +230,13 @@ class Forwarder:
                 log.warning("gateway: restarting background task %s", name)
                 await asyncio.sleep(min(0.05 * 2 ** len(failures), 2.0))
 
+    def give_up(self, reason: str) -> None:
+        """Stop for good (:attr:`failed`, :attr:`gave_up`): a fault no retry can fix, e.g. a missing ACL."""
+        self.failed = reason
+        log.critical("gateway: giving up: %s", reason)
+        self._fail_queued("internal_error", reason)
+        self.gave_up.set()
+
     def hold(self, reason: str, detail: str) -> None:
         """Refuse new reports with ``reason`` (of :data:`FORWARD_REASONS`) until :meth:`unhold`."""
         self._hold = (reason, detail)
@@ -270,6 +277,10 @@ class Forwarder:
             except Exception as err:  # a failure to connect: retried with backoff unless no retry can fix it
                 with contextlib.suppress(Exception):
                     await producer.stop()
+                refused = authorization_refusal(err, "Write", self.topic)
+                if refused is not None:  # a missing ACL: no retry can fix it either
+                    self.give_up(refused)
+                    return
                 problem = await connection_problem(self.connection)
                 if is_fatal(problem) or is_fatal(err):
                     cause = problem if problem is not None else err

@@ -22,6 +22,10 @@ from schemas.kafka_connection import Connection, client_kwargs
 
 __all__ = ["recover_tags"]
 
+#: How long the fetch that checks the Read permission on an empty read-back waits (an unauthorized fetch is
+#: answered at once; an authorized one on an empty partition waits for data up to this).
+READ_CHECK_MS = 300
+
 
 async def recover_tags(
     connection: Connection, topic: str, partitions: int, since_ms: int, *, timeout_s: float = 120.0
@@ -43,6 +47,9 @@ async def recover_tags(
             if start is not None and start.offset < ends[tp]:
                 consumer.seek(tp, start.offset)
                 todo.add(tp)
+        if not todo:  # nothing recent to read: one fetch at the end all the same, as Kafka checks Read on it
+            await consumer.seek_to_end(*tps)
+            await consumer.getmany(*tps, timeout_ms=READ_CHECK_MS)
         deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:

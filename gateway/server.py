@@ -44,6 +44,7 @@ from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.idempotency import IDEMPOTENCY_KEY_MAX, KEEP_WINDOWS, Answer, IdempotencyCache, tag_header
 from gateway.idempotency_recovery import recover_tags
+from gateway.kafka_probe import authorization_refusal
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
 from schemas.conformance import Rejection, Validator
@@ -169,6 +170,10 @@ class Gateway:
                     self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms
                 )
             except Exception as err:  # Kafka unreachable meanwhile: not ready, retried
+                refused = authorization_refusal(err, "Read", self.spec.topics.reports)
+                if refused is not None:  # a missing ACL: no retry can fix it (ptel gateway exits 1)
+                    self.forwarder.give_up(refused)
+                    return
                 detail = f"reading back idempotency keys: {type(err).__name__}: {err}"
                 log.warning("gateway: %s; retrying", detail)
                 self.forwarder.hold("recovering", detail)

@@ -19,8 +19,9 @@ from typing import Any
 import faust
 from pydantic import SecretStr
 
-from agents.errors import AgentError
-from agents.monitor.app import MonitorSettings
+from agents.errors import AgentError, AuthorizationError
+from agents.monitor.access import check_access, explain_crash
+from agents.monitor.app import MonitorSettings, default_app_id
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
 from ptel.commands.options import (
@@ -39,6 +40,14 @@ class _MonitorWorker(faust.Worker):
     also remembers the signal for the summary and, like every ``ptel`` command, exits at once on a second one."""
 
     stop_signal: signal.Signals | None = None
+
+    def start_error(self) -> BaseException | None:
+        """What the start raised (mode logs it with its traceback and exits 1), or ``None``."""
+        started = self._starting_fut
+        if started is None or not started.done() or started.cancelled():
+            return None
+        error: BaseException | None = started.exception()
+        return error
 
     def _schedule_shutdown(self, sig: signal.Signals) -> None:  # mode.Worker's hook of both signals
         if self.stop_signal is not None:
@@ -112,8 +121,14 @@ def run(args: Any) -> int:
     # One event loop for the topic check and the Faust worker (Faust binds its services to the current loop).
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    app_id = settings.app_id or default_app_id(spec)
     try:
+        loop.run_until_complete(check_access(settings.connection, spec, app_id))
         loop.run_until_complete(ensure_source_topics(settings.connection, spec))
+    except AuthorizationError as err:  # a missing ACL: one line naming it (docs/operations.md, "Least privilege")
+        print(f"ptel monitor: {err}", file=sys.stderr)
+        loop.close()
+        return 1
     except AgentError as err:
         print(f"monitor failed: {err}", file=sys.stderr)
         loop.close()
@@ -140,6 +155,10 @@ def run(args: Any) -> int:
         worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    refused = explain_crash(app.crash_reason or worker.crash_reason or worker.start_error(), app_id)
+    if refused is not None:  # Faust logged the traceback; the command's last word names the ACL
+        print(f"ptel monitor: {refused}", file=sys.stderr, flush=True)
+        code = code or 1
     if worker.stop_signal is not None:
         print(f"ptel monitor: stopped by {worker.stop_signal.name} (exit {code})", flush=True)
     return code
