@@ -222,10 +222,13 @@ class Worker:
         if consumer is not None:
             steps.append(consumer.stop())
         for step in steps:
-            try:
-                await asyncio.wait_for(step, self.settings.close_timeout_s)
-            except Exception as err:  # the failed clients are being discarded: only say what happened
-                log.info("closing a failed Kafka client: %r", err)
+            task = asyncio.ensure_future(step)  # not wait_for: it awaits a cancel that aiokafka may swallow
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never "never retrieved"
+            done, _ = await asyncio.wait({task}, timeout=self.settings.close_timeout_s)
+            if not done and task.cancel():  # the failed clients are discarded: say what happened, and move on
+                log.info("closing a failed Kafka client: no answer in %.0f s, abandoned", self.settings.close_timeout_s)
+            elif not task.cancelled() and task.exception() is not None:
+                log.info("closing a failed Kafka client: %r", task.exception())
 
     async def run_once(self) -> None:
         """Process until :meth:`stop` or the first failure, which is re-raised.
