@@ -66,6 +66,9 @@ def test_retried_kafka_warnings_go_to_debug() -> None:
     out = io.StringIO()
     configure("WARNING", "text", out)
     sender = logging.getLogger("aiokafka.producer.sender")
+    # an in-process Faust app earlier in the session (mode's dictConfig, disable_existing_loggers) may have disabled it
+    sender.disabled, sender.propagate = False, True
+    sender.setLevel(logging.NOTSET)
     sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "NotEnoughReplicasError")
     sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "MessageSizeTooLargeError")
     text = out.getvalue()
