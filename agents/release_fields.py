@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agents.exclusions import published_exclusions
 from agents.partials import Partial
 from mechanisms import core
 from mechanisms.estimates import Estimate
@@ -38,6 +39,8 @@ class WindowFields:
     partitions: int
     privacy_unit: Literal["client", "client_value"]
     insecure_noise: bool = False
+    #: Reports excluded by reason (:func:`agents.exclusions.published_exclusions`; ``None``: central kinds).
+    excluded: dict[str, int] | None = None
 
     @classmethod
     def of(
@@ -62,6 +65,7 @@ class WindowFields:
             confidence=float(spec.confidence),
             partitions=partitions,
             privacy_unit=privacy_unit,
+            excluded=published_exclusions(merged.excluded, merged.over_bound, central),
         )
 
     def release(
@@ -102,6 +106,7 @@ class WindowFields:
             ledger=ledger,
             refused=refused,
             no_data=no_data,
+            excluded=None if self.excluded is None else dict(self.excluded),
         )
 
 

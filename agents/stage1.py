@@ -226,20 +226,20 @@ class PartitionState:
                         f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
                         f"elsewhere): a copy here would count beside the original"
                     )
-                    self._reject(out, rec, "wrong_partition", detail, 1)
+                    self._reject(out, rec, "wrong_partition", detail, 1, (name, start))
                 elif mark != NO_MARK and start < mark:
                     detail = f"window {start} closed on partition {partition} (open from {mark})"
-                    self._reject(out, rec, "late", detail, reports)
+                    self._reject(out, rec, "late", detail, reports, (name, mark))
                 else:
                     stale = self._stale(changed, name, start)
                     detail = f"window {start} of {name!r} was counted under another spec: {stale}"
-                    self._reject(out, rec, "spec_changed", detail, reports)
+                    self._reject(out, rec, "spec_changed", detail, reports, (name, start))
                 continue
             verdict: Accepted | Rejection | None = check(rec.value)
             if placement is not None and isinstance(verdict, Accepted):
                 misplaced = placement.misplaced(verdict, partition)
                 if misplaced is not None:
-                    verdict = self._misplaced(out, rec, verdict, misplaced)
+                    verdict = self._misplaced(out, rec, verdict, misplaced, start)
             if verdict is None:
                 pass  # every report of the record belongs to another partition (dead-lettered)
             elif isinstance(verdict, Rejection):
@@ -247,10 +247,10 @@ class PartitionState:
             elif mark != NO_MARK and start < mark:
                 # late against the watermark *before* this record (w_p is a running max over the batch)
                 detail = f"window {start} closed on partition {partition} (open from {mark})"
-                self._reject(out, rec, "late", detail, verdict.reports)
+                self._reject(out, rec, "late", detail, verdict.reports, (verdict.metric.name, mark))
             elif (stale := self._stale(changed, verdict.metric.name, start)) is not None:
                 detail = f"window {start} of {verdict.metric.name!r} was counted under another spec: {stale}"
-                self._reject(out, rec, "spec_changed", detail, verdict.reports)
+                self._reject(out, rec, "spec_changed", detail, verdict.reports, (verdict.metric.name, start))
             else:
                 key = (verdict.metric.name, start)
                 entries.setdefault(key, []).append((i, verdict, rec, int(floors[i])))
@@ -259,14 +259,17 @@ class PartitionState:
     #: Fewest records in a batch for the columnar path (below, decoding one by one is as fast).
     FAST_PATH_MIN_RECORDS = 16
 
-    def _misplaced(self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray) -> Accepted | None:
-        """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``); the rest."""
+    def _misplaced(
+        self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray, start: int
+    ) -> Accepted | None:
+        """Dead-letter the rows of ``verdict`` (of broker window ``start``) that belong to another partition
+        (``wrong_partition``); the rest."""
         n = int(np.count_nonzero(wrong))
         detail = (
             f"{n} of {verdict.reports} reports belong to another partition of {verdict.metric.name!r} (their "
             f"pseudonym or cohort maps elsewhere): a copy here would count beside the original"
         )
-        self._reject(out, rec, "wrong_partition", detail, n)
+        self._reject(out, rec, "wrong_partition", detail, n, (verdict.metric.name, start))
         return None if n == verdict.reports else verdict.subset(~wrong)
 
     def aggregate(self, prepared: PreparedBatch) -> BatchResult:
@@ -278,8 +281,8 @@ class PartitionState:
         changed: dict[tuple[str, int], str | None] = {}
         for (name, start), accepted in groups.items():
             split = self._in_window(accepted, sources[(name, start)], start, prepared.floors[(name, start)])
-            for rec, reason, rows, detail in split.refused:
-                self._reject(out, rec, reason, detail, rows)
+            for rec, reason, rows, detail in split.refused:  # late or window_mismatch: start is open for them
+                self._reject(out, rec, reason, detail, rows, (name, start))
                 reordered = True
             if split.kept:
                 reordered |= self._count(out, name, start, split.kept, split.records)
@@ -290,7 +293,7 @@ class PartitionState:
                     continue
                 for rec, verdict in zip(recs, moved, strict=True):
                     detail = f"window {window} of {name!r} was counted under another spec: {stale}"
-                    self._reject(out, rec, "spec_changed", detail, verdict.reports)
+                    self._reject(out, rec, "spec_changed", detail, verdict.reports, (name, window))
                 reordered = True
         if reordered:  # dead letters in source-offset order (a record's window_mismatch first: stable)
             out.dead_letters.sort(key=lambda d: d.record.offset)
@@ -300,6 +303,8 @@ class PartitionState:
         """Bound and count ``accepted`` into the partial of (``name``, window ``start``); whether dead letters were
         added (reports refused for the key capacity)."""
         partial = self._partial(name, start, recs[0].offset)
+        if partial.first_offset < 0 and partial.is_empty():  # opened by an exclusion (:meth:`_reject`)
+            partial.first_offset = recs[0].offset
         added = self.aggregator.add_bounded(partial, accepted)
         out.counted += added.counted
         self._dirty.add((name, start))
@@ -310,7 +315,7 @@ class PartitionState:
                 f"{refused} of {size} reports bring keys new to window {start} of {name!r}, "
                 f"which already holds its {partial.keys_held()} keys on partition {self.partition}"
             )
-            self._reject(out, rec, "key_capacity", detail, refused)
+            self._reject(out, rec, "key_capacity", detail, refused, (name, start))
         return True
 
     def _stale(self, changed: dict[tuple[str, int], str | None], metric: str, start_ms: int) -> str | None:
@@ -401,9 +406,23 @@ class PartitionState:
             self.closed_before_ms = cb
             self._mark_dirty = True
 
-    def _reject(self, out: BatchResult, rec: Record, reason: str, detail: str, reports: int) -> None:
+    def _reject(
+        self,
+        out: BatchResult,
+        rec: Record,
+        reason: str,
+        detail: str,
+        reports: int,
+        window: tuple[str, int] | None = None,
+    ) -> None:
+        """Dead-letter ``rec``; with ``window`` -- (metric, start) of the window open for it on this partition --
+        also count its ``reports`` in that window's exclusions (:mod:`agents.exclusions`)."""
         out.dead_letters.append(DeadLetter(rec, reason, detail, reports))
         self.count_rejected(reason, reports, rec.offset)
+        if window is not None:
+            partial = self._partial(window[0], window[1], -1)  # replayed from its first counted record only
+            partial.excluded[reason] = partial.excluded.get(reason, 0) + reports
+            self._dirty.add(window)
 
     def count_rejected(self, reason: str, reports: int, offset: int | None = None) -> None:
         """Count a refused record (also one the worker refused before stage 1, for its timestamp): written in

@@ -192,6 +192,19 @@ class Release(_Frozen):
     #: and is not covered by their (ε, δ); an empty keyed ``released_keys`` says only "no key passed the noisy
     #: threshold" (docs/accuracy.md, "Empty windows"). Added in schema version 2 with a default.
     no_data: StrictBool | None = None
+    #: Reports of this metric **not** counted, by reason, so a consumer sees how short ``n`` is (issue 23). Local
+    #: kinds (bool, categorical, rappor): the exact counts, every reason present (0 included) -- ``over_bound``
+    #: (equal to the field above: beyond the per-client contribution bounds), ``late`` (reports of an **earlier**
+    #: window that arrived while this one was open, after their own window had closed: they ride on the record of
+    #: the window they arrived in, as their own record may be out already), ``window_mismatch`` (``client_time`` of a
+    #: later window: a device clock ahead), ``wrong_partition`` (keyed to another partition than their pseudonym's),
+    #: ``spec_changed`` (their window was counted under another version of the spec). Summed over a run's windows,
+    #: ``n`` plus these is every report of the metric the agents read, less the records refused before any window
+    #: could be trusted (undecodable, not fitting the spec, untrusted broker time: operators see those by reason).
+    #: Like ``n``, a function of the reports' transport, never of their values. ``None`` for the central kinds
+    #: (keyed, regression), for the same reason as ``n``, and in records written before the field existed
+    #: (added in schema version 2 with a default). docs/privacy.md, "Reports not counted".
+    excluded: dict[StrictStr, Annotated[StrictInt, Field(ge=0)]] | None = None
 
     @model_validator(mode="after")
     def _window(self) -> Release:

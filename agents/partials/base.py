@@ -98,6 +98,11 @@ class Partial(ABC):
     #: (C_p - C))``, each partition's keys measured against ``C`` (its distance from its own capacity is kept, so
     #: the test's safety argument holds per partition). ``0``: not keyed.
     key_capacity: int = 0
+    #: Reports of this metric dead-lettered by stage 1 while this window was the one open for them on their
+    #: partition, by reason (:data:`agents.exclusions.WINDOW_REASONS`; ``late`` ones belong to an earlier window):
+    #: what the release record's ``excluded`` shows for the local kinds (:mod:`agents.exclusions`). Merged by
+    #: addition; written in the state format only when not empty (older records read as ``{}``).
+    excluded: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------------
     # the layout's part
@@ -168,6 +173,7 @@ class Partial(ABC):
             over_bound=self.over_bound,
             max_partition_keys=self.max_partition_keys,
             key_capacity=self.key_capacity,
+            excluded=dict(self.excluded),
         )
         out.load(self.sections().copy())
         return out
@@ -222,6 +228,8 @@ class Partial(ABC):
         }
         if self.key_capacity:  # keyed partials only (added by issue 22: other records keep their bytes)
             header["key_capacity"] = self.key_capacity
+        if self.excluded:  # added by issue 23: a partial without exclusions keeps its bytes
+            header["excluded"] = dict(sorted(self.excluded.items()))
         head = json.dumps(header, separators=(",", ":")).encode()
         body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
         return _MAGIC + struct.pack(">I", len(head)) + head + body
@@ -270,6 +278,7 @@ class Partial(ABC):
                 # is exact); a merged one's key count is the union's, at least the maximum (the safe side)
                 max_partition_keys=int(header.get("max_partition_keys", len(header["keyed"]))),
                 key_capacity=int(header.get("key_capacity", _unknown_capacity(layout, header))),
+                excluded={str(r): int(v) for r, v in header.get("excluded", {}).items()},
             )
             out.load(sections)
             return out
@@ -332,6 +341,8 @@ def merge(partials: Iterable[P]) -> P:
             )
         out.n += p.n
         out.over_bound += p.over_bound
+        for reason, reports in p.excluded.items():
+            out.excluded[reason] = out.excluded.get(reason, 0) + reports
         _merge_key_capacity(out, p)
         out.add_counts(p)
     return out
@@ -362,8 +373,8 @@ def same_counts(a: Partial, b: Partial) -> bool:
         return False
     sa, sb = a.sections(), b.sections()
     return (
-        (a.metric, a.kind, a.window_start_ms, a.n, a.over_bound)
-        == (b.metric, b.kind, b.window_start_ms, b.n, b.over_bound)
+        (a.metric, a.kind, a.window_start_ms, a.n, a.over_bound, a.excluded)
+        == (b.metric, b.kind, b.window_start_ms, b.n, b.over_bound, b.excluded)
         and np.array_equal(sa.counts, sb.counts)
         and np.array_equal(sa.cohort_n, sb.cohort_n)
         and sa.keyed == sb.keyed
