@@ -122,7 +122,8 @@ class ForwarderSettings:
 class _Request:
     key: bytes
     reports: list[Report]
-    done: asyncio.Future[None]
+    #: The broker time (ms) of the acknowledgement: see :meth:`Forwarder.forward`.
+    done: asyncio.Future[int]
     #: Kafka record headers this request adds to the message that carries it.
     headers: list[tuple[str, bytes]] = field(default_factory=list)
     #: Handed to the producer: its settlement belongs to the acknowledgement, not to a failure of the flush.
@@ -432,14 +433,16 @@ class Forwarder:
 
     def forward(
         self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
-    ) -> asyncio.Future[None]:
+    ) -> asyncio.Future[int]:
         """Queue ``reports`` (all bound for ``partition``, whose partition key is ``key``, of one metric and
         fingerprint) with the Kafka record ``headers`` they add to their message; the future completes when Kafka
-        acknowledged them, or fails with :class:`ForwardError`. Call only when :meth:`refusal` is ``None``."""
+        acknowledged them -- with the broker time (ms) of their message, its LogAppendTime (the wall clock at the
+        acknowledgement if the broker gave none: later than the append, the safe side for a lateness check) -- or
+        fails with :class:`ForwardError`. Call only when :meth:`refusal` is ``None``."""
         first = reports[0]
         if any(r.metric != first.metric or r.fingerprint != first.fingerprint for r in reports):
             raise ValueError("reports (of several metrics or fingerprints) must be forwarded one metric at a time")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if not self._queued:
             self._queued_since = time.monotonic()
             self._wake.set()
@@ -535,15 +538,15 @@ class Forwarder:
         self.stats.reports += size
         if self.on_ack is not None:
             self.on_ack(size, nbytes, time.monotonic() - sent)
-        self._settle(chunk, size, None)
+        self._settle(chunk, size, None, _broker_time_ms(fut.result()))
 
-    def _settle(self, chunk: list[_Request], size: int, error: ForwardError | None) -> None:
+    def _settle(self, chunk: list[_Request], size: int, error: ForwardError | None, broker_ms: int = 0) -> None:
         self.pending_reports -= size
         for request in chunk:
             if request.done.done():
                 continue
             if error is None:
-                request.done.set_result(None)
+                request.done.set_result(broker_ms)
             else:
                 request.done.set_exception(error)
 
@@ -558,3 +561,11 @@ class Forwarder:
             unsent = [r for r in requests if not r.handed and not r.done.done()]
             self._settle(unsent, sum(len(r.reports) for r in unsent), ForwardError(reason, detail))
         self._flushing.clear()
+
+
+def _broker_time_ms(metadata: Any) -> int:
+    """The LogAppendTime (ms) of an acknowledged message (aiokafka's ``RecordMetadata``: ``timestamp_type`` 1), else
+    the wall clock now -- after the append, so a lateness check errs towards "late"."""
+    if getattr(metadata, "timestamp_type", None) == 1 and isinstance(getattr(metadata, "timestamp", None), int):
+        return int(metadata.timestamp)
+    return int(time.time() * 1000)

@@ -6,7 +6,8 @@ metric                             type       what
 ``requests_total``                 counter    requests answered, by ``status`` and ``reason`` (``accepted``,
                                               ``replayed``, an authentication, wire, conformance, quota or
                                               forwarding reason)
-``reports_total``                  counter    reports by ``metric`` and ``outcome`` (``forwarded``, ``refused``)
+``reports_total``                  counter    reports by ``metric`` and ``outcome`` (``forwarded``, ``refused``;
+                                              ``late``: forwarded, but appended after their window's grace)
 ``batch_reports``                  histogram  reports per Kafka message
 ``kafka_ack_seconds``              histogram  send to acknowledgement of each Kafka message
 ``request_seconds``                histogram  arrival to answer of every accepted request (the device's wait)

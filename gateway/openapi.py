@@ -147,6 +147,11 @@ def openapi_document() -> dict[str, Any]:
                     "properties": {
                         "accepted": {"type": "integer", "minimum": 1, "description": "reports forwarded"},
                         "window_start": {"type": "integer", "description": "start of their window, epoch seconds"},
+                        "late": {
+                            "type": "boolean",
+                            "description": "Kafka appended them at or after their window's end plus the grace: they "
+                            "will not be counted (a later release record's excluded.late shows them)",
+                        },
                     },
                 },
                 "Refusal": {

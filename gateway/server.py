@@ -15,7 +15,10 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
 400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
 422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
-202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s}``)
+202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s,
+       "late": false}``; ``"late": true`` when Kafka appended them at or after their window's end plus the spec's
+       grace -- a slow or recovering Kafka: the agents will not count them, they show as ``excluded.late`` on a
+       later release record; the device need not retry, its next report goes to the current window)
 =====  ===========================================================================================================
 
 Accepted reports are re-stamped before they are forwarded: ``client_time`` becomes the gateway's clock (whole
@@ -92,11 +95,10 @@ def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = 
     )
 
 
-def _accepted(n: int, window_start: int) -> web.Response:
+def _accepted(n: int, window_start: int, late: bool) -> web.Response:
     """The 202 answer (the hot path: no JSON encoder)."""
-    return web.Response(
-        status=202, body=b'{"accepted":%d,"window_start":%d}' % (n, window_start), headers=_JSON_HEADERS
-    )
+    body = b'{"accepted":%d,"window_start":%d,"late":%s}' % (n, window_start, b"true" if late else b"false")
+    return web.Response(status=202, body=body, headers=_JSON_HEADERS)
 
 
 class Gateway:
@@ -181,7 +183,9 @@ class Gateway:
                 delay = min(delay * 2, 10.0)
                 continue
             for tag, n, w in found:
-                self.idempotency.restore(tag, w, Answer(202, {"accepted": n, "window_start": w * self.window_s}))
+                self.idempotency.restore(
+                    tag, w, Answer(202, {"accepted": n, "window_start": w * self.window_s, "late": False})
+                )
             log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
             self.forwarder.unhold()
             return
@@ -278,7 +282,7 @@ class Gateway:
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
-            return _accepted(answer.body["accepted"], answer.body["window_start"])
+            return _accepted(answer.body["accepted"], answer.body["window_start"], answer.body["late"])
         return self._refuse(
             answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
         )
@@ -303,13 +307,17 @@ class Gateway:
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
         try:
             headers = [tag_header(tag, n, window)] if tag is not None else None
-            await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports, headers)
+            acked_ms = await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports, headers)
         except ForwardError as err:
             self.quota.release(device, metric, window, n, keys)
             self.metrics.reports(metric, "refused", n)
             return Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": self.settings.retry_after_s})
         self.metrics.reports(metric, "forwarded", n)
-        return Answer(202, {"accepted": n, "window_start": window * self.window_s})
+        # appended at or after the window's end plus the grace: the agents dead-letter them late (cheap: one compare)
+        late = acked_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
+        if late:
+            self.metrics.reports(metric, "late", n)
+        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late})
 
     def _bound(self, metric: str, reason: str) -> str:
         m = self.spec.metric(metric)

@@ -10,13 +10,21 @@ and the gateway answers a key it has already accepted with that first answer and
 retried after a 503 (waiting ``Retry-After``), a timeout or a dropped connection, with exponential backoff, for at
 most ``max_attempts`` attempts; any other refusal raises :class:`GatewayRefusedError` at once (retrying a malformed or
 over-quota report cannot succeed).
+
+Retries cannot make a report late either: the gateway stamps each report with its own clock when it accepts it, so a
+retry after a window boundary lands in the new window. What can is a slow Kafka behind the gateway: a 202 whose
+``"late"`` is true says Kafka appended the reports after their window's grace, and the agents will not count them
+(a later release record's ``excluded.late`` shows them). The sink counts those (:attr:`GatewaySinkStats.late_reports`),
+logs a warning and calls ``on_late(accepted body)``: the sender learns it, never silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +33,8 @@ import aiohttp
 from producers.errors import ProducerError, ProducerParameterError
 
 __all__ = ["GatewayRefusedError", "GatewaySink", "GatewaySinkStats"]
+
+log = logging.getLogger(__name__)
 
 
 class GatewayRefusedError(ProducerError, RuntimeError):
@@ -39,11 +49,14 @@ class GatewayRefusedError(ProducerError, RuntimeError):
 
 @dataclass
 class GatewaySinkStats:
-    """Messages accepted (202), attempts retried, and accepted answers that were replays of an earlier attempt."""
+    """Messages accepted (202), attempts retried, accepted answers that were replays of an earlier attempt, and
+    messages (reports) accepted ``"late"``: appended by Kafka after their window's grace, so not counted."""
 
     accepted: int = 0
     retries: int = 0
     replayed: int = 0
+    late_messages: int = 0
+    late_reports: int = 0
 
 
 class GatewaySink:
@@ -60,6 +73,7 @@ class GatewaySink:
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        on_late: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ProducerParameterError(f"url ({url!r}) must start with https:// (or http:// on loopback)")
@@ -77,6 +91,8 @@ class GatewaySink:
         self.max_backoff_s = max_backoff_s
         self.ssl_context = ssl_context
         self.stats = GatewaySinkStats()
+        #: Called with the 202's JSON body when it says ``"late": true`` (see the module docstring).
+        self.on_late = on_late
         #: The JSON body of the last 202 (``accepted``, ``window_start``).
         self.last_accepted: dict[str, Any] = {}
 
@@ -123,6 +139,8 @@ class GatewaySink:
                         self.stats.accepted += 1
                         self.stats.replayed += response.headers.get("Idempotent-Replayed") == "true"
                         self.last_accepted = body
+                        if body.get("late") is True:
+                            self._late(body)
                         return
                     reason, detail = str(body.get("reason", "")), str(body.get("detail", ""))
                     last = GatewayRefusedError(response.status, reason, detail)
@@ -134,3 +152,15 @@ class GatewaySink:
             except (TimeoutError, aiohttp.ClientError, ValueError) as err:
                 last = GatewayRefusedError(0, "unreachable", f"{type(err).__name__}: {err}")
         raise last
+
+    def _late(self, body: dict[str, Any]) -> None:
+        reports = int(body.get("accepted", 0))
+        self.stats.late_messages += 1
+        self.stats.late_reports += reports
+        log.warning(
+            "gateway accepted %d report(s) of window %s after its grace: the agents will not count them",
+            reports,
+            body.get("window_start"),
+        )
+        if self.on_late is not None:
+            self.on_late(body)
