@@ -25,6 +25,12 @@ leaves in the window its reports name, whatever the size of the call; the rows r
 device (they spent nothing), and their admission in the old window only over-counts a window that is over.
 What remains is the delivery delay after the hand-over (linger, network), a few milliseconds at a
 boundary, which the agents' grace covers.
+
+A delivery delayed beyond the grace (a broker outage while the sink retries) is never silent: over a
+:class:`~producers.kafka_publisher.ReportPublisher` without ``windows``, the client gives it the spec's
+(:class:`~producers.kafka_publisher.WindowDeadline`), so an acknowledgement past its window's grace is counted in the
+publisher's ``stats.late_reports``, logged and passed to its ``on_late``; a
+:class:`~producers.gateway_sink.GatewaySink` learns it from the gateway's 202 (``"late": true``).
 """
 
 from __future__ import annotations
@@ -122,6 +128,10 @@ class EdgeClient:
             raise ProducerParameterError(f"shards ({shards!r}) must be positive")
         self.spec = spec
         self.sink = sink
+        if getattr(sink, "windows", False) is None:  # a ReportPublisher that would not tell a late acknowledgement
+            from producers.kafka_publisher import WindowDeadline  # imported with the publisher already
+
+            sink.windows = WindowDeadline(spec.window.size_s, spec.window.grace_s)  # type: ignore[attr-defined]
         self.batch_size = batch_size
         self.wire_format: WireFormat = wire_format
         self.shards = shards

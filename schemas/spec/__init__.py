@@ -72,6 +72,7 @@ from __future__ import annotations
 
 from schemas.kinds import MetricKind
 from schemas.spec.base import (
+    DEFAULT_GRACE_S,
     KEYED_PARTIAL_KEY_BYTES,
     SPEC_VERSION,
     BudgetSpec,
@@ -91,6 +92,7 @@ from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
 __all__ = [
+    "DEFAULT_GRACE_S",
     "KEYED_PARTIAL_KEY_BYTES",
     "SPEC_VERSION",
     "BinsSpec",
