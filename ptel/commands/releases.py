@@ -214,6 +214,10 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     )
     if rel.over_bound:
         head += f"  over-bound={rel.over_bound}"
+    # other reports not counted, by reason (late ones are of earlier windows: docs/privacy.md, "Reports not counted")
+    others = {r: k for r, k in (rel.excluded or {}).items() if k and r != "over_bound"}
+    if others:
+        head += "  not counted: " + ", ".join(f"{r}={k}" for r, k in others.items())
     lines = [head]
     if rel.refused:
         lines.append(f"  REFUSED: {rel.refused}")

@@ -77,6 +77,9 @@ def test_format_release_shows_estimates_beside_truth() -> None:
     assert lines[3].startswith("  B")
     assert "REFUSED" in format_release(_release(refused="budget exhausted"), TRUTH)
     assert "theme|20000" in release_line(_release())
+    assert "not counted" not in lines[0]  # nothing excluded (or a record without the field)
+    late = _release().model_copy(update={"excluded": {"over_bound": 0, "late": 7, "window_mismatch": 0}})
+    assert "not counted: late=7" in format_release(late, TRUTH).splitlines()[0]
 
 
 def test_central_release_without_n_formats_and_plots(tmp_path: Path) -> None:
