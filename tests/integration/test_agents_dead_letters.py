@@ -144,6 +144,14 @@ async def test_bad_messages_are_dead_lettered_with_exact_counts(kafka_bootstrap:
         )
         rel = release_with_key(released, key)
         assert rel.n == 300 + 200 + 1 and rel.over_bound == 4
+        # the valid reports refused for their window ride on the record of the window they arrived in (issue 23)
+        assert rel.excluded == {
+            "over_bound": 4,
+            "late": 1,
+            "window_mismatch": 1,
+            "wrong_partition": 0,
+            "spec_changed": 0,
+        }
         # nothing valid was sent for the other metrics or windows: their records are there, and empty
         others = [r for r in releases_of(released) if r.key != key and r.n is not None]
         assert others and all(r.n == 0 for r in others)
