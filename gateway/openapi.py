@@ -57,6 +57,12 @@ def _refusal(status: int) -> dict[str, Any]:
     return response
 
 
+_PREFLIGHT: dict[str, Any] = {
+    "summary": "CORS preflight of a web page (answered with permissions only for the origins of --cors-origin)",
+    "responses": {"204": {"description": "The preflight's answer."}},
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the gateway."""
     wire_body = {"schema": {"type": "string", "format": "binary"}}
@@ -106,7 +112,33 @@ def openapi_document() -> dict[str, Any]:
                         },
                         **{str(status): _refusal(status) for status in sorted(REFUSAL_REASONS)},
                     },
-                }
+                },
+                "options": _PREFLIGHT,
+            },
+            "/v1/spec": {
+                "get": {
+                    "summary": "The collection spec this gateway enforces, as devices load it (its fingerprint is "
+                    "the ETag)",
+                    "parameters": [
+                        {
+                            "name": "If-None-Match",
+                            "in": "header",
+                            "required": False,
+                            "description": "the ETag of a copy the device holds: answered 304 while it is current",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The spec document (schemas/spec_document.py): format, fingerprint, "
+                            "spec (without topics), metrics (each metric's fingerprint and resolved parameters).",
+                            "headers": {"ETag": {"schema": {"type": "string"}}},
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpecDocument"}}},
+                        },
+                        "304": {"description": "The device's copy (If-None-Match) is current."},
+                    },
+                },
+                "options": _PREFLIGHT,
             },
             "/healthz": {
                 "get": {
@@ -147,6 +179,23 @@ def openapi_document() -> dict[str, Any]:
                     "properties": {
                         "accepted": {"type": "integer", "minimum": 1, "description": "reports forwarded"},
                         "window_start": {"type": "integer", "description": "start of their window, epoch seconds"},
+                    },
+                },
+                "SpecDocument": {
+                    "type": "object",
+                    "required": ["format", "fingerprint", "spec", "metrics"],
+                    "properties": {
+                        "format": {"type": "string", "const": "ptel-spec-document/1"},
+                        "fingerprint": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                        "spec": {"type": "object", "description": "the collection spec's fields but topics"},
+                        "metrics": {
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["fingerprint"],
+                                "properties": {"fingerprint": {"type": "integer", "minimum": 0}},
+                            },
+                        },
                     },
                 },
                 "Refusal": {
