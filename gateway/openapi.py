@@ -117,8 +117,7 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/spec": {
                 "get": {
-                    "summary": "The collection spec this gateway enforces, as devices load it (its fingerprint is "
-                    "the ETag)",
+                    "summary": "The collection spec this gateway enforces, as devices load it",
                     "parameters": [
                         {
                             "name": "If-None-Match",
@@ -130,8 +129,8 @@ def openapi_document() -> dict[str, Any]:
                     ],
                     "responses": {
                         "200": {
-                            "description": "The spec document (schemas/spec_document.py): format, fingerprint, "
-                            "spec (without topics), metrics (each metric's fingerprint and resolved parameters).",
+                            "description": "The spec document (schemas/spec_document.py): format, spec, metrics "
+                            "(each metric's fingerprint and resolved parameters); the ETag is its SHA-256.",
                             "headers": {"ETag": {"schema": {"type": "string"}}},
                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpecDocument"}}},
                         },
@@ -183,17 +182,20 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "SpecDocument": {
                     "type": "object",
-                    "required": ["format", "fingerprint", "spec", "metrics"],
+                    "required": ["format", "spec", "metrics"],
                     "properties": {
-                        "format": {"type": "string", "const": "ptel-spec-document/1"},
-                        "fingerprint": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                        "spec": {"type": "object", "description": "the collection spec's fields but topics"},
+                        "format": {"type": "string", "const": "ptel-spec-document/v1"},
+                        "spec": {"type": "object", "description": "the collection spec's fields"},
                         "metrics": {
                             "type": "object",
+                            "description": "per metric: its fingerprint, payload kind and resolved parameters",
                             "additionalProperties": {
                                 "type": "object",
-                                "required": ["fingerprint"],
-                                "properties": {"fingerprint": {"type": "integer", "minimum": 0}},
+                                "required": ["fingerprint", "payload"],
+                                "properties": {
+                                    "fingerprint": {"type": "integer", "minimum": 0},
+                                    "payload": {"type": "string"},
+                                },
                             },
                         },
                     },

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -52,7 +53,7 @@ from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
-from schemas.spec_document import spec_document
+from schemas.spec_document import spec_document_json
 from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
@@ -128,7 +129,9 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         self.clock = clock
         self.window_s = spec.window.size_s
-        self.spec_document = spec_document(spec)
+        #: ``GET /v1/spec``'s body (:mod:`schemas.spec_document`) and its strong ETag, the SHA-256 of the body.
+        self.spec_body = spec_document_json(spec)
+        self.spec_etag = f'"{hashlib.sha256(self.spec_body).hexdigest()}"'
         self.cors = CorsPolicy(self.settings.cors_origins)
         self._recovery: asyncio.Task[None] | None = None
 
@@ -355,14 +358,13 @@ class Gateway:
         return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_spec(self, request: web.Request) -> web.Response:
-        """The spec this gateway enforces, as devices load it (:mod:`schemas.spec_document`); ``ETag`` = its
-        fingerprint, ``304`` to an ``If-None-Match`` that names it."""
-        document = self.spec_document
-        headers = {"ETag": document.etag, "Cache-Control": "no-cache"}
+        """The spec this gateway enforces, as devices load it (:mod:`schemas.spec_document`); ``ETag``: the SHA-256
+        of the document, ``304`` to an ``If-None-Match`` that names it (RFC 9110, section 13.1.2)."""
+        headers = {"ETag": self.spec_etag, "Cache-Control": "no-cache"}
         given = request.headers.get("If-None-Match", "")
-        if given.strip() == "*" or document.etag in (t.strip().removeprefix("W/") for t in given.split(",")):
+        if given.strip() == "*" or self.spec_etag in (t.strip().removeprefix("W/") for t in given.split(",")):
             return web.Response(status=304, headers=headers)
-        return web.Response(body=document.body, headers={**_JSON_HEADERS, **headers})
+        return web.Response(body=self.spec_body, headers={**_JSON_HEADERS, **headers})
 
     async def handle_openapi(self, _: web.Request) -> web.Response:
         from gateway.openapi import openapi_document

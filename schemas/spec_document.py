@@ -1,82 +1,85 @@
-"""The collection spec as devices load it: the JSON document ``GET /v1/spec`` serves, with its fingerprint.
+"""The collection spec as a device fetches it: one JSON document (``GET /v1/spec``, or a file) for any client.
 
-A device that privatizes (the TypeScript client in ``clients/typescript/``, or any other) needs the metrics'
-privatization parameters, the window size (its pseudonyms and quota are per window) and, to check that it encodes
-what the gateway will accept, each metric's fingerprint (the uint32 every report carries,
-:attr:`schemas.spec.base._MetricBase.fingerprint`). The document::
+A device client in another language (``clients/typescript``) needs the spec's fields *and* what the Python side
+resolves from them -- which local protocol ``auto`` picks, the largest randomized-response probability whose loss
+fits ``epsilon`` (directed rounding), OUE's realized bit probabilities, OLH's bucket count -- computed once, here,
+so that both languages privatize with the same numbers. Shape (``format`` :data:`SPEC_DOCUMENT_FORMAT`)::
 
-    {"format": "ptel-spec-document/1",
-     "fingerprint": "<64 hex>",                         # SHA-256("ptel-spec/v1" || 0x00 || canonical JSON of "spec")
-     "spec": {version, name, window, confidence, metrics: [...]},     # parse_spec(spec) gives the same metrics
-     "metrics": {"<name>": {"fingerprint": <uint32>, ...resolved device parameters}}}
+    {"format": "ptel-spec-document/v1",
+     "spec": <CollectionSpec.model_dump(mode="json")>,
+     "metrics": {"<name>": {"fingerprint": <uint32>, "payload": "bool" | "category" | "unary" | "local_hash"
+                            | "rappor" | "keyed" | "regression", ...the resolved device parameters}}}
 
-``spec`` is the spec's own fields (``CollectionSpec.model_dump(mode="json")``) without ``topics``: the Kafka topic
-names are the operator's, not the device's, and a spec without ``topics`` is valid (its defaults). ``metrics`` adds,
-per metric, what a device would otherwise have to recompute with the mechanisms' directed rounding: the
-fingerprint, and where the spec resolves a parameter, its value (``protocol`` of a categorical metric for
-``auto``; ``prob`` of boolean RR given by ``epsilon``; ``epsilon`` of a categorical metric given by ``prob``).
-The values are derived from the spec alone, never from data: serving them publicly shows nothing a release does not.
+Resolved parameters per payload: ``bool``/``keyed`` ``prob`` (the RR keep probability); ``category`` ``k`` and
+``prob`` (k-RR); ``unary`` ``k``, ``p``, ``q`` (OUE's realized probabilities, multiples of 2^-64); ``local_hash``
+``k``, ``g`` and ``prob`` (the inner k-RR over the g buckets); ``rappor`` nothing beyond the spec's own fields.
 
-``fingerprint`` names the served spec: it is the document's HTTP ``ETag`` (a device revalidates with
-``If-None-Match`` and keeps its copy on ``304``) and changes whenever any served field does. Canonical JSON is
-``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, the convention of the metric fingerprint.
+A client recomputes each metric's ``fingerprint`` from the ``spec`` fields (``schemas.spec`` ``Metric.fingerprint``:
+SHA-256 of the canonical JSON of the device fields) and refuses a document where they differ; it checks the
+resolved numbers against the fields they come from (e.g. the loss of ``prob`` is at most ``epsilon``). The JSON
+text is ``json.dumps`` of the document, so floats keep their ``.0`` and the fingerprint's int/float distinction
+survives the trip.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric
+from mechanisms.local_hashing import make_optimized_local_hashing
+from mechanisms.randomized_response import randomized_response_prob
+from mechanisms.unary_encoding import make_optimized_unary_encoding
+from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+from schemas.spec.base import _bool_prob
 
-__all__ = ["SPEC_DOCUMENT_FORMAT", "SpecDocument", "canonical_json", "spec_document"]
+__all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]
 
-#: The ``format`` of the document (grows by addition only; a new meaning of a field is a new format).
-SPEC_DOCUMENT_FORMAT = "ptel-spec-document/1"
-_FINGERPRINT_PREFIX = b"ptel-spec/v1\x00"
+#: ``format`` of the document; a new version is a new string (clients refuse formats they do not know).
+SPEC_DOCUMENT_FORMAT = "ptel-spec-document/v1"
 
-
-def canonical_json(data: object) -> str:
-    """``data`` as canonical JSON: sorted keys, no spaces, UTF-8 characters as they are."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class SpecDocument:
-    """The served document: its JSON ``body`` (UTF-8) and its ``fingerprint`` (64 hex digits, the ETag)."""
-
-    fingerprint: str
-    body: bytes
-
-    @property
-    def etag(self) -> str:
-        """The strong entity tag: the fingerprint in quotes (RFC 9110, section 8.8.3)."""
-        return f'"{self.fingerprint}"'
+Metric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric
 
 
-def _resolved(metric: Any) -> dict[str, Any]:
+def device_parameters(metric: Metric) -> dict[str, Any]:
+    """What a device needs beyond the metric's fields: its fingerprint, payload kind and resolved parameters."""
     out: dict[str, Any] = {"fingerprint": metric.fingerprint}
     if isinstance(metric, BoolMetric):
-        out["prob"] = metric.resolved_prob()
-    elif isinstance(metric, CategoricalMetric):
-        out["k"] = metric.k
-        out["protocol"] = metric.resolved_protocol()
-        out["epsilon"] = metric.resolved_epsilon()
+        out.update(payload="bool", prob=metric.resolved_prob())
     elif isinstance(metric, KeyedMetric):
-        out["prob"] = metric.value.resolved_prob()
+        out.update(payload="keyed", prob=_bool_prob(metric.value.prob, metric.value.epsilon))
+    elif isinstance(metric, CategoricalMetric):
+        protocol = metric.resolved_protocol()
+        k = metric.k
+        if protocol == "krr":
+            out.update(payload="category", k=k, prob=_krr_prob(metric))
+        elif protocol == "oue":
+            oue = make_optimized_unary_encoding(range(k), metric.resolved_epsilon())
+            out.update(payload="unary", k=k, p=oue.p, q=oue.q)
+        else:
+            olh = make_optimized_local_hashing(range(k), metric.resolved_epsilon())
+            out.update(payload="local_hash", k=k, g=olh.g, prob=olh.prob)
+    elif isinstance(metric, RapporMetric):
+        out.update(payload="rappor")
+    else:
+        out.update(payload="regression")
     return out
 
 
-def spec_document(spec: CollectionSpec) -> SpecDocument:
-    """The document devices load for ``spec`` (see the module doc)."""
-    served = spec.model_dump(mode="json", exclude={"topics"})
-    fingerprint = hashlib.sha256(_FINGERPRINT_PREFIX + canonical_json(served).encode("utf-8")).hexdigest()
-    document = {
+def _krr_prob(metric: CategoricalMetric) -> float:
+    if metric.prob is not None:
+        return float(metric.prob)
+    return randomized_response_prob(float(metric.epsilon), metric.k)  # type: ignore[arg-type]
+
+
+def spec_document(spec: CollectionSpec) -> dict[str, Any]:
+    """The document of ``spec`` (see the module docstring)."""
+    return {
         "format": SPEC_DOCUMENT_FORMAT,
-        "fingerprint": fingerprint,
-        "spec": served,
-        "metrics": {m.name: _resolved(m) for m in spec.metrics},
+        "spec": spec.model_dump(mode="json"),
+        "metrics": {m.name: device_parameters(m) for m in spec.metrics},
     }
-    return SpecDocument(fingerprint, json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def spec_document_json(spec: CollectionSpec) -> bytes:
+    """The document as UTF-8 JSON bytes (``json.dumps``: floats keep their ``.0``)."""
+    return json.dumps(spec_document(spec), ensure_ascii=False, allow_nan=False).encode("utf-8")
