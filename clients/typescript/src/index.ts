@@ -30,3 +30,16 @@ export {
 } from "./spec.js";
 export { IndexedDbStore, MemoryStore, type SecretStore } from "./storage.js";
 export { encodeBatch, encodeReport, MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, WIRE_VERSION } from "./wire.js";
+export { GatewayClient, type GatewayClientOptions, type Queued } from "./gateway_client.js";
+export {
+  type DropReason,
+  type FlushResult,
+  LocalStorageQueueStore,
+  MemoryQueueStore,
+  type QueuedMessage,
+  type QueueStats,
+  type QueueStore,
+  SendQueue,
+  type SendQueueOptions,
+} from "./queue.js";
+export { type Attempt, GatewayRefusedError, GatewayTransport, newIdempotencyKey, type OutgoingMessage, type TransportOptions } from "./transport.js";

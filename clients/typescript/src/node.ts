@@ -15,6 +15,7 @@ import type { QuotaStore } from "./quota.js";
 import type { SecretStore } from "./storage.js";
 
 export * from "./index.js";
+export { FileQueueStore } from "./queue_file.js";
 
 const HEADER = "ptel-client-secret/v1\n";
 

@@ -51,7 +51,7 @@ export class MemoryQueueStore implements QueueStore {
   }
 }
 
-interface StorageLike {
+export interface StorageLike {
   getItem(key: string): string | null;
   setItem(key: string, value: string): void;
 }

@@ -125,7 +125,8 @@ export class GatewayTransport {
       headers: { Authorization: this.auth, "Content-Type": mediaType(message), "Idempotency-Key": message.idempotencyKey },
       body: message.body as Uint8Array<ArrayBuffer>,
       keepalive,
-      cache: "no-store",
+      // no `cache: "no-store"`: Chromium then bypasses its CORS-preflight cache and preflights every POST (a
+      // POST's answer is never cached anyway)
     };
   }
 
@@ -178,9 +179,9 @@ export class GatewayTransport {
     );
   }
 
-  /** `GET /v1/spec`: the spec document the gateway enforces (parsed JSON) with its ETag; `null` when `etag` (of a
-   * copy the device holds) is still current (304). */
-  async fetchSpec(etag?: string): Promise<{ readonly document: unknown; readonly etag: string } | null> {
+  /** `GET /v1/spec`: the text of the spec document the gateway enforces (for `CollectionSpec.parse`) with its ETag;
+   * `null` when `etag` (of a copy the device holds) is still current (304). */
+  async fetchSpec(etag?: string): Promise<{ readonly text: string; readonly etag: string } | null> {
     const headers: Record<string, string> = {};
     if (etag !== undefined) headers["If-None-Match"] = etag;
     const response = await this.fetchFn(this.specUrl, { method: "GET", headers });
@@ -188,7 +189,7 @@ export class GatewayTransport {
     if (response.status !== 200) {
       throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
     }
-    return { document: (await response.json()) as unknown, etag: response.headers.get("ETag") ?? "" };
+    return { text: await response.text(), etag: response.headers.get("ETag") ?? "" };
   }
 }
 

@@ -102,7 +102,7 @@ describe("transport", () => {
   it("fetches the spec with its ETag and revalidates with If-None-Match", async () => {
     const gw = scripted([{ status: 200, body: { format: "ptel-spec-document/v1" }, headers: { ETag: '"abc"' } }, { status: 304 }]);
     const t = new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch });
-    assert.deepEqual(await t.fetchSpec(), { document: { format: "ptel-spec-document/v1" }, etag: '"abc"' });
+    assert.deepEqual(await t.fetchSpec(), { text: '{"format":"ptel-spec-document/v1"}', etag: '"abc"' });
     assert.equal(await t.fetchSpec('"abc"'), null);
     assert.equal(header(gw.seen[1]!.init, "If-None-Match"), '"abc"');
   });
