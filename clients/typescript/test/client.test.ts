@@ -163,3 +163,13 @@ test("bad spec documents are refused with the field and the valid range", () => 
   assert.throws(() => CollectionSpec.parse(variant((_d, m, r) => { m(7)["q"] = num(0.25); refit(m(7), r); })), /spec metrics\[7\].q must be greater than p \(0.5\)/);
   assert.throws(() => CollectionSpec.parse(variant((_d, m, r) => { m(7)["kind"] = "hologram"; refit(m(7), r); })), /unknown metric kind "hologram"/);
 });
+
+test("the demo's spec (examples/demo-spec.yaml) as Python serves it parses, fingerprints equal", () => {
+  const text = python(`import sys
+from schemas.spec import load_spec
+from schemas.spec_document import spec_document_json
+sys.stdout.write(spec_document_json(load_spec("examples/demo-spec.yaml")).decode())`);
+  const demo = CollectionSpec.parse(text);
+  const want = (JSON.parse(text) as { metrics: Record<string, { fingerprint: number }> }).metrics;
+  assert.deepEqual(Object.fromEntries(demo.metrics.map((m) => [m.name, m.fingerprint])), Object.fromEntries(Object.entries(want).map(([k, v]) => [k, v.fingerprint])));
+});
