@@ -11,7 +11,9 @@ import json
 
 import pytest
 
-from schemas.spec_document import SPEC_DOCUMENT_FORMAT, spec_document
+from producers.privatize import BoolPrivatizer, CategoricalPrivatizer, KeyedPrivatizer, make_privatizer
+from schemas.spec import load_spec
+from schemas.spec_document import SPEC_DOCUMENT_FORMAT, spec_document, spec_document_json
 from tests.client_vectors import OUT, FixedBytes, build, render, spec
 
 
@@ -58,3 +60,25 @@ def test_fixed_bytes_runs_out_loudly() -> None:
     assert src.bytes(2) == b"\x01\x02"
     with pytest.raises(ValueError, match="ran out"):
         src.bytes(1)
+
+
+@pytest.mark.parametrize("source", ["vectors", "demo"])
+def test_spec_document_resolves_exactly_what_the_python_privatizers_run(source: str) -> None:
+    sp = spec() if source == "vectors" else load_spec(OUT.parents[2] / "examples" / "demo-spec.yaml")
+    doc = spec_document(sp)
+    for metric in sp.metrics:
+        resolved = doc["metrics"][metric.name]
+        privatizer = make_privatizer(metric, sp.window.size_s)
+        assert resolved["fingerprint"] == metric.fingerprint
+        if isinstance(privatizer, (BoolPrivatizer, KeyedPrivatizer)):
+            assert resolved["prob"] == privatizer.mechanism.prob
+        elif isinstance(privatizer, CategoricalPrivatizer):
+            payload = {"krr": "category", "oue": "unary", "olh": "local_hash"}[privatizer.protocol]
+            assert resolved["payload"] == payload and resolved["k"] == privatizer.k
+            if privatizer.krr is not None:
+                assert resolved["prob"] == privatizer.krr.prob
+            if privatizer.oue is not None:
+                assert (resolved["p"], resolved["q"]) == (privatizer.oue.p, privatizer.oue.q)
+            if privatizer.olh is not None:
+                assert (resolved["g"], resolved["prob"]) == (privatizer.olh.g, privatizer.olh.prob)
+    assert json.loads(spec_document_json(sp)) == doc
