@@ -173,3 +173,16 @@ sys.stdout.write(spec_document_json(load_spec("examples/demo-spec.yaml")).decode
   const want = (JSON.parse(text) as { metrics: Record<string, { fingerprint: number }> }).metrics;
   assert.deepEqual(Object.fromEntries(demo.metrics.map((m) => [m.name, m.fingerprint])), Object.fromEntries(Object.entries(want).map(([k, v]) => [k, v.fingerprint])));
 });
+
+test("privatizeMany: one device batch of the admitted events, refusals per event, nothing spent on a bad event", async () => {
+  const client = await DeviceClient.open({ spec, secretStore: new MemoryStore(), quotaStore: new MemoryStore(), clock: () => T0 });
+  await assert.rejects(client.privatizeMany("crashed", [true, "no"]), EventError);
+  const out = await client.privatizeMany("crashed", [true, false, true]); // reports_per_window = 2: the bad call spent nothing
+  assert.deepEqual(out.refusals, [null, null, "reports_per_window"]);
+  assert.equal(out.reports.length, 2);
+  const decoded = JSON.parse(python(`import json, sys
+from schemas.wire import decode
+m = decode(bytes.fromhex(sys.stdin.read()))
+print(json.dumps([len(m), m.metric, [str(p) for p in m.pseudonyms.tolist()], m.client_times.tolist()]))`, Buffer.from(out.bytes!).toString("hex"))) as [number, string, string[], number[]];
+  assert.deepEqual(decoded, [2, "crashed", out.reports.map((r) => r.pseudonym.toString()), [T0, T0]]);
+});
