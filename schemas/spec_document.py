@@ -30,7 +30,6 @@ from mechanisms.local_hashing import make_optimized_local_hashing
 from mechanisms.randomized_response import randomized_response_prob
 from mechanisms.unary_encoding import make_optimized_unary_encoding
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
-from schemas.spec.base import _bool_prob
 
 __all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]
 
@@ -46,7 +45,7 @@ def device_parameters(metric: Metric) -> dict[str, Any]:
     if isinstance(metric, BoolMetric):
         out.update(payload="bool", prob=metric.resolved_prob())
     elif isinstance(metric, KeyedMetric):
-        out.update(payload="keyed", prob=_bool_prob(metric.value.prob, metric.value.epsilon))
+        out.update(payload="keyed", prob=metric.value.resolved_prob())
     elif isinstance(metric, CategoricalMetric):
         protocol = metric.resolved_protocol()
         k = metric.k

@@ -16,7 +16,7 @@ import { cryptoRandom, type RandomSource } from "./random.js";
 import { ClientSecret, SECRET_BYTES } from "./secret.js";
 import type { CollectionSpec } from "./spec.js";
 import type { SecretStore } from "./storage.js";
-import { encodeReport } from "./wire.js";
+import { encodeBatch, encodeReport } from "./wire.js";
 
 export interface DeviceClientOptions {
   readonly spec: CollectionSpec;
@@ -41,6 +41,16 @@ export interface Refused {
   readonly metric: string;
   /** The contribution bound the report would break (nothing left the device). */
   readonly reason: Refusal;
+}
+
+/** Many events of one metric as one device batch (what the gateway takes as one request). */
+export interface BatchResult {
+  /** The admitted reports, in the order of their events. */
+  readonly reports: readonly Report[];
+  /** One batch message of the admitted reports (`null` when none was admitted). */
+  readonly bytes: Uint8Array | null;
+  /** Per event: `null` if admitted, else the bound that refused it. */
+  readonly refusals: readonly (Refusal | null)[];
 }
 
 export class DeviceClient {
@@ -90,5 +100,25 @@ export class DeviceClient {
     if (refusal !== null) return { admitted: false, metric, reason: refusal };
     await this.limiter.persist();
     return { admitted: true, report, bytes: encodeReport(report) };
+  }
+
+  /**
+   * Privatize many events of one metric now (one send time), admit each against the quota (saved before this
+   * returns) and encode the admitted ones as one batch message. Every event is checked before any is privatized:
+   * one bad event throws and nothing is spent.
+   */
+  async privatizeMany(metric: string, values: readonly unknown[]): Promise<BatchResult> {
+    const privatizer = privatizerOf(this.privatizers, metric);
+    for (const v of values) privatizer.validate(v);
+    const t = this.clientTime();
+    const reports: Report[] = [];
+    const refusals = values.map((v) => {
+      const report = privatizer.report(v, this.secret, t);
+      const refusal = this.limiter.admit(report);
+      if (refusal === null) reports.push(report);
+      return refusal;
+    });
+    await this.limiter.persist();
+    return { reports, bytes: reports.length ? encodeBatch(reports) : null, refusals };
   }
 }

@@ -12,7 +12,7 @@ export class SpecError extends PtelError {
   /** Where in the document: e.g. `metrics.theme.prob`. */
   readonly path: string;
   constructor(path: string, reason: string) {
-    super(`spec ${path}: ${reason}`);
+    super(`spec ${path} ${reason}`);
     this.path = path;
   }
 }

@@ -3,7 +3,7 @@
  * adds file stores). Public API -- stable; additions only.
  */
 
-export { DeviceClient, type Admitted, type DeviceClientOptions, type Refused } from "./client.js";
+export { DeviceClient, type Admitted, type BatchResult, type DeviceClientOptions, type Refused } from "./client.js";
 export { EventError, ParameterError, PtelError, QuotaStateError, SecretError, SpecError, UnknownMetricError, WireError } from "./errors.js";
 export { blake2b, blake2s, type Blake2Options } from "./hash/blake2.js";
 export { sha256 } from "./hash/sha256.js";

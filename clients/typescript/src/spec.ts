@@ -137,7 +137,7 @@ class Fields {
   str(field: string, allowed?: readonly string[], dflt?: string): string {
     const t = this.obj[field] ?? dflt;
     if (typeof t !== "string" || (allowed && !allowed.includes(t))) {
-      return this.fail(field, allowed ? `must be one of ${allowed.join(", ")}` : "must be a string");
+      return this.fail(field, `(${JSON.stringify(t ?? null)}) ${allowed ? `must be one of ${allowed.join(", ")}` : "must be a string"}`);
     }
     return t;
   }

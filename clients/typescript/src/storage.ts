@@ -72,6 +72,7 @@ export class IndexedDbStore implements SecretStore, QuotaStore {
       t.onerror = () => reject(t.error ?? new Error("IndexedDB transaction failed"));
       t.onabort = () => reject(t.error ?? new Error("IndexedDB transaction aborted"));
     });
+    done.catch(() => undefined); // a failed request rejects run() first; its transaction's failure is the same error
     const out = await run(t.objectStore(OBJECT_STORE));
     await done;
     return out;

@@ -49,22 +49,28 @@ class Writer {
     return at;
   }
   u8(v: number): void {
-    this.view.setUint8(this.room(1), v);
+    const at = this.room(1); // before this.view: room() may replace it
+    this.view.setUint8(at, v);
   }
   u16(v: number): void {
-    this.view.setUint16(this.room(2), v, true);
+    const at = this.room(2); // before this.view: room() may replace it
+    this.view.setUint16(at, v, true);
   }
   u32(v: number): void {
-    this.view.setUint32(this.room(4), v, true);
+    const at = this.room(4); // before this.view: room() may replace it
+    this.view.setUint32(at, v, true);
   }
   u64(v: bigint): void {
-    this.view.setBigUint64(this.room(8), v, true);
+    const at = this.room(8); // before this.view: room() may replace it
+    this.view.setBigUint64(at, v, true);
   }
   f64(v: number): void {
-    this.view.setFloat64(this.room(8), v, true);
+    const at = this.room(8); // before this.view: room() may replace it
+    this.view.setFloat64(at, v, true);
   }
   bytes(b: Uint8Array): void {
-    this.buf.set(b, this.room(b.length));
+    const at = this.room(b.length); // before this.buf: room() may replace it
+    this.buf.set(b, at);
   }
   done(): Uint8Array {
     return this.buf.slice(0, this.length);

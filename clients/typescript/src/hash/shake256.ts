@@ -4,14 +4,27 @@
  * Keccak-f[1600] on BigInt lanes: short and rarely run (once per client and value, memoizable).
  */
 
-const RC = [
-  0x0000000000000001n, 0x0000000000008082n, 0x800000000000808an, 0x8000000080008000n, 0x000000000000808bn,
-  0x0000000080000001n, 0x8000000080008081n, 0x8000000000008009n, 0x000000000000008an, 0x0000000000000088n,
-  0x0000000080008009n, 0x000000008000000an, 0x000000008000808bn, 0x800000000000008bn, 0x8000000000008089n,
-  0x8000000000008003n, 0x8000000000008002n, 0x8000000000000080n, 0x000000000000800an, 0x800000008000000an,
-  0x8000000080008081n, 0x8000000000008080n, 0x0000000080000001n, 0x8000000080008008n,
-];
-const ROT = [0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39, 41, 45, 15, 21, 8, 18, 2, 61, 56, 14];
+// Round constants from the degree-8 LFSR of FIPS 202 section 3.2.5 (rc), rotation offsets from section 3.2.2
+// (rho): computed rather than tabulated, to keep the browser bundle small (checked against OpenSSL in the tests).
+const RC: bigint[] = [];
+const ROT: number[] = new Array<number>(25).fill(0);
+{
+  let r = 1;
+  const rc = (): number => {
+    const bit = r & 1;
+    r = (r << 1) ^ (r & 0x80 ? 0x171 : 0);
+    return bit;
+  };
+  for (let i = 0; i < 24; i++) {
+    let c = 0n;
+    for (let j = 0; j < 7; j++) if (rc()) c |= 1n << BigInt((1 << j) - 1);
+    RC.push(c);
+  }
+  for (let t = 0, x = 1, y = 0; t < 24; t++) {
+    ROT[x + 5 * y] = (((t + 1) * (t + 2)) / 2) % 64;
+    [x, y] = [y, (2 * x + 3 * y) % 5];
+  }
+}
 const MASK = (1n << 64n) - 1n;
 
 function rotl(x: bigint, n: number): bigint {
