@@ -40,12 +40,11 @@ from aiohttp import web
 
 from producers.client_secret import ClientSecret
 from producers.privatize import make_privatizer
-from ptel.kafka_broker import free_port
 from schemas.spec import load_spec, parse_spec
 from schemas.spec_document import spec_document_json
 from schemas.wire import encode_report
 from tests.integration.dashboard_support import browser
-from tests.integration.ts_client_support import PACKAGE, PAGE, build_bundle
+from tests.integration.ts_client_support import PACKAGE, build_bundle, serve_page
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ts_client.json"
@@ -163,12 +162,6 @@ async def browser_measurements(seconds: float, sends: int) -> tuple[dict[str, fl
     bundle = build_bundle()
     send_doc = spec_document_json(parse_spec(SEND_SPEC))
 
-    async def page(_: web.Request) -> web.Response:
-        return web.Response(text=PAGE, content_type="text/html")
-
-    async def script(_: web.Request) -> web.Response:
-        return web.Response(body=bundle.read_bytes(), content_type="text/javascript")
-
     async def spec_route(_: web.Request) -> web.Response:
         return web.Response(body=send_doc, content_type="application/json", headers={"ETag": '"bench"'})
 
@@ -176,31 +169,22 @@ async def browser_measurements(seconds: float, sends: int) -> tuple[dict[str, fl
         await request.read()
         return web.json_response({"accepted": 1, "window_start": 0}, status=202)
 
-    app = web.Application()
-    app.router.add_get("/", page)
-    app.router.add_get("/ptel-client.js", script)
-    app.router.add_get("/v1/spec", spec_route)
-    app.router.add_post("/v1/reports", reports)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    origin = f"http://127.0.0.1:{port}"
-    try:
-        async with browser() as chromium:
-            context = await chromium.new_context()
-            tab = await context.new_page()
-            await tab.goto(origin)
-            await tab.wait_for_selector("body[data-ready='1']", state="attached")
-            doc = spec_document_json(load_spec(DEMO)).decode()
-            throughput = await tab.evaluate(THROUGHPUT_JS, {"doc": doc, "events": EVENTS, "seconds": seconds})
-            cdp = await context.new_cdp_session(tab)
-            await cdp.send("Performance.enable")
-            before = {m["name"]: m["value"] for m in (await cdp.send("Performance.getMetrics"))["metrics"]}
-            walls = await tab.evaluate(SEND_JS, {"url": origin, "sends": sends})
-            after = {m["name"]: m["value"] for m in (await cdp.send("Performance.getMetrics"))["metrics"]}
-    finally:
-        await runner.cleanup()
+    def stub_gateway(app: web.Application) -> None:
+        app.router.add_get("/v1/spec", spec_route)
+        app.router.add_post("/v1/reports", reports)
+
+    async with serve_page(bundle, stub_gateway) as origin, browser() as chromium:
+        context = await chromium.new_context()
+        tab = await context.new_page()
+        await tab.goto(origin)
+        await tab.wait_for_selector("body[data-ready='1']", state="attached")
+        doc = spec_document_json(load_spec(DEMO)).decode()
+        throughput = await tab.evaluate(THROUGHPUT_JS, {"doc": doc, "events": EVENTS, "seconds": seconds})
+        cdp = await context.new_cdp_session(tab)
+        await cdp.send("Performance.enable")
+        before = {m["name"]: m["value"] for m in (await cdp.send("Performance.getMetrics"))["metrics"]}
+        walls = await tab.evaluate(SEND_JS, {"url": origin, "sends": sends})
+        after = {m["name"]: m["value"] for m in (await cdp.send("Performance.getMetrics"))["metrics"]}
     ordered = sorted(walls)
     send = {
         "sends": sends,

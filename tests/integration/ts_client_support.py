@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -50,8 +50,8 @@ def build_bundle() -> Path:
 
 
 @contextlib.asynccontextmanager
-async def serve_page(bundle: Path) -> AsyncIterator[str]:
-    """The test page's origin (``http://127.0.0.1:<port>``) while it is served."""
+async def serve_page(bundle: Path, more_routes: Callable[[web.Application], None] | None = None) -> AsyncIterator[str]:
+    """The test page's origin (``http://127.0.0.1:<port>``) while it is served (``more_routes`` adds routes)."""
 
     async def page(_: web.Request) -> web.Response:
         return web.Response(text=PAGE, content_type="text/html")
@@ -62,6 +62,8 @@ async def serve_page(bundle: Path) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/", page)
     app.router.add_get("/ptel-client.js", script)
+    if more_routes is not None:
+        more_routes(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
