@@ -14,9 +14,12 @@ Statistics. The devices' randomness is the browser's CSPRNG (the real path; noth
 anew. 2 + 4 + 6 = 12 intervals at 95%: the test allows at most 3 misses. If the intervals were independent and exact,
 P(4 or more misses of 12) = 1 - sum_{j<=3} C(12,j) 0.05^j 0.95^(12-j) = 2.2e-3: the false-failure rate. (The two
 intervals of the boolean metric -- count and fraction -- miss together, which makes the tail smaller, not larger.)
-Power: a randomizer that keeps the true category with probability 0.75 but is decoded as 0.9 (or a value shifted
-by one category, or a report counted twice) moves the estimates by many standard errors and fails the test; n is
-exact, so one lost or duplicated report fails it.
+Power: with 60 devices the standard errors are 3.5-9 counts, so the interval check catches gross errors only --
+a value encoded as the next category (mutation run: 4 of 12 intervals missed, the test failed), a wrong bit order,
+a wrong debiasing probability by a wide margin -- not a small one (keeping the true category with 0.9 instead of
+0.75 moves the estimates by about half a standard error): the randomizers' own statistical tests (large n, fixed
+seeds) and the cross-language known-answer vectors carry those claims. n is exact, so one lost or duplicated report
+fails the test.
 """
 
 from __future__ import annotations
