@@ -2,10 +2,11 @@
 #   make setup  -- .venv (python3 -m venv), pip install -e ".[test]" -c constraints.txt, Maven fetch of Kafka 3.9.1,
 #                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
-#   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`)
+#   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`; it runs the TypeScript
+#                  client's `npm test` too, tests/unit/test_typescript_client.py)
 #   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2)
 #   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
-#   make lint   -- ruff check + mypy
+#   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
 #   make check-deploy -- opt-in: Prometheus' promtool (built with `go install` into .tools/, ~15 min the first
@@ -18,10 +19,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.ptel-installed
+TS_CLIENT := clients/typescript
+# The TypeScript client's dev dependencies (typescript, esbuild, fast-check), exactly as its committed lockfile says;
+# re-run only when package.json or package-lock.json change.
+TS_INSTALLED := $(TS_CLIENT)/node_modules/.ptel-npm-ci
 
 .PHONY: setup browser demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
 
-setup: $(INSTALLED) browser
+setup: $(INSTALLED) browser $(TS_INSTALLED)
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
 	@$(BIN)/ptel broker fetch
 	@echo "[setup] done: run 'make demo' or 'make test'"
@@ -53,6 +58,12 @@ $(INSTALLED): pyproject.toml constraints.txt
 		{ rc=1; while IFS= read -r line; do case "$$line" in pip-exit=*) rc=$${line#pip-exit=};; *) echo "$$line";; esac; done; exit $$rc; }
 	@touch $@
 
+$(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make setup: the TypeScript client needs Node.js >= 20 and npm (apt-get install nodejs npm)"; exit 1; }
+	@echo "[setup] the TypeScript client's dev dependencies from its lockfile (npm ci in $(TS_CLIENT))"
+	@cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 demo: setup
 	$(BIN)/ptel demo
 
@@ -73,6 +84,7 @@ test-acl-matrix: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	cd $(TS_CLIENT) && npm run --silent typecheck
 
 bench: setup
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,bench]" -c constraints.txt
@@ -104,4 +116,5 @@ broker-stop:
 
 clean:
 	@if [ -x $(BIN)/ptel ]; then $(BIN)/ptel broker stop --all; fi
-	rm -rf $(VENV) .kafka .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) .kafka .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info build dist \
+		$(TS_CLIENT)/node_modules $(TS_CLIENT)/dist

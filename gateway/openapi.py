@@ -57,6 +57,12 @@ def _refusal(status: int) -> dict[str, Any]:
     return response
 
 
+_PREFLIGHT: dict[str, Any] = {
+    "summary": "CORS preflight of a web page (answered with permissions only for the origins of --cors-origin)",
+    "responses": {"204": {"description": "The preflight's answer."}},
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the gateway."""
     wire_body = {"schema": {"type": "string", "format": "binary"}}
@@ -106,7 +112,32 @@ def openapi_document() -> dict[str, Any]:
                         },
                         **{str(status): _refusal(status) for status in sorted(REFUSAL_REASONS)},
                     },
-                }
+                },
+                "options": _PREFLIGHT,
+            },
+            "/v1/spec": {
+                "get": {
+                    "summary": "The collection spec this gateway enforces, as devices load it",
+                    "parameters": [
+                        {
+                            "name": "If-None-Match",
+                            "in": "header",
+                            "required": False,
+                            "description": "the ETag of a copy the device holds: answered 304 while it is current",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The spec document (schemas/spec_document.py): format, spec, metrics "
+                            "(each metric's fingerprint and resolved parameters); the ETag is its SHA-256.",
+                            "headers": {"ETag": {"schema": {"type": "string"}}},
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpecDocument"}}},
+                        },
+                        "304": {"description": "The device's copy (If-None-Match) is current."},
+                    },
+                },
+                "options": _PREFLIGHT,
             },
             "/healthz": {
                 "get": {
@@ -151,6 +182,26 @@ def openapi_document() -> dict[str, Any]:
                             "type": "boolean",
                             "description": "Kafka appended them at or after their window's end plus the grace: they "
                             "will not be counted (a later release record's excluded.late shows them)",
+                        },
+                    },
+                },
+                "SpecDocument": {
+                    "type": "object",
+                    "required": ["format", "spec", "metrics"],
+                    "properties": {
+                        "format": {"type": "string", "const": "ptel-spec-document/v1"},
+                        "spec": {"type": "object", "description": "the collection spec's fields"},
+                        "metrics": {
+                            "type": "object",
+                            "description": "per metric: its fingerprint, payload kind and resolved parameters",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["fingerprint", "payload"],
+                                "properties": {
+                                    "fingerprint": {"type": "integer", "minimum": 0},
+                                    "payload": {"type": "string"},
+                                },
+                            },
                         },
                     },
                 },

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.cors import CorsPolicy
 from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthenticator
 from gateway.device_quota import DeviceQuota
 from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
@@ -54,6 +56,7 @@ from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
+from schemas.spec_document import spec_document_json
 from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
@@ -76,6 +79,8 @@ class GatewaySettings:
     max_device_reports: int = 100
     #: ``Retry-After`` of a 503, seconds.
     retry_after_s: int = 1
+    #: Origins whose web pages may send reports and read answers (CORS, :mod:`gateway.cors`); none by default.
+    cors_origins: tuple[str, ...] = ()
     forwarder: ForwarderSettings = field(default_factory=ForwarderSettings)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,7 @@ class GatewaySettings:
             raise GatewaySettingError("max_device_reports", self.max_device_reports, "must be an integer in [1, 10000]")
         if isinstance(self.retry_after_s, bool) or not 1 <= self.retry_after_s <= 3600:
             raise GatewaySettingError("retry_after_s", self.retry_after_s, "must be an integer in [1, 3600]")
+        CorsPolicy(self.cors_origins)  # each a valid origin
 
 
 def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -125,6 +131,10 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         self.clock = clock
         self.window_s = spec.window.size_s
+        #: ``GET /v1/spec``'s body (:mod:`schemas.spec_document`) and its strong ETag, the SHA-256 of the body.
+        self.spec_body = spec_document_json(spec)
+        self.spec_etag = f'"{hashlib.sha256(self.spec_body).hexdigest()}"'
+        self.cors = CorsPolicy(self.settings.cors_origins)
         self._recovery: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------------------------- app
@@ -137,7 +147,11 @@ class Gateway:
         add_route(app, "GET", "/healthz", self.handle_healthz, Surface.PUBLIC)
         add_route(app, "GET", "/readyz", self.handle_readyz, Surface.PUBLIC)
         add_route(app, "GET", "/openapi.json", self.handle_openapi, Surface.PUBLIC)
+        add_route(app, "GET", "/v1/spec", self.handle_spec, Surface.PUBLIC)
+        for path in ("/v1/reports", "/v1/spec"):  # CORS preflights of web pages (gateway.cors)
+            add_route(app, "OPTIONS", path, self.cors.preflight, Surface.PUBLIC)
         check_surfaces(app, allowed={Surface.PUBLIC})
+        app.on_response_prepare.append(self.cors.label)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -350,6 +364,15 @@ class Gateway:
     async def handle_metrics(self, _: web.Request) -> web.Response:
         text = self.metrics.text(lambda: self.forwarder.pending_reports, lambda: self.forwarder.connected)
         return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def handle_spec(self, request: web.Request) -> web.Response:
+        """The spec this gateway enforces, as devices load it (:mod:`schemas.spec_document`); ``ETag``: the SHA-256
+        of the document, ``304`` to an ``If-None-Match`` that names it (RFC 9110, section 13.1.2)."""
+        headers = {"ETag": self.spec_etag, "Cache-Control": "no-cache"}
+        given = request.headers.get("If-None-Match", "")
+        if given.strip() == "*" or self.spec_etag in (t.strip().removeprefix("W/") for t in given.split(",")):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=self.spec_body, headers={**_JSON_HEADERS, **headers})
 
     async def handle_openapi(self, _: web.Request) -> web.Response:
         from gateway.openapi import openapi_document

@@ -5,7 +5,8 @@
    Apache Kafka broker (PLAINTEXT on 127.0.0.1, ``--port``);
 2. creates this run's topics (the spec's names with a run suffix, so runs never mix);
 3. starts an agents worker in this process, and ``ptel monitor`` in a subprocess: its live dashboard's URL
-   is printed first (``--serve``: kept up after the last window until Ctrl-C);
+   is printed first (``--serve``: kept up after the last window until Ctrl-C); and ``ptel gateway`` for devices
+   (``ptel.commands.demo_gateway``: a web page or a Node script can send to it while the demo runs);
 4. simulates ``--clients`` devices reporting every metric of the spec (every kind: boolean RR, k-RR,
    OUE, RAPPOR, keyed with thresholded noise, DP Theil-Sen) once per window for ``--windows`` windows,
    privatized on the "device" and sent as batch messages;
@@ -41,6 +42,8 @@ from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from ptel.commands.demo_gateway import DemoGateway
+from ptel.commands.demo_gateway import add_arguments as add_gateway_arguments
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -100,6 +103,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the monitor and its dashboard")
     parser.add_argument("--serve", action="store_true", help="keep the dashboard up after the last window until Ctrl-C")
+    add_gateway_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -178,6 +182,7 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
     group = f"ptel-agents.{spec.name}.{tag}"
     topics = WorkerTopics.for_spec(spec, group)
     dashboard: _Dashboard | None = None
+    gateway: DemoGateway | None = None
     async with StopRequest(command="ptel demo") as stop:  # a second signal, even during the cleanup: exit at once
         try:
             await ensure_topics(connection, topics)
@@ -188,10 +193,13 @@ async def _demo(base: CollectionSpec, connection: Connection, args: argparse.Nam
                 flush=True,
             )
             dashboard = None if args.no_dashboard else _Dashboard.start(spec, connection, tag, args)
+            gateway = None if args.no_gateway else DemoGateway.start(spec, connection, args)
             code = await _simulate(spec, base, connection, topics, group, args, dashboard, stop)
             return 0 if stop.requested else code
         finally:
-            # on every path -- done, failed or stopped by a signal: the monitor first, then its source topics
+            # on every path -- done, failed or stopped by a signal: the gateway, the monitor, then the topics
+            if gateway is not None:
+                await asyncio.to_thread(gateway.stop)
             if dashboard is not None:
                 await dashboard.stop(connection, delete_topics=not args.keep_topics)
             if not args.keep_topics:

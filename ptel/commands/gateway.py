@@ -71,6 +71,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="a reverse proxy terminates TLS: allows a non-loopback plain --listen",
     )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (http(s)://host[:port]) whose web pages may send reports and read answers (CORS); "
+        "repeatable; none by default",
+    )
     p.add_argument("--max-body-bytes", type=int, default=GatewaySettings.max_body_bytes, help="largest request body")
     p.add_argument(
         "--max-device-reports", type=int, default=GatewaySettings.max_device_reports, help="most reports per request"
@@ -160,6 +168,7 @@ def run(args: Any) -> int:
         settings = GatewaySettings(
             max_body_bytes=args.max_body_bytes,
             max_device_reports=args.max_device_reports,
+            cors_origins=tuple(args.cors_origin),
             forwarder=ForwarderSettings(
                 linger_ms=args.linger_ms,
                 max_pending_reports=args.max_pending_reports,

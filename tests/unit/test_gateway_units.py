@@ -257,6 +257,9 @@ DEVICE_ROUTES = {
     Route("GET", "/healthz"): Surface.PUBLIC,
     Route("GET", "/readyz"): Surface.PUBLIC,
     Route("GET", "/openapi.json"): Surface.PUBLIC,
+    Route("GET", "/v1/spec"): Surface.PUBLIC,
+    Route("OPTIONS", "/v1/reports"): Surface.PUBLIC,
+    Route("OPTIONS", "/v1/spec"): Surface.PUBLIC,
 }
 OPERATOR_ROUTES = {
     Route("GET", "/metrics"): Surface.OPERATOR,

@@ -1,0 +1,128 @@
+/**
+ * The Node entry: everything of the browser entry plus the file stores -- the device secret in a file of mode
+ * 0600 (Python `producers.client_secret` format and semantics: `ptel-client-secret/v1\n<hex>\n`, created atomically
+ * through a fresh `O_EXCL` 0600 temporary file hard-linked into place, refused when group or others can access it,
+ * when it is not a regular file or is owned by another user) and the quota in `<secret>.quota` (0600, replaced
+ * atomically, as `producers.edge_client.quota_path`).
+ */
+
+import { randomBytes } from "node:crypto";
+import { promises as fs, constants } from "node:fs";
+import { dirname, basename, join } from "node:path";
+
+import { SecretError } from "./errors.js";
+import type { QuotaStore } from "./quota.js";
+import type { SecretStore } from "./storage.js";
+
+export * from "./index.js";
+export { FileQueueStore } from "./queue_file.js";
+
+const HEADER = "ptel-client-secret/v1\n";
+
+async function privateTemp(path: string, data: string | Uint8Array): Promise<string> {
+  await fs.mkdir(dirname(path), { recursive: true, mode: 0o700 });
+  const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(8).toString("hex")}.tmp`);
+  const fh = await fs.open(tmp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  return tmp;
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  try {
+    const fh = await fs.open(dir, constants.O_RDONLY);
+    try {
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+  } catch {
+    // best effort, as Python's _fsync_dir
+  }
+}
+
+/** Where a device keeps its quota by default: beside its secret, `<secret>.quota`. */
+export function quotaPath(secretFile: string): string {
+  return `${secretFile}.quota`;
+}
+
+/** The device secret in a mode-0600 file, in the Python client's format. */
+export class FileSecretStore implements SecretStore {
+  constructor(readonly path: string) {}
+
+  async exists(): Promise<boolean> {
+    try {
+      await fs.lstat(this.path);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private async read(): Promise<Uint8Array | null> {
+    let fh: fs.FileHandle;
+    try {
+      fh = await fs.open(this.path, constants.O_RDONLY | (constants.O_NOFOLLOW ?? 0));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
+      throw new SecretError(`cannot open the client secret file ${this.path}: ${(err as Error).message}`);
+    }
+    try {
+      const st = await fh.stat();
+      if (!st.isFile()) throw new SecretError(`client secret ${this.path} is not a regular file`);
+      if (st.mode & 0o077) {
+        throw new SecretError(
+          `client secret ${this.path} has mode ${(st.mode & 0o7777).toString(8).padStart(4, "0")}; it must not be accessible by group or others (chmod 600 ${this.path})`,
+        );
+      }
+      if (typeof process.getuid === "function" && st.uid !== process.getuid()) throw new SecretError(`client secret ${this.path} is owned by another user`);
+      const text = (await fh.readFile()).subarray(0, 4096).toString("latin1");
+      const body = text.startsWith(HEADER) ? text.slice(HEADER.length).trim() : "";
+      if (!/^[0-9a-fA-F]{64}$/.test(body)) throw new SecretError(`client secret ${this.path} is malformed (expected the ptel-client-secret/v1 format)`);
+      return Uint8Array.from(Buffer.from(body, "hex"));
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async loadOrCreate(fresh: Uint8Array): Promise<Uint8Array> {
+    const have = await this.read();
+    if (have !== null) return have;
+    const tmp = await privateTemp(this.path, HEADER + Buffer.from(fresh).toString("hex") + "\n");
+    try {
+      await fs.link(tmp, this.path); // atomic; never replaces an existing secret (a racing creator's key wins)
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw new SecretError(`cannot create the client secret file ${this.path}: ${(err as Error).message}`);
+    } finally {
+      await fs.unlink(tmp).catch(() => undefined);
+    }
+    await fsyncDir(dirname(this.path));
+    const key = await this.read();
+    if (key === null) throw new SecretError(`the client secret file ${this.path} vanished after it was created`);
+    return key;
+  }
+}
+
+/** The quota in a mode-0600 file, replaced atomically (fsynced temporary file renamed into place). */
+export class FileQuotaStore implements QuotaStore {
+  constructor(readonly path: string) {}
+
+  async load(): Promise<string | null> {
+    try {
+      return await fs.readFile(this.path, "utf8");
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
+      throw err;
+    }
+  }
+
+  async save(doc: string): Promise<void> {
+    const tmp = await privateTemp(this.path, doc);
+    await fs.rename(tmp, this.path);
+    await fsyncDir(dirname(this.path));
+  }
+}

@@ -1,0 +1,338 @@
+/**
+ * The device's outbox: a bounded queue of encoded messages that survives a page reload or a process restart, sent
+ * through a {@link GatewayTransport} in order.
+ *
+ * A message is stored -- with the `Idempotency-Key` all its attempts will carry -- before its first attempt, so
+ * that nothing privatized is lost offline and no retry, even after a reload, can be counted twice while the gateway
+ * remembers the key (the window of the first attempt and the next, docs/gateway.md "Retries"). It leaves the store
+ * when the gateway answers 202, or when it is refused (reported through `onDrop`, never silently), expires
+ * (`maxAgeMs`) or is pushed out by a newer one when the queue is full (`maxMessages`; the oldest goes, reported).
+ *
+ * Flushing sends the queue's messages one after the other; the first `retry` outcome (503, a timeout, offline)
+ * stops the flush and schedules the next one after the backoff -- at least the gateway's `Retry-After` -- so a
+ * gateway under pressure is not hammered. {@link SendQueue.start} flushes on a timer, when the browser comes back
+ * online, and on page hide fires the queued messages with `fetch(..., {keepalive: true})` (they stay stored: an
+ * unanswered one is sent again with its key on the next load, and the gateway answers it as a replay).
+ *
+ * Stores: {@link MemoryQueueStore}; {@link LocalStorageQueueStore} in browsers (synchronous: a message is stored
+ * before `enqueue` returns, even when the page closes next); `FileQueueStore` in Node (`queue_file.ts`).
+ *
+ * What is stored is what is sent -- the privatized, encoded reports -- never a raw value.
+ */
+
+import { ParameterError } from "./errors.js";
+import { type Attempt, type GatewayRefusedError, type GatewayTransport, newIdempotencyKey, retryDelayMs } from "./transport.js";
+
+/** One stored message. `body` is base64 of the encoded bytes. */
+export interface QueuedMessage {
+  readonly key: string;
+  readonly body: string;
+  readonly contentType: string;
+  /** When it was queued, ms since the epoch. */
+  readonly queuedAt: number;
+  /** Attempts made so far (across reloads). */
+  attempts: number;
+}
+
+/** Where the queue keeps its messages. `save` is called after every change, with the whole queue. */
+export interface QueueStore {
+  load(): QueuedMessage[];
+  save(messages: readonly QueuedMessage[]): void;
+}
+
+/** In memory only: lost with the page or the process (tests, or a device that does not want persistence). */
+export class MemoryQueueStore implements QueueStore {
+  private messages: QueuedMessage[] = [];
+  load(): QueuedMessage[] {
+    return this.messages.map((m) => ({ ...m }));
+  }
+  save(messages: readonly QueuedMessage[]): void {
+    this.messages = messages.map((m) => ({ ...m }));
+  }
+}
+
+export interface StorageLike {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+}
+
+/** Checks one parsed message (a store may hold anything: an old version, another script's key). */
+export function isQueuedMessage(m: unknown): m is QueuedMessage {
+  if (m === null || typeof m !== "object") return false;
+  const r = m as Record<string, unknown>;
+  return (
+    typeof r["key"] === "string" &&
+    typeof r["body"] === "string" &&
+    typeof r["contentType"] === "string" &&
+    typeof r["queuedAt"] === "number" &&
+    typeof r["attempts"] === "number"
+  );
+}
+
+/** Parses a store's text: the messages it holds, or [] for nothing or something unreadable. */
+export function parseQueue(text: string | null): QueuedMessage[] {
+  if (text === null || text === "") return [];
+  try {
+    const parsed: unknown = JSON.parse(text);
+    return Array.isArray(parsed) ? parsed.filter(isQueuedMessage) : [];
+  } catch {
+    return [];
+  }
+}
+
+/** The browser's `localStorage` (or any Storage), under one item name (default `ptel.queue`). */
+export class LocalStorageQueueStore implements QueueStore {
+  private readonly storage: StorageLike;
+  constructor(
+    readonly name: string = "ptel.queue",
+    storage?: StorageLike,
+  ) {
+    const found = storage ?? (globalThis as { localStorage?: StorageLike }).localStorage;
+    if (found === undefined) throw new ParameterError("storage", "is missing: no localStorage here (use FileQueueStore in Node)");
+    this.storage = found;
+  }
+  load(): QueuedMessage[] {
+    return parseQueue(this.storage.getItem(this.name));
+  }
+  save(messages: readonly QueuedMessage[]): void {
+    this.storage.setItem(this.name, JSON.stringify(messages));
+  }
+}
+
+export function toBase64(bytes: Uint8Array): string {
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(text);
+}
+
+export function fromBase64(text: string): Uint8Array {
+  const raw = atob(text);
+  const out = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+  return out;
+}
+
+/** Why a message left the queue without a 202. */
+export type DropReason = "refused" | "expired" | "queue_full";
+
+export interface SendQueueOptions {
+  /** Most messages kept; a new one beyond it pushes out the oldest (default 500). */
+  readonly maxMessages?: number;
+  /** A message older than this is dropped unsent (default 24 h). */
+  readonly maxAgeMs?: number;
+  /** First retry delay, ms (default 200), doubled each failure up to `maxBackoffMs` (default 60 000). */
+  readonly backoffMs?: number;
+  readonly maxBackoffMs?: number;
+  /** Called for each message dropped without a 202, with the reason (and the gateway's refusal, if any). */
+  readonly onDrop?: (message: QueuedMessage, reason: DropReason, error?: GatewayRefusedError) => void;
+  /** Called for each 202. */
+  readonly onAccepted?: (message: QueuedMessage, attempt: Extract<Attempt, { kind: "accepted" }>) => void;
+  /** The clock, ms since the epoch (tests inject one). */
+  readonly now?: () => number;
+}
+
+/** Counts since the queue was made. */
+export interface QueueStats {
+  accepted: number;
+  replayed: number;
+  retries: number;
+  dropped: number;
+}
+
+/** What a flush did: messages accepted, dropped, left; and when the next attempt is due (ms since the epoch). */
+export interface FlushResult {
+  readonly accepted: number;
+  readonly dropped: number;
+  readonly pending: number;
+  readonly nextAttemptAt: number | null;
+}
+
+function positive(name: string, value: number, max: number): number {
+  if (!(Number.isFinite(value) && value > 0 && value <= max)) throw new ParameterError(name, `(${value}) must be in (0, ${max}]`);
+  return value;
+}
+
+/** The outbox of one device towards one gateway. */
+export class SendQueue {
+  readonly stats: QueueStats = { accepted: 0, replayed: 0, retries: 0, dropped: 0 };
+  private readonly maxMessages: number;
+  private readonly maxAgeMs: number;
+  private readonly backoffMs: number;
+  private readonly maxBackoffMs: number;
+  private readonly now: () => number;
+  private failures = 0;
+  private notBefore = 0;
+  private flushing: Promise<FlushResult> | null = null;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private detach: (() => void) | null = null;
+
+  constructor(
+    readonly transport: GatewayTransport,
+    readonly store: QueueStore = new MemoryQueueStore(),
+    private readonly options: SendQueueOptions = {},
+  ) {
+    this.maxMessages = positive("maxMessages", options.maxMessages ?? 500, 1_000_000);
+    this.maxAgeMs = positive("maxAgeMs", options.maxAgeMs ?? 86_400_000, 365 * 86_400_000);
+    this.backoffMs = positive("backoffMs", options.backoffMs ?? 200, 3_600_000);
+    this.maxBackoffMs = positive("maxBackoffMs", options.maxBackoffMs ?? 60_000, 86_400_000);
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Messages waiting (from the store: what a reload would find). */
+  get pending(): number {
+    return this.store.load().length;
+  }
+
+  /** Stores one encoded message (before any attempt) and returns its `Idempotency-Key`. */
+  enqueue(body: Uint8Array, contentType?: string): string {
+    if (!(body instanceof Uint8Array) || body.length === 0) throw new ParameterError("body", "must be a non-empty Uint8Array (an encoded report)");
+    const message: QueuedMessage = {
+      key: newIdempotencyKey(),
+      body: toBase64(body),
+      contentType: contentType ?? (body[0] === 0x7b ? "application/json" : "application/octet-stream"),
+      queuedAt: this.now(),
+      attempts: 0,
+    };
+    const messages = this.store.load();
+    messages.push(message);
+    const over = messages.length - this.maxMessages;
+    const pushedOut = over > 0 ? messages.splice(0, over) : [];
+    this.store.save(messages);
+    for (const old of pushedOut) this.drop(old, "queue_full");
+    return message.key;
+  }
+
+  private drop(message: QueuedMessage, reason: DropReason, error?: GatewayRefusedError): void {
+    this.stats.dropped++;
+    this.options.onDrop?.(message, reason, error);
+  }
+
+  /** Removes the message of `key` from the store (the store may have changed meanwhile: another tab, a reload). */
+  private remove(key: string): void {
+    this.store.save(this.store.load().filter((m) => m.key !== key));
+  }
+
+  private update(key: string, change: (m: QueuedMessage) => void): void {
+    const messages = this.store.load();
+    const found = messages.find((m) => m.key === key);
+    if (found !== undefined) {
+      change(found);
+      this.store.save(messages);
+    }
+  }
+
+  /** Sends the queued messages in order until the queue is empty or the gateway asks to wait (see the module doc).
+   * Concurrent calls share one flush. `force` ignores the backoff. */
+  flush(force = false): Promise<FlushResult> {
+    if (this.flushing !== null) return this.flushing;
+    this.flushing = this.run(force).finally(() => {
+      this.flushing = null;
+    });
+    return this.flushing;
+  }
+
+  private async run(force: boolean): Promise<FlushResult> {
+    let accepted = 0;
+    let dropped = 0;
+    if (!force && this.now() < this.notBefore) {
+      return { accepted, dropped, pending: this.pending, nextAttemptAt: this.notBefore };
+    }
+    for (;;) {
+      const messages = this.store.load();
+      const expired = messages.filter((m) => this.now() - m.queuedAt > this.maxAgeMs);
+      if (expired.length > 0) {
+        this.store.save(messages.filter((m) => !expired.includes(m)));
+        for (const m of expired) this.drop(m, "expired");
+        dropped += expired.length;
+        continue;
+      }
+      const next = messages[0];
+      if (next === undefined) return { accepted, dropped, pending: 0, nextAttemptAt: null };
+      if (next.attempts > 0) this.stats.retries++;
+      this.update(next.key, (m) => {
+        m.attempts++;
+      });
+      const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key });
+      if (outcome.kind === "retry") {
+        this.failures++;
+        this.notBefore = this.now() + retryDelayMs(this.failures, outcome.retryAfterMs, this.backoffMs, this.maxBackoffMs);
+        return { accepted, dropped, pending: this.pending, nextAttemptAt: this.notBefore };
+      }
+      this.failures = 0;
+      this.remove(next.key);
+      if (outcome.kind === "accepted") {
+        accepted++;
+        this.stats.accepted++;
+        if (outcome.replayed) this.stats.replayed++;
+        this.options.onAccepted?.(next, outcome);
+      } else {
+        dropped++;
+        this.drop(next, "refused", outcome.error);
+      }
+    }
+  }
+
+  /** Stores `body` and flushes; resolves with the flush's result (a message not yet sent stays queued). */
+  async send(body: Uint8Array, contentType?: string): Promise<FlushResult> {
+    this.enqueue(body, contentType);
+    return this.flush();
+  }
+
+  /** On page hide: fire every queued message (at most 64 KiB of bodies, the browsers' keepalive budget) with
+   * `keepalive`, without removing them; a 202 heard before the page goes removes its message. */
+  flushOnHide(): number {
+    let budget = 64 * 1024;
+    let fired = 0;
+    for (const m of this.store.load()) {
+      const body = fromBase64(m.body);
+      if (body.length > budget) break;
+      budget -= body.length;
+      fired++;
+      this.transport.sendKeepalive({ body, contentType: m.contentType, idempotencyKey: m.key }, (status) => {
+        if (status === 202) this.remove(m.key);
+      });
+    }
+    return fired;
+  }
+
+  /** Flush now, then every `intervalMs` (default 5 000) while messages wait, when the browser comes back online, and
+   * with {@link flushOnHide} when the page is hidden. Returns `stop`. */
+  start(intervalMs = 5_000): () => void {
+    positive("intervalMs", intervalMs, 86_400_000);
+    this.stop();
+    const tick = (): void => {
+      void this.flush().finally(() => {
+        if (this.detach !== null) this.timer = setTimeout(tick, Math.max(intervalMs, this.notBefore - this.now()));
+      });
+    };
+    const online = (): void => void this.flush(true);
+    let firedAt = -Infinity; // pagehide and visibilitychange both come on closing: fire once
+    const hidden = (): void => {
+      const doc = (globalThis as { document?: { visibilityState?: string } }).document;
+      if (doc?.visibilityState !== undefined && doc.visibilityState !== "hidden") return;
+      if (this.now() - firedAt < 1000) return;
+      firedAt = this.now();
+      this.flushOnHide();
+    };
+    const target = globalThis as { addEventListener?: (t: string, f: () => void) => void; removeEventListener?: (t: string, f: () => void) => void };
+    target.addEventListener?.("online", online);
+    target.addEventListener?.("pagehide", hidden);
+    const doc = (globalThis as { document?: { addEventListener(t: string, f: () => void): void; removeEventListener(t: string, f: () => void): void } }).document;
+    doc?.addEventListener("visibilitychange", hidden);
+    this.detach = () => {
+      target.removeEventListener?.("online", online);
+      target.removeEventListener?.("pagehide", hidden);
+      doc?.removeEventListener("visibilitychange", hidden);
+    };
+    tick();
+    return () => this.stop();
+  }
+
+  /** Stops the timer and the page listeners (idempotent); the queue stays stored. */
+  stop(): void {
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = null;
+    this.detach?.();
+    this.detach = null;
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * Device-side contribution bounds, persisted (mirror of Python's `producers.contribution.ContributionLimiter`):
+ * local privacy loss is spent when a report leaves the device, so the device itself never sends more than the
+ * spec allows per (metric, pseudonym) -- the pseudonym names one client, metric and window:
+ *
+ * - at most `reports_per_window` reports;
+ * - keyed metrics: each key at most once, at most `keys_per_window` distinct keys.
+ *
+ * State is kept for the newest window seen and the 3 before it (older windows are refused). It is saved
+ * ({@link ContributionLimiter.persist}) before the reports are handed to the transport, in the Python client's
+ * JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric: {pseudonym:
+ * [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
+ * ({@link QuotaStateError}), as does missing state when it must exist (it was created with the secret).
+ */
+
+import { QuotaStateError } from "./errors.js";
+import type { Report } from "./privatize.js";
+import type { CollectionSpec } from "./spec.js";
+
+const KEEP_WINDOWS = 3;
+
+/** Where the quota state lives: a file (Node), IndexedDB (browsers), or memory. */
+export interface QuotaStore {
+  /** The saved document, or `null` when there is none. */
+  load(): Promise<string | null>;
+  /** Replace the saved document (atomically). */
+  save(doc: string): Promise<void>;
+}
+
+/** Why a report was not admitted. */
+export type Refusal = "reports_per_window" | "keys_per_window" | "key_already_sent" | "window_too_old";
+
+export class ContributionLimiter {
+  private readonly windowSizeS: number;
+  private readonly maxReports: ReadonlyMap<string, number>;
+  private readonly maxKeys: ReadonlyMap<string, number>;
+  private counts = new Map<number, Map<string, Map<bigint, number>>>();
+  private keys = new Map<number, Map<string, Map<bigint, Set<string>>>>();
+  private newest = -1;
+  private changed = false;
+
+  constructor(
+    spec: CollectionSpec,
+    private readonly store: QuotaStore | null,
+  ) {
+    this.windowSizeS = spec.windowSizeS;
+    this.maxReports = new Map(spec.metrics.map((m) => [m.name, m.reportsPerWindow]));
+    this.maxKeys = new Map(spec.metrics.flatMap((m) => (m.kind === "keyed" ? [[m.name, m.keysPerWindow] as const] : [])));
+  }
+
+  /** Read the saved state. `mustExist`: missing state fails closed (the secret exists, so it was deleted). */
+  async load(mustExist: boolean): Promise<boolean> {
+    if (this.store === null) return false;
+    let text: string | null;
+    try {
+      text = await this.store.load();
+    } catch (err) {
+      throw new QuotaStateError(`the quota state cannot be read (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
+    }
+    if (text === null) {
+      if (mustExist) {
+        throw new QuotaStateError(
+          "the quota state is missing while this device's secret exists: it was created with the secret, so it was deleted; " +
+            "refusing to send rather than start from a fresh quota (restore it, or start over as a new client with a new secret)",
+        );
+      }
+      return false;
+    }
+    try {
+      const doc = JSON.parse(text) as { v: unknown; newest: unknown; counts: unknown; keys: unknown };
+      if (doc.v !== 1) throw new Error(`unknown version ${JSON.stringify(doc.v)}`);
+      if (!Number.isInteger(doc.newest)) throw new Error("newest must be an integer");
+      this.newest = doc.newest as number;
+      for (const [w, metrics] of Object.entries(doc.counts as Record<string, Record<string, Record<string, number>>>)) {
+        for (const [metric, sent] of Object.entries(metrics)) {
+          const table = this.table(this.counts, Number(w), metric);
+          for (const [p, n] of Object.entries(sent)) {
+            if (!Number.isInteger(n)) throw new Error("counts must be integers");
+            table.set(BigInt(p), n);
+          }
+        }
+      }
+      for (const [w, metrics] of Object.entries(doc.keys as Record<string, Record<string, Record<string, string[]>>>)) {
+        for (const [metric, kept] of Object.entries(metrics)) {
+          const table = this.table(this.keys, Number(w), metric);
+          for (const [p, ks] of Object.entries(kept)) table.set(BigInt(p), new Set(ks.map(String)));
+        }
+      }
+    } catch (err) {
+      throw new QuotaStateError(`the quota state is malformed (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
+    }
+    return true;
+  }
+
+  private table<V>(tables: Map<number, Map<string, Map<bigint, V>>>, window: number, metric: string): Map<bigint, V> {
+    let byMetric = tables.get(window);
+    if (byMetric === undefined) tables.set(window, (byMetric = new Map()));
+    let t = byMetric.get(metric);
+    if (t === undefined) byMetric.set(metric, (t = new Map()));
+    return t;
+  }
+
+  /** Record and admit one report (`null`), or refuse it (nothing recorded) with the bound it would break. */
+  admit(report: Report): Refusal | null {
+    const window = Math.floor(report.clientTime / this.windowSizeS);
+    if (window < this.newest - KEEP_WINDOWS) return "window_too_old";
+    if (window > this.newest) {
+      this.newest = window;
+      for (const w of [...this.counts.keys()]) {
+        if (w < window - KEEP_WINDOWS) {
+          this.counts.delete(w);
+          this.keys.delete(w);
+        }
+      }
+    }
+    const counts = this.table(this.counts, window, report.metric);
+    const keysets = this.table(this.keys, window, report.metric);
+    const sent = counts.get(report.pseudonym) ?? 0;
+    if (sent >= (this.maxReports.get(report.metric) ?? 0)) return "reports_per_window";
+    const maxKeys = this.maxKeys.get(report.metric);
+    if (maxKeys !== undefined && report.payload.kind === "keyed") {
+      let seen = keysets.get(report.pseudonym);
+      if (seen === undefined) keysets.set(report.pseudonym, (seen = new Set()));
+      if (seen.has(report.payload.key)) return "key_already_sent";
+      if (seen.size >= maxKeys) return "keys_per_window";
+      seen.add(report.payload.key);
+    }
+    counts.set(report.pseudonym, sent + 1);
+    this.changed = true;
+    return null;
+  }
+
+  /** The state as the Python client writes it. */
+  document(): string {
+    const counts: Record<string, Record<string, Record<string, number>>> = {};
+    const keys: Record<string, Record<string, Record<string, string[]>>> = {};
+    for (const [w, ms] of this.counts) {
+      counts[String(w)] = Object.fromEntries([...ms].map(([m, sent]) => [m, Object.fromEntries([...sent].map(([p, n]) => [p.toString(), n]))]));
+    }
+    for (const [w, ms] of this.keys) {
+      keys[String(w)] = Object.fromEntries([...ms].map(([m, kept]) => [m, Object.fromEntries([...kept].map(([p, k]) => [p.toString(), [...k].sort()]))]));
+    }
+    return JSON.stringify({ v: 1, newest: this.newest, counts, keys });
+  }
+
+  /** Save what was admitted since the last call (before the reports leave). `force`: save even without changes. */
+  async persist(force = false): Promise<void> {
+    if (this.store === null || !(this.changed || force)) return;
+    await this.store.save(this.document());
+    this.changed = false;
+  }
+}

@@ -1,0 +1,200 @@
+/**
+ * The gateway transport: POSTs encoded reports to `<gateway>/v1/reports` with the device's bearer token, the way the
+ * Python device does (`producers/gateway_sink.py`; the API: docs/gateway.md).
+ *
+ * One message (one report, or a device's small batch of one metric) is one request. Every attempt of a message
+ * carries the same `Idempotency-Key` (made once, when the message is queued, and stored with it), so the gateway
+ * answers a retry of an accepted message with its first answer and forwards nothing. An attempt ends in one of:
+ *
+ * - `accepted`: 202, Kafka has acknowledged the reports (`{accepted, window_start}`; `replayed` when the gateway
+ *   answered an earlier attempt's key);
+ * - `retry`: the gateway or the network cannot take it now -- 503 (Kafka down or slow, backlog full, stopping), a
+ *   502/504 of a proxy, a timeout or a dropped connection. The reports are not in Kafka (or, after 503
+ *   `delivery_failed`, perhaps are: the same key makes the retry safe). The delay honours `Retry-After`;
+ * - `refused`: any other status (400 malformed, 401 token, 413 too large, 415, 422 not in the spec, 429 the
+ *   device's quota of this window is used): retrying the same bytes cannot succeed, the message is dropped and the
+ *   refusal reported ({@link GatewayRefusedError}), never silently.
+ */
+
+import { ParameterError, PtelError } from "./errors.js";
+
+/** The gateway refused a message (`status`, machine-readable `reason` of docs/gateway.md), or every attempt failed
+ * (`status` 0, `reason` "unreachable"). */
+export class GatewayRefusedError extends PtelError {
+  readonly status: number;
+  readonly reason: string;
+  readonly detail: string;
+  constructor(status: number, reason: string, detail: string) {
+    super(`gateway refused the report: ${status} ${reason}: ${detail}`);
+    this.status = status;
+    this.reason = reason;
+    this.detail = detail;
+  }
+}
+
+/** One message ready to leave: the encoded bytes, their media type and the key every attempt carries. */
+export interface OutgoingMessage {
+  readonly body: Uint8Array;
+  /** `application/octet-stream` (binary wire format) or `application/json`; default: from the first byte. */
+  readonly contentType?: string;
+  /** 1-128 printable ASCII characters, the same on every attempt ({@link newIdempotencyKey}). */
+  readonly idempotencyKey: string;
+}
+
+/** The outcome of one attempt. */
+export type Attempt =
+  | { readonly kind: "accepted"; readonly accepted: number; readonly windowStart: number; readonly replayed: boolean }
+  | { readonly kind: "retry"; readonly retryAfterMs: number | null; readonly error: GatewayRefusedError }
+  | { readonly kind: "refused"; readonly error: GatewayRefusedError };
+
+type FetchLike = (input: string, init: RequestInit) => Promise<Response>;
+
+export interface TransportOptions {
+  /** The gateway's base URL, `https://host[:port]` (`http://` for loopback and tests). */
+  readonly url: string;
+  /** The device token (`ptel gateway-keys token`). */
+  readonly token: string;
+  /** Longest wait for one attempt's answer, ms (default 30 000). */
+  readonly timeoutMs?: number;
+  /** The `fetch` to use (default: the platform's); tests inject one. */
+  readonly fetch?: FetchLike;
+}
+
+/** Statuses after which the same bytes are sent again (the gateway's 503; a proxy's 502 and 504). */
+const RETRIED = new Set([502, 503, 504]);
+
+/** A fresh `Idempotency-Key`: 16 bytes of the platform CSPRNG, hex (32 characters). */
+export function newIdempotencyKey(): string {
+  const bytes = new Uint8Array(16);
+  globalThis.crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 section 10.2.3) in ms from `now`; null if absent or bad. */
+export function parseRetryAfter(value: string | null, now: number = Date.now()): number | null {
+  if (value === null) return null;
+  const text = value.trim();
+  if (/^\d+$/.test(text)) return Number(text) * 1000;
+  const at = Date.parse(text);
+  return Number.isNaN(at) ? null : Math.max(0, at - now);
+}
+
+function mediaType(message: OutgoingMessage): string {
+  return message.contentType ?? (message.body[0] === 0x7b ? "application/json" : "application/octet-stream");
+}
+
+/** Sends messages to one gateway as one device. */
+export class GatewayTransport {
+  readonly endpoint: string;
+  readonly specUrl: string;
+  private readonly auth: string;
+  private readonly timeoutMs: number;
+  private readonly fetchFn: FetchLike;
+
+  constructor(options: TransportOptions) {
+    const url = options.url;
+    if (typeof url !== "string" || !/^https?:\/\/[^/]+/.test(url)) {
+      throw new ParameterError("url", `(${JSON.stringify(url)}) must start with https:// (or http:// on loopback)`);
+    }
+    if (typeof options.token !== "string" || options.token.length === 0) {
+      throw new ParameterError("token", "must be the device's token (ptel gateway-keys token), a non-empty string");
+    }
+    const timeoutMs = options.timeoutMs ?? 30_000;
+    if (!(timeoutMs > 0 && timeoutMs <= 3_600_000)) {
+      throw new ParameterError("timeoutMs", `(${timeoutMs}) must be in (0, 3600000]`);
+    }
+    const base = url.replace(/\/+$/, "");
+    this.endpoint = `${base}/v1/reports`;
+    this.specUrl = `${base}/v1/spec`;
+    this.auth = `Bearer ${options.token}`;
+    this.timeoutMs = timeoutMs;
+    const platform = (globalThis as { fetch?: FetchLike }).fetch;
+    const chosen = options.fetch ?? (platform === undefined ? undefined : platform.bind(globalThis));
+    if (chosen === undefined) throw new ParameterError("fetch", "is missing: this platform has no fetch (Node >= 20 or a browser)");
+    this.fetchFn = chosen;
+  }
+
+  toString(): string {
+    return `GatewayTransport(${this.endpoint}, token=<redacted>)`;
+  }
+
+  /** The request of one attempt (`keepalive`: may outlive the page, for page hide; body at most 64 KiB). */
+  request(message: OutgoingMessage, keepalive = false): RequestInit {
+    return {
+      method: "POST",
+      headers: { Authorization: this.auth, "Content-Type": mediaType(message), "Idempotency-Key": message.idempotencyKey },
+      body: message.body as Uint8Array<ArrayBuffer>,
+      keepalive,
+      // no `cache: "no-store"`: Chromium then bypasses its CORS-preflight cache and preflights every POST (a
+      // POST's answer is never cached anyway)
+    };
+  }
+
+  /** One attempt: POST the message and classify the answer. Never throws for the gateway's or the network's sake. */
+  async attempt(message: OutgoingMessage): Promise<Attempt> {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.timeoutMs);
+    try {
+      const response = await this.fetchFn(this.endpoint, { ...this.request(message), signal: abort.signal });
+      const text = await response.text();
+      let body: Record<string, unknown> = {};
+      try {
+        const parsed: unknown = JSON.parse(text);
+        if (parsed !== null && typeof parsed === "object") body = parsed as Record<string, unknown>;
+      } catch {
+        // not JSON (a proxy's page): the status decides
+      }
+      if (response.status === 202) {
+        return {
+          kind: "accepted",
+          accepted: Number(body["accepted"] ?? 0),
+          windowStart: Number(body["window_start"] ?? 0),
+          replayed: response.headers.get("Idempotent-Replayed") === "true",
+        };
+      }
+      const error = new GatewayRefusedError(
+        response.status,
+        String(body["reason"] ?? `http_${response.status}`),
+        String(body["detail"] ?? text.slice(0, 200)),
+      );
+      if (RETRIED.has(response.status)) {
+        return { kind: "retry", retryAfterMs: parseRetryAfter(response.headers.get("Retry-After")), error };
+      }
+      return { kind: "refused", error };
+    } catch (err) {
+      const what = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : `${(err as Error).name}: ${(err as Error).message}`;
+      return { kind: "retry", retryAfterMs: null, error: new GatewayRefusedError(0, "unreachable", what) };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Fire one attempt that may outlive the page (`fetch(..., {keepalive: true})`), for page hide; its answer is
+   * passed to `onAnswer` if the page is still alive to hear it. `navigator.sendBeacon` cannot be used: it sends no
+   * `Authorization` header. */
+  sendKeepalive(message: OutgoingMessage, onAnswer?: (status: number) => void): void {
+    this.fetchFn(this.endpoint, this.request(message, true)).then(
+      (response) => onAnswer?.(response.status),
+      () => onAnswer?.(0),
+    );
+  }
+
+  /** `GET /v1/spec`: the text of the spec document the gateway enforces (for `CollectionSpec.parse`) with its ETag;
+   * `null` when `etag` (of a copy the device holds) is still current (304). */
+  async fetchSpec(etag?: string): Promise<{ readonly text: string; readonly etag: string } | null> {
+    const headers: Record<string, string> = {};
+    if (etag !== undefined) headers["If-None-Match"] = etag;
+    const response = await this.fetchFn(this.specUrl, { method: "GET", headers });
+    if (response.status === 304) return null;
+    if (response.status !== 200) {
+      throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
+    }
+    return { text: await response.text(), etag: response.headers.get("ETag") ?? "" };
+  }
+}
+
+/** Exponential backoff: `base * 2^(attempt - 1)` capped at `max`, at least a `Retry-After` (itself capped). */
+export function retryDelayMs(attempt: number, retryAfterMs: number | null, baseMs: number, maxMs: number): number {
+  const exponential = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
+  return retryAfterMs === null ? exponential : Math.min(maxMs, Math.max(exponential, retryAfterMs));
+}

@@ -1,0 +1,84 @@
+"""The collection spec as a device fetches it: one JSON document (``GET /v1/spec``, or a file) for any client.
+
+A device client in another language (``clients/typescript``) needs the spec's fields *and* what the Python side
+resolves from them -- which local protocol ``auto`` picks, the largest randomized-response probability whose loss
+fits ``epsilon`` (directed rounding), OUE's realized bit probabilities, OLH's bucket count -- computed once, here,
+so that both languages privatize with the same numbers. Shape (``format`` :data:`SPEC_DOCUMENT_FORMAT`)::
+
+    {"format": "ptel-spec-document/v1",
+     "spec": <CollectionSpec.model_dump(mode="json")>,
+     "metrics": {"<name>": {"fingerprint": <uint32>, "payload": "bool" | "category" | "unary" | "local_hash"
+                            | "rappor" | "keyed" | "regression", ...the resolved device parameters}}}
+
+Resolved parameters per payload: ``bool``/``keyed`` ``prob`` (the RR keep probability); ``category`` ``k`` and
+``prob`` (k-RR); ``unary`` ``k``, ``p``, ``q`` (OUE's realized probabilities, multiples of 2^-64); ``local_hash``
+``k``, ``g`` and ``prob`` (the inner k-RR over the g buckets); ``rappor`` nothing beyond the spec's own fields.
+
+A client recomputes each metric's ``fingerprint`` from the ``spec`` fields (``schemas.spec`` ``Metric.fingerprint``:
+SHA-256 of the canonical JSON of the device fields) and refuses a document where they differ; it checks the
+resolved numbers against the fields they come from (e.g. the loss of ``prob`` is at most ``epsilon``). The JSON
+text is ``json.dumps`` of the document, so floats keep their ``.0`` and the fingerprint's int/float distinction
+survives the trip.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mechanisms.local_hashing import make_optimized_local_hashing
+from mechanisms.randomized_response import randomized_response_prob
+from mechanisms.unary_encoding import make_optimized_unary_encoding
+from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+
+__all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]
+
+#: ``format`` of the document; a new version is a new string (clients refuse formats they do not know).
+SPEC_DOCUMENT_FORMAT = "ptel-spec-document/v1"
+
+Metric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric
+
+
+def device_parameters(metric: Metric) -> dict[str, Any]:
+    """What a device needs beyond the metric's fields: its fingerprint, payload kind and resolved parameters."""
+    out: dict[str, Any] = {"fingerprint": metric.fingerprint}
+    if isinstance(metric, BoolMetric):
+        out.update(payload="bool", prob=metric.resolved_prob())
+    elif isinstance(metric, KeyedMetric):
+        out.update(payload="keyed", prob=metric.value.resolved_prob())
+    elif isinstance(metric, CategoricalMetric):
+        protocol = metric.resolved_protocol()
+        k = metric.k
+        if protocol == "krr":
+            out.update(payload="category", k=k, prob=_krr_prob(metric))
+        elif protocol == "oue":
+            oue = make_optimized_unary_encoding(range(k), metric.resolved_epsilon())
+            out.update(payload="unary", k=k, p=oue.p, q=oue.q)
+        else:
+            olh = make_optimized_local_hashing(range(k), metric.resolved_epsilon())
+            out.update(payload="local_hash", k=k, g=olh.g, prob=olh.prob)
+    elif isinstance(metric, RapporMetric):
+        out.update(payload="rappor")
+    else:
+        out.update(payload="regression")
+    return out
+
+
+def _krr_prob(metric: CategoricalMetric) -> float:
+    if metric.prob is not None:
+        return float(metric.prob)
+    return randomized_response_prob(float(metric.epsilon), metric.k)  # type: ignore[arg-type]
+
+
+def spec_document(spec: CollectionSpec) -> dict[str, Any]:
+    """The document of ``spec`` (see the module docstring)."""
+    return {
+        "format": SPEC_DOCUMENT_FORMAT,
+        "spec": spec.model_dump(mode="json"),
+        "metrics": {m.name: device_parameters(m) for m in spec.metrics},
+    }
+
+
+def spec_document_json(spec: CollectionSpec) -> bytes:
+    """The document as UTF-8 JSON bytes (``json.dumps``: floats keep their ``.0``)."""
+    return json.dumps(spec_document(spec), ensure_ascii=False, allow_nan=False).encode("utf-8")
