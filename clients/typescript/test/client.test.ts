@@ -123,6 +123,8 @@ test("bad events raise errors naming the metric, the parameter and the rule (nev
     ["latency", "12", /value must be a number \(binned on the device\)/],
     ["font", "comic", /metric "font": value is not one of the 9 candidates \(the basic variant encodes candidates only\)/],
     ["homepage", 42, /metric "homepage": value must be a string/],
+    ["homepage", "bad\uD800", /metric "homepage": value must be valid Unicode text/],
+    ["errors", ["bad\uDC00", true], /metric "errors": key must be 1-32 UTF-8 bytes of valid Unicode text/],
     ["errors", ["x".repeat(33), true], /metric "errors": key must be 1-32 UTF-8 bytes/],
     ["errors", ["ok", 1], /metric "errors": value must be a boolean/],
     ["errors", "just-a-key", /metric "errors": value must be/],
