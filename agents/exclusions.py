@@ -5,8 +5,10 @@ release record publishes of it (``Release.excluded``; docs/privacy.md, "Reports 
 window that was *open for it* on its partition when it arrived -- its broker window, or, for a record whose own
 broker window had already closed there, the first window still open (the partition's mark). For ``late`` that is a
 later window than the one the report was meant for: its own window was closed, and possibly released, before it
-arrived, so the count rides on the record of the window it arrived in. Summed over a run's windows, every report of
-a local metric that stage 1 read is in exactly one record's ``n`` or ``excluded``.
+arrived, so the count rides on the record of the window it arrived in. Summed over a run's released windows, every
+report of a local metric that stage 1 read is in exactly one record's ``n`` or ``excluded``, but for the refusals
+named last below (no window attributed) and the counts of a window whose partials conflict (a spec change mid-window:
+the window is refused, :class:`agents.partials.Conflicted` keeps no counts).
 
 **What is published.** The local kinds (bool, categorical, RAPPOR) publish the exact counts, with every reason of
 :data:`PUBLISHED_REASONS` present (0 included) and ``over_bound`` equal to the record's ``over_bound`` field. Each
