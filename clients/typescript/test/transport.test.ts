@@ -199,6 +199,40 @@ describe("queue", () => {
     assert.deepEqual(q.store.load().map((m) => m.key), [k2]);
   });
 
+  it("start(): flushes on its timer after a failure, on 'online', and fires the outbox on page hide (once)", async () => {
+    const events = new EventTarget();
+    const g = globalThis as unknown as Record<string, unknown>;
+    g["addEventListener"] = events.addEventListener.bind(events);
+    g["removeEventListener"] = events.removeEventListener.bind(events);
+    try {
+      const gw = scripted(["throw", accepted, unavailable(), unavailable(), accepted]);
+      const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
+        backoffMs: 5,
+      });
+      q.enqueue(REPORT);
+      const stop = q.start(20); // first flush now: dropped connection; the timer retries
+      await new Promise((r) => setTimeout(r, 120));
+      assert.equal(q.pending, 0);
+      assert.equal(gw.seen.length, 2);
+      q.enqueue(new Uint8Array([9]));
+      events.dispatchEvent(new Event("pagehide"));
+      events.dispatchEvent(new Event("pagehide")); // pagehide and visibilitychange come together: fired once
+      assert.deepEqual(gw.seen.slice(2).map((s) => s.init.keepalive), [true]);
+      await new Promise((r) => setTimeout(r, 5));
+      events.dispatchEvent(new Event("online")); // back online: flush at once, whatever the backoff
+      await new Promise((r) => setTimeout(r, 20));
+      stop();
+      const sent = gw.seen.length;
+      events.dispatchEvent(new Event("online"));
+      await new Promise((r) => setTimeout(r, 50));
+      assert.equal(gw.seen.length, sent, "stopped: no listener, no timer");
+      assert.ok(sent >= 4);
+    } finally {
+      delete g["addEventListener"];
+      delete g["removeEventListener"];
+    }
+  });
+
   it("round-trips base64 of every byte value", () => {
     const all = Uint8Array.from({ length: 256 }, (_, i) => i);
     assert.deepEqual([...fromBase64(toBase64(all))], [...all]);
