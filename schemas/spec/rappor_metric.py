@@ -14,9 +14,9 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.directed import mul_up
-from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant, prr_context
+from mechanisms.core.directed import mul_up
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.rappor.encoder import RapporParams, RapporVariant, prr_context
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.local_hashing import (
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.rng import RandomSource, SeededRandom
+from mechanisms.local.local_hashing.randomizer import (
     HASH_PRIME,
     _draw_below_prime,
     collision_probability,
@@ -21,8 +22,7 @@ from mechanisms.local_hashing import (
     olh_support_counts,
     split_seeds,
 )
-from mechanisms.randomized_response import make_randomized_response
-from mechanisms.rng import RandomSource, SeededRandom
+from mechanisms.local.randomized_response.randomizer import make_randomized_response
 
 
 def test_bucket_count_and_map() -> None:

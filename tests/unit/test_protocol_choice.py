@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.local_hashing import LocalHashing
-from mechanisms.protocol_choice import (
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.local_hashing.randomizer import LocalHashing
+from mechanisms.local.protocol_choice import (
     choose_protocol,
     grr_variance,
     make_frequency_oracle,
@@ -18,8 +18,8 @@ from mechanisms.protocol_choice import (
     oue_variance,
     pure_protocol_variance,
 )
-from mechanisms.randomized_response import RandomizedResponse
-from mechanisms.unary_encoding import UnaryEncoding
+from mechanisms.local.randomized_response.randomizer import RandomizedResponse
+from mechanisms.local.unary_encoding.randomizer import UnaryEncoding
 
 
 @settings(deadline=None)  # constructors evaluate exact logarithms; timing varies on a shared machine

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 from scipy.stats import norm
 
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE
-from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
-from mechanisms.rappor import (
+from mechanisms.core.errors import DomainError, ParameterError, PrivacyMapError
+from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE
+from mechanisms.core.rng import RandomSource, SeededRandom
+from mechanisms.local.rappor.encoder import (
     PRR_RESOLUTION_BITS,
     RapporClient,
     RapporParams,
@@ -34,7 +35,6 @@ from mechanisms.rappor import (
     prr_stream,
     unpack_report,
 )
-from mechanisms.rng import RandomSource, SeededRandom
 
 STD = RapporVariant.STANDARD
 ONE = RapporVariant.ONE_TIME
