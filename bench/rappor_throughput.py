@@ -36,7 +36,10 @@ from typing import Any
 import numpy as np
 
 from mechanisms.core.rng import CryptoRandom, crypto_random
-from mechanisms.local.rappor.encoder import RapporParams, cohort_of, encode_batch, encode_batch_packed, prr_levels
+from mechanisms.local.rappor.encoder import encode_batch, encode_batch_packed
+from mechanisms.local.rappor.hashing import cohort_of
+from mechanisms.local.rappor.params import RapporParams
+from mechanisms.local.rappor.prr_irr import prr_levels
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rappor_throughput.json"
 

@@ -48,7 +48,9 @@ from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response_bool_from_epsilon,
     make_randomized_response_from_epsilon,
 )
-from mechanisms.local.rappor.encoder import RapporParams, cohort_of, encode_batch_packed
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.hashing import cohort_of
+from mechanisms.local.rappor.params import RapporParams
 from mechanisms.local.unary_encoding.randomizer import UnaryEncoding, make_optimized_unary_encoding
 from producers.client_secret import ClientSecret
 from producers.errors import ProducerError, ProducerParameterError

@@ -210,11 +210,11 @@ def local_windows(name: str, windows: int, n: int, seed: int) -> Iterator[tuple[
             if PROTOCOLS[name] == "krr":
                 dense.add_categories(m.randomize_indices(idx, rng=rng))
             elif PROTOCOLS[name] == "oue":
-                from mechanisms.local.unary_encoding.randomizer import unary_support_counts
+                from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
                 dense.add_support_counts(unary_support_counts(m.randomize_indices(idx, rng=rng), k), n)
             else:
-                from mechanisms.local.local_hashing.randomizer import olh_support_counts
+                from mechanisms.local.local_hashing.estimator import olh_support_counts
 
                 g = Aggregator(SPEC, olh_range={name: m.g}).olh_range[name]
                 seeds, ys = m.randomize_indices(idx, rng=rng)

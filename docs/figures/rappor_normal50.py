@@ -23,7 +23,8 @@ import scipy.special
 
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.decode import estimate_basic_histogram, sum_bits
-from mechanisms.local.rappor.encoder import RapporParams, RapporVariant, encode_batch_packed
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 OUT = Path(__file__).resolve().parents[1] / "rappor_normal50.png"
 PARAMS = RapporParams(50, 1, 1, 0.0, 0.5, 0.75, RapporVariant.BASIC_ONE_TIME)  # k = 50 bins, f = 0, p = .5, q = .75

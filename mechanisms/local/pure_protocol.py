@@ -1,4 +1,4 @@
-"""Server-side estimators for the local randomizers: unbiased frequencies and counts with analytic variance.
+"""The estimator of any pure local protocol: unbiased frequencies and counts with analytic variance.
 
 Every protocol here is a *pure* protocol (Wang et al., USENIX Security 2017, §3): a report
 ``y_i`` *supports* category ``v`` with probability ``p*`` when the user's value is ``v`` and ``q*``
@@ -39,44 +39,42 @@ Variance, two estimands (``estimand=``):
 The confidence intervals (``Estimate.ci``) are Wald intervals on these variances (normal approximation,
 accurate when ``n·min(q*, 1 - p*)`` is not small).
 
+Each protocol's own estimator (``mechanisms.local.<protocol>.estimator``) supplies its ``(p*, q*)`` and calls
+:func:`estimate_frequencies`; :func:`pure_protocol_variance` is the variance formula above, used to choose a
+protocol (:mod:`mechanisms.local.protocol_choice`).
+
 Sources cited in brackets ([RR]): docs/references.md.
 """
 
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.errors import ParameterError
 from mechanisms.core.estimates import Estimate
 from mechanisms.core.validation import check_count
-from mechanisms.local.local_hashing.randomizer import local_hashing_support_probabilities, olh_support_counts
-from mechanisms.local.unary_encoding.randomizer import unary_support_counts
 
 __all__ = [
     "Estimand",
-    "count_categories",
+    "check_epsilon",
+    "check_f",
+    "check_k",
+    "check_n",
     "estimate_counts",
     "estimate_frequencies",
-    "estimate_local_hashing_counts",
-    "estimate_local_hashing_frequencies",
-    "estimate_rr_bool_count",
-    "estimate_rr_bool_mean",
-    "estimate_rr_counts",
-    "estimate_rr_frequencies",
-    "estimate_unary_counts",
-    "estimate_unary_frequencies",
-    "olh_support_counts",
-    "unary_support_counts",
+    "pure_protocol_variance",
 ]
 
 Estimand = Literal["sample", "population"]
 
 
-def _check_n(n: object) -> int:
+def check_n(n: object) -> int:
+    """``n``, the number of reports, as a positive integer."""
     return check_count("n", n, positive=True, meaning="the number of reports")
 
 
@@ -114,7 +112,7 @@ def estimate_frequencies(
     ``support_counts``: ``S_v`` per category (or one number); ``n``: the number of reports. Works on
     merged counts: add the partial counts and the ``n`` of every partition, then call this once.
     """
-    n = _check_n(n)
+    n = check_n(n)
     s = _check_counts("support_counts", support_counts, n)
     p, q = _check_support(p_star, q_star)
     gap = p - q
@@ -135,112 +133,38 @@ def estimate_counts(
     support_counts: ArrayLike, n: int, p_star: float, q_star: float, *, estimand: Estimand = "sample"
 ) -> Estimate:
     """Unbiased counts ``n·f̂`` with variance ``n²·Var[f̂]``."""
-    return estimate_frequencies(support_counts, n, p_star, q_star, estimand=estimand).scaled(float(_check_n(n)))
+    return estimate_frequencies(support_counts, n, p_star, q_star, estimand=estimand).scaled(float(check_n(n)))
 
 
-# --- boolean randomized response -------------------------------------------------------------------
+def check_k(k: object) -> int:
+    """``k``, a number of categories (or buckets), as an integer >= 2."""
+    if isinstance(k, bool) or not isinstance(k, Integral) or int(k) < 2:
+        raise ParameterError("k", k, "must be an integer >= 2 (the number of categories)")
+    return int(k)
 
 
-def _rr_prob(prob: object, k: int) -> float:
-    if isinstance(prob, bool) or not isinstance(prob, (int, float, np.floating)) or math.isnan(float(prob)):
-        raise ParameterError("prob", prob, f"must be in (1/{k}, 1]")
-    p = float(prob)
-    if not (p * k > 1.0 and p <= 1.0):
-        raise ParameterError("prob", prob, f"must be in (1/{k}, 1] (at 1/{k} the reports carry no information)")
-    return p
+def check_epsilon(epsilon: object) -> float:
+    """``epsilon`` as a finite float > 0."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, Real):
+        raise ParameterError("epsilon", epsilon, "must be in (0, ∞)")
+    e = float(epsilon)
+    if not (e > 0.0 and math.isfinite(e)):
+        raise ParameterError("epsilon", epsilon, "must be in (0, ∞)")
+    return e
 
 
-def estimate_rr_bool_mean(true_count: ArrayLike, n: int, prob: float, *, estimand: Estimand = "sample") -> Estimate:
-    """Fraction of True among ``n`` boolean-RR reports of which ``true_count`` are True.
-
-    ``(mean + p - 1)/(2p - 1)`` [RR] with variance ``p(1 - p)/(n (2p - 1)^2)`` (sample estimand).
-    """
-    p = _rr_prob(prob, 2)
-    return estimate_frequencies(true_count, n, p, 1.0 - p, estimand=estimand)
+def check_f(f: object) -> float:
+    """``f``, a frequency, as a float in [0, 1]."""
+    if isinstance(f, bool) or not isinstance(f, Real) or not 0.0 <= float(f) <= 1.0:
+        raise ParameterError("f", f, "must be in [0, 1]")
+    return float(f)
 
 
-def estimate_rr_bool_count(true_count: ArrayLike, n: int, prob: float, *, estimand: Estimand = "sample") -> Estimate:
-    """Number of users whose true answer is True: ``n ×`` :func:`estimate_rr_bool_mean`."""
-    return estimate_rr_bool_mean(true_count, n, prob, estimand=estimand).scaled(float(_check_n(n)))
-
-
-# --- k-ary randomized response ----------------------------------------------------------------------
-
-
-def count_categories(indices: ArrayLike, num_categories: int) -> NDArray[np.int64]:
-    """Reports per category index (``np.bincount``); indices outside ``[0, k)`` raise :class:`DomainError`."""
-    x = np.asarray(indices)
-    if x.dtype.kind not in "iu":
-        raise DomainError(f"category indices must be integers, got dtype {x.dtype}")
-    k = int(num_categories)
-    if x.size and (int(x.min()) < 0 or int(x.max()) >= k):
-        raise DomainError(f"category indices must be in [0, {k}), got values in [{x.min()}, {x.max()}]")
-    if x.dtype.itemsize > np.dtype(np.intp).itemsize or x.dtype == np.uint64:
-        x = x.astype(np.intp)
-    return np.bincount(x.ravel(), minlength=k).astype(np.int64, copy=False)
-
-
-def estimate_rr_frequencies(
-    counts: ArrayLike, prob: float, *, n: int | None = None, estimand: Estimand = "sample"
-) -> Estimate:
-    """Category frequencies from k-RR report counts (``k = len(counts)``, ``n = sum(counts)`` by default).
-
-    ``(mean·(k - 1) + p - 1)/(p·k - 1)`` [RR] with variance
-    ``(f p(1-p) + (1-f) q*(1-q*)) / (n (p - q*)^2)``, ``q* = (1-p)/(k-1)``.
-    """
-    c = np.asarray(counts)
-    if c.ndim != 1 or c.size < 2:
-        raise ParameterError("counts", f"<array {c.shape}>", "must be a 1-d array with one count per category (k >= 2)")
-    k = int(c.size)
-    total = int(np.sum(c)) if n is None else _check_n(n)
-    if n is not None and int(np.sum(c)) != total:
-        raise ParameterError("n", n, f"must equal the sum of the k-RR counts ({int(np.sum(c))})")
-    p = _rr_prob(prob, k)
-    return estimate_frequencies(c, total, p, (1.0 - p) / (k - 1), estimand=estimand)
-
-
-def estimate_rr_counts(
-    counts: ArrayLike, prob: float, *, n: int | None = None, estimand: Estimand = "sample"
-) -> Estimate:
-    """Category counts from k-RR report counts: ``n ×`` :func:`estimate_rr_frequencies`."""
-    total = int(np.sum(np.asarray(counts))) if n is None else _check_n(n)
-    return estimate_rr_frequencies(counts, prob, n=n, estimand=estimand).scaled(float(total))
-
-
-# --- unary encoding and local hashing ------------------------------------------------------------------
-
-
-def estimate_unary_frequencies(
-    support_counts: ArrayLike, n: int, p: float, q: float, *, estimand: Estimand = "sample"
-) -> Estimate:
-    """Frequencies from unary-encoding bit counts (``unary_support_counts``): ``(S/n - q)/(p - q)``.
-
-    Pass the mechanism's realized ``p`` and ``q`` (``UnaryEncoding.p``/``.q``, or ``oue_probabilities(ε)``).
-    """
-    return estimate_frequencies(support_counts, n, p, q, estimand=estimand)
-
-
-def estimate_unary_counts(
-    support_counts: ArrayLike, n: int, p: float, q: float, *, estimand: Estimand = "sample"
-) -> Estimate:
-    """Counts from unary-encoding bit counts: ``n ×`` :func:`estimate_unary_frequencies`."""
-    return estimate_unary_frequencies(support_counts, n, p, q, estimand=estimand).scaled(float(_check_n(n)))
-
-
-def estimate_local_hashing_frequencies(
-    support_counts: ArrayLike, n: int, g: int, prob: float, *, estimand: Estimand = "sample"
-) -> Estimate:
-    """Frequencies from local-hashing support counts (``olh_support_counts``), ``q*`` exact for our hash family."""
-    if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or int(g) < 2:
-        raise ParameterError("g", g, "must be an integer >= 2")
-    p = _rr_prob(prob, int(g))
-    p_star, q_star = local_hashing_support_probabilities(int(g), p)
-    return estimate_frequencies(support_counts, n, p_star, q_star, estimand=estimand)
-
-
-def estimate_local_hashing_counts(
-    support_counts: ArrayLike, n: int, g: int, prob: float, *, estimand: Estimand = "sample"
-) -> Estimate:
-    """Counts from local-hashing support counts: ``n ×`` :func:`estimate_local_hashing_frequencies`."""
-    est = estimate_local_hashing_frequencies(support_counts, n, g, prob, estimand=estimand)
-    return est.scaled(float(_check_n(n)))
+def pure_protocol_variance(p_star: float, q_star: float, f: float = 0.0, n: int = 1) -> float:
+    """``(f p*(1-p*) + (1-f) q*(1-q*)) / (n (p* - q*)^2)``: variance of the frequency estimate."""
+    if not 0.0 <= q_star < p_star <= 1.0:
+        raise ParameterError("p_star", p_star, f"must satisfy 0 <= q_star ({q_star!r}) < p_star <= 1")
+    if isinstance(n, bool) or not isinstance(n, Integral) or int(n) < 1:
+        raise ParameterError("n", n, "must be a positive integer")
+    f = check_f(f)
+    return (f * p_star * (1 - p_star) + (1 - f) * q_star * (1 - q_star)) / (int(n) * (p_star - q_star) ** 2)

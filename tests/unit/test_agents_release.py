@@ -135,12 +135,12 @@ def test_categorical_release_covers_truth(name: str) -> None:
     if PROTOCOLS[name] == "krr":
         p.add_categories(m.randomize_indices(truth, rng=rng))
     elif PROTOCOLS[name] == "oue":
-        from mechanisms.local.unary_encoding.randomizer import unary_support_counts
+        from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
         packed = m.randomize_indices(truth, rng=rng)
         p.add_support_counts(unary_support_counts(packed, k), n)
     else:
-        from mechanisms.local.local_hashing.randomizer import olh_support_counts
+        from mechanisms.local.local_hashing.estimator import olh_support_counts
 
         seeds, ys = m.randomize_indices(truth, rng=rng)
         p.add_support_counts(olh_support_counts(seeds, ys, k, agg.olh_range["olh"]), n)

@@ -118,6 +118,14 @@ def test_the_mechanisms_layout_names_every_module() -> None:
     assert not missing, f"modules missing from the layout in mechanisms/__init__.py: {missing}"
 
 
+def test_no_module_of_mechanisms_is_over_600_lines() -> None:
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in (ROOT / "mechanisms").rglob("*.py")
+    }
+    assert max(sizes.values()) <= 600, {k: v for k, v in sizes.items() if v > 600}
+
+
 PROJECT_PACKAGES = ("mechanisms", "schemas", "producers", "agents", "gateway", "ptel")
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mechanisms.core.errors import ParameterError
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.consistency import norm_sub, project_to_simplex
-from mechanisms.local.pure_protocol import count_categories, estimate_rr_counts
+from mechanisms.local.randomized_response.estimator import count_categories, estimate_rr_counts
 from mechanisms.local.randomized_response.randomizer import make_randomized_response
 
 

@@ -11,6 +11,7 @@ import scipy.stats
 
 from mechanisms.core.errors import DomainError, ParameterError
 from mechanisms.core.rng import RandomSource, SeededRandom
+from mechanisms.local.local_hashing.estimator import olh_support_counts
 from mechanisms.local.local_hashing.randomizer import (
     HASH_PRIME,
     _draw_below_prime,
@@ -19,7 +20,6 @@ from mechanisms.local.local_hashing.randomizer import (
     make_local_hashing,
     make_optimized_local_hashing,
     olh_bucket_count,
-    olh_support_counts,
     split_seeds,
 )
 from mechanisms.local.randomized_response.randomizer import make_randomized_response

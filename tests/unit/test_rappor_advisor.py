@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from mechanisms.core.errors import ParameterError
 from mechanisms.local.rappor.advisor import advise
 from mechanisms.local.rappor.decode import decode, design_matrix
-from mechanisms.local.rappor.encoder import RapporParams, RapporVariant
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 
 def test_privacy_figures_are_the_parameters_maps() -> None:

@@ -17,7 +17,9 @@ from mechanisms.local.rappor.decode import (
     estimate_bit_counts,
     sum_bits,
 )
-from mechanisms.local.rappor.encoder import RapporParams, RapporVariant, bloom_bits, encode_batch_packed
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.hashing import bloom_bits
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 STD = RapporVariant.STANDARD
 ONE = RapporVariant.ONE_TIME

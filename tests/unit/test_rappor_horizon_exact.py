@@ -47,7 +47,9 @@ from pydantic import ValidationError
 
 from mechanisms.core.directed import exp_bounds, mul_up
 from mechanisms.core.rng import SeededRandom
-from mechanisms.local.rappor.encoder import RapporClient, RapporParams, RapporVariant, bloom_bits, encode_batch
+from mechanisms.local.rappor.encoder import RapporClient, encode_batch
+from mechanisms.local.rappor.hashing import bloom_bits
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 from schemas.spec import RapporMetric
 
 TWO64 = 1 << 64

@@ -14,6 +14,7 @@ from mechanisms.core.errors import DomainError, ParameterError
 from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE
 from mechanisms.core.rng import SeededRandom, probability_threshold
 from mechanisms.local.byte_sampling import threshold_at_least
+from mechanisms.local.unary_encoding.estimator import unary_support_counts
 from mechanisms.local.unary_encoding.randomizer import (
     make_optimized_unary_encoding,
     make_symmetric_unary_encoding,
@@ -21,7 +22,6 @@ from mechanisms.local.unary_encoding.randomizer import (
     oue_probabilities,
     sue_probabilities,
     unary_encoding_epsilon,
-    unary_support_counts,
 )
 
 

@@ -51,14 +51,12 @@ __all__ = [
     "make_local_hashing",
     "make_optimized_local_hashing",
     "olh_bucket_count",
-    "olh_support_counts",
     "split_seeds",
 ]
 
 HASH_PRIME = (1 << 31) - 1  # P, a Mersenne prime
 MAX_BUCKETS = 1 << 20  # g at most 2^20 (ε <= ln(2^20 - 1) ≈ 13.9 for OLH): ample, and bounds the bucket k-RR
 _P64 = np.uint64(HASH_PRIME)
-_CHUNK = 1 << 14  # reports per aggregation step (arrays stay in cache)
 
 
 def olh_bucket_count(epsilon: float) -> int:
@@ -189,47 +187,6 @@ class LocalHashing(LocalRandomizer):
 
     def __repr__(self) -> str:
         return f"{self.name}(k={self.num_categories}, g={self.g}, prob={self.prob!r}, epsilon={self.epsilon!r})"
-
-
-def olh_support_counts(
-    seeds: NDArray[np.uint64], buckets: NDArray[np.integer], num_categories: int, g: int
-) -> NDArray[np.int64]:
-    """Per category ``v``, the number of reports with ``H_seed(v) = y``; O(n·k), vectorized over reports.
-
-    Walks ``v = 0, 1, ...`` with ``z = (a·v + b) mod P`` updated by one modular addition per step, and
-    ``z mod g`` updated alongside (adding ``a mod g``, and ``-P mod g`` when ``z`` wrapped): no division.
-    """
-    a, b = split_seeds(seeds)
-    y = np.asarray(buckets)
-    if y.shape != a.shape:
-        raise DomainError(f"seeds and buckets must have the same shape, got {a.shape} and {y.shape}")
-    if y.size and (y.dtype.kind not in "iu" or int(y.min()) < 0 or int(y.max()) >= g):
-        raise DomainError(f"buckets must be integers in [0, {g})")
-    k = int(num_categories)
-    counts = np.zeros(k, dtype=np.int64)
-    a32, b32, y32 = a.astype(np.uint32).ravel(), b.astype(np.uint32).ravel(), y.astype(np.uint32).ravel()
-    p32, g32 = np.uint32(HASH_PRIME), np.uint32(g)
-    fix = np.uint32((g - HASH_PRIME % g) % g)  # adding it modulo g undoes a "- P"
-    for start in range(0, a32.size, _CHUNK):
-        ac, yc = a32[start : start + _CHUNK], y32[start : start + _CHUNK]
-        z = b32[start : start + _CHUNK].copy()  # z = (a·0 + b) mod P
-        r = z % g32  # r = z mod g, kept in step with z
-        a_mod_g = ac % g32
-        tmp, wrap, eq = np.empty_like(z), np.empty(z.shape, np.bool_), np.empty(z.shape, np.bool_)
-        for v in range(k):
-            np.equal(r, yc, out=eq)
-            counts[v] += np.count_nonzero(eq)
-            np.add(z, ac, out=z)  # z + a < 2P < 2^32: no overflow in uint32
-            np.greater_equal(z, p32, out=wrap)
-            np.subtract(z, p32, out=tmp)  # wraps around (huge) exactly when z < P ...
-            np.minimum(z, tmp, out=z)  # ... so the minimum is z mod P
-            np.add(r, a_mod_g, out=r)  # r := (r + a - P·wrap) mod g, without a division
-            np.multiply(wrap, fix, out=tmp)
-            np.add(r, tmp, out=r)  # < 3g <= 3·2^20
-            for _ in range(2):
-                np.subtract(r, g32, out=tmp)
-                np.minimum(r, tmp, out=r)
-    return counts
 
 
 def make_local_hashing(

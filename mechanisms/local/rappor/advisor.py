@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from mechanisms.core.validation import check_int_range, check_range
-from mechanisms.local.rappor.encoder import RapporParams, RapporVariant
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 
 @dataclass(frozen=True)

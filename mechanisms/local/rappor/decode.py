@@ -56,7 +56,8 @@ from numpy.typing import ArrayLike, NDArray
 from mechanisms.core.errors import ParameterError
 from mechanisms.core.estimates import Estimate, normal_quantile
 from mechanisms.core.validation import check_range
-from mechanisms.local.rappor.encoder import RapporParams, bloom_indices, value_bytes
+from mechanisms.local.rappor.hashing import bloom_indices, value_bytes
+from mechanisms.local.rappor.params import RapporParams
 
 
 def _counts_and_n(

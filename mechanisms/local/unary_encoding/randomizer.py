@@ -49,7 +49,6 @@ __all__ = [
     "oue_probabilities",
     "sue_probabilities",
     "unary_encoding_epsilon",
-    "unary_support_counts",
 ]
 
 _CHUNK_BITS = 1 << 20  # bits randomized per step: bounds the working memory to about a MB
@@ -210,20 +209,6 @@ class UnaryEncoding(LocalRandomizer):
 
     def __repr__(self) -> str:
         return f"{self.name}(k={self.num_categories}, p={self.p!r}, q={self.q!r}, epsilon={self.epsilon!r})"
-
-
-def unary_support_counts(packed: NDArray[np.uint8], num_categories: int) -> NDArray[np.int64]:
-    """Per category, the number of reports with that bit set (the support counts the estimators take)."""
-    arr = np.asarray(packed, dtype=np.uint8)
-    k = int(num_categories)
-    if arr.ndim != 2 or arr.shape[1] != (k + 7) // 8:
-        raise DomainError(f"packed reports must have shape (n, {(k + 7) // 8}), got {arr.shape}")
-    counts = np.zeros(8 * arr.shape[1], dtype=np.int64)
-    rows = max(1, _CHUNK_BITS // (8 * arr.shape[1]))
-    for start in range(0, arr.shape[0], rows):
-        bits = np.unpackbits(arr[start : start + rows], axis=1)
-        counts += bits.sum(axis=0, dtype=np.int64)
-    return counts[:k]
 
 
 def make_unary_encoding(
