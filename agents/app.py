@@ -18,7 +18,7 @@ from agents.partials import Partial
 from agents.release import build_release
 from agents.validation import Protocol
 from agents.worker import Worker, WorkerSettings
-from mechanisms.rng import DerivedRandom, RandomSource, SeededRandom
+from mechanisms.core.rng import DerivedRandom, RandomSource, SeededRandom
 from schemas.conformance import olh_ranges, resolve_protocols
 from schemas.releases import Release, release_key
 from schemas.spec import CollectionSpec

@@ -25,9 +25,9 @@ from fractions import Fraction
 from typing import Any
 
 from agents.errors import BudgetError, StateError
-from mechanisms.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
-from mechanisms.directed import up
-from mechanisms.errors import CompositionError
+from mechanisms.accounting.accountant import Loss, PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
+from mechanisms.core.directed import up
+from mechanisms.core.errors import CompositionError
 from schemas.releases import LedgerSummary
 from schemas.spec import BudgetSpec
 

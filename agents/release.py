@@ -41,8 +41,8 @@ from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.release_fields import WindowFields
 from agents.validation import Protocol
-from mechanisms.errors import MechanismError
-from mechanisms.rng import RandomSource
+from mechanisms.core.errors import MechanismError
+from mechanisms.core.rng import RandomSource
 from schemas.releases import PrivacySpent, Release, release_key
 from schemas.spec import CollectionSpec
 

@@ -12,9 +12,9 @@ import numpy as np
 
 from agents.exclusions import published_exclusions
 from agents.partials import Partial
-from mechanisms import core
-from mechanisms.estimates import Estimate
-from mechanisms.frequency_estimation import estimate_counts
+from mechanisms.core import framework as core
+from mechanisms.core.estimates import Estimate
+from mechanisms.local.pure_protocol import estimate_counts
 from schemas.kinds import MetricKind
 from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 from schemas.spec import CollectionSpec

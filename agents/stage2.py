@@ -52,7 +52,7 @@ from agents.partials import Conflicted, Partial, merge
 from agents.release import too_large
 from agents.stage1_records import Handover
 from agents.watermarks import ReleaseFrontier
-from mechanisms.rng import DERIVED_KEY_BYTES
+from mechanisms.core.rng import DERIVED_KEY_BYTES
 from schemas.releases import Release, release_key
 
 #: ``(merged partial, ledger) -> release``; charges the ledger (see :func:`agents.release.build_release`).

@@ -28,21 +28,21 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.frequency_estimation import (
+from mechanisms.core.rng import CryptoRandom, SeededRandom
+from mechanisms.local.local_hashing.estimator import estimate_local_hashing_frequencies, olh_support_counts
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
+from mechanisms.local.randomized_response.estimator import (
     count_categories,
-    estimate_local_hashing_frequencies,
     estimate_rr_bool_mean,
     estimate_rr_counts,
     estimate_rr_frequencies,
-    estimate_unary_frequencies,
 )
-from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
-from mechanisms.randomized_response import (
+from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response_bool,
     make_randomized_response_from_epsilon,
 )
-from mechanisms.rng import CryptoRandom, SeededRandom
-from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
+from mechanisms.local.unary_encoding.estimator import estimate_unary_frequencies, unary_support_counts
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ldp_throughput.json"
 EPSILON = 2.0  # for k-RR, OUE and OLH; boolean RR uses the seed's p = 0.75

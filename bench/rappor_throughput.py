@@ -35,8 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.rappor import RapporParams, cohort_of, encode_batch, encode_batch_packed, prr_levels
-from mechanisms.rng import CryptoRandom, crypto_random
+from mechanisms.core.rng import CryptoRandom, crypto_random
+from mechanisms.local.rappor.encoder import encode_batch, encode_batch_packed
+from mechanisms.local.rappor.hashing import cohort_of
+from mechanisms.local.rappor.params import RapporParams
+from mechanisms.local.rappor.prr_irr import prr_levels
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rappor_throughput.json"
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from mechanisms.rng import CryptoRandom
-from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.central.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core.rng import CryptoRandom
 
 RESULTS = Path(__file__).resolve().parent / "results" / "threshold_throughput.json"
 SCALE, THRESHOLD, VALUE_RANGE = 10.0, 500, 1000.0

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms.rng import RandomSource
+from mechanisms.core.rng import RandomSource
 from producers.client_secret import ClientSecret
 from producers.contribution import ContributionLimiter
 from producers.errors import ProducerParameterError

@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms.errors import MechanismError
-from mechanisms.local_hashing import LocalHashing, make_optimized_local_hashing
-from mechanisms.randomized_response import (
+from mechanisms.core.errors import MechanismError
+from mechanisms.core.rng import RandomSource
+from mechanisms.local.local_hashing.randomizer import LocalHashing, make_optimized_local_hashing
+from mechanisms.local.randomized_response.randomizer import (
     RandomizedResponse,
     RandomizedResponseBool,
     make_randomized_response,
@@ -47,9 +48,10 @@ from mechanisms.randomized_response import (
     make_randomized_response_bool_from_epsilon,
     make_randomized_response_from_epsilon,
 )
-from mechanisms.rappor import RapporParams, cohort_of, encode_batch_packed
-from mechanisms.rng import RandomSource
-from mechanisms.unary_encoding import UnaryEncoding, make_optimized_unary_encoding
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.hashing import cohort_of
+from mechanisms.local.rappor.params import RapporParams
+from mechanisms.local.unary_encoding.randomizer import UnaryEncoding, make_optimized_unary_encoding
 from producers.client_secret import ClientSecret
 from producers.errors import ProducerError, ProducerParameterError
 from schemas.spec import (

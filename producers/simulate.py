@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms.rng import RandomSource, SeededRandom
+from mechanisms.core.rng import RandomSource, SeededRandom
 from producers.client_secret import ClientSecret
 from producers.errors import ProducerParameterError
 from schemas.spec import (

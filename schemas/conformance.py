@@ -16,8 +16,8 @@ from typing import Literal
 
 import numpy as np
 
-from mechanisms.local_hashing import olh_bucket_count
-from mechanisms.protocol_choice import choose_protocol
+from mechanisms.local.local_hashing.randomizer import olh_bucket_count
+from mechanisms.local.protocol_choice import choose_protocol
 from schemas.errors import SchemaError
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 from schemas.wire import (

@@ -21,9 +21,9 @@ from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import CohortCounts, DenseCounts, KeyedCounts, Partial
 from agents.release import build_release
-from mechanisms.rappor import encode_batch_packed
-from mechanisms.rng import SeededRandom
-from mechanisms.threshold import make_laplace_threshold
+from mechanisms.central.threshold import make_laplace_threshold
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.encoder import encode_batch_packed
 from schemas.conformance import resolve_protocols
 from schemas.releases import EstimateRecord, KeyRelease, Release
 from schemas.spec import BudgetSpec, CategoricalMetric, KeyedMetric, RapporMetric, parse_spec
@@ -210,11 +210,11 @@ def local_windows(name: str, windows: int, n: int, seed: int) -> Iterator[tuple[
             if PROTOCOLS[name] == "krr":
                 dense.add_categories(m.randomize_indices(idx, rng=rng))
             elif PROTOCOLS[name] == "oue":
-                from mechanisms.unary_encoding import unary_support_counts
+                from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
                 dense.add_support_counts(unary_support_counts(m.randomize_indices(idx, rng=rng), k), n)
             else:
-                from mechanisms.local_hashing import olh_support_counts
+                from mechanisms.local.local_hashing.estimator import olh_support_counts
 
                 g = Aggregator(SPEC, olh_range={name: m.g}).olh_range[name]
                 seeds, ys = m.randomize_indices(idx, rng=rng)

@@ -14,7 +14,7 @@ from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Partial, Shape
 from agents.release_fields import WindowFields
-from mechanisms.rng import RandomSource
+from mechanisms.core.rng import RandomSource
 from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
 from schemas.releases import Release

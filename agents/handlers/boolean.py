@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
 from agents.partials import DenseCounts, Shape
-from mechanisms.randomized_response import make_randomized_response_bool
+from mechanisms.local.randomized_response.randomizer import make_randomized_response_bool
 from schemas.conformance import Protocol
 from schemas.releases import Release
 from schemas.spec import BoolMetric

@@ -13,9 +13,14 @@ from agents.errors import ConfigurationError
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
 from agents.partials import DenseCounts, Shape
-from mechanisms.local_hashing import make_optimized_local_hashing, olh_support_counts
-from mechanisms.randomized_response import make_randomized_response, make_randomized_response_from_epsilon
-from mechanisms.unary_encoding import make_optimized_unary_encoding, unary_support_counts
+from mechanisms.local.local_hashing.estimator import olh_support_counts
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
+from mechanisms.local.randomized_response.randomizer import (
+    make_randomized_response,
+    make_randomized_response_from_epsilon,
+)
+from mechanisms.local.unary_encoding.estimator import unary_support_counts
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
 from schemas.conformance import MetricRules, Protocol
 from schemas.releases import Release
 from schemas.spec import CategoricalMetric

@@ -26,10 +26,10 @@ from numpy.typing import NDArray
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
 from agents.partials import KeyedCounts, Shape
 from agents.release_fields import estimate_records, finite
-from mechanisms.capacity_test import CapacityTest, make_capacity_test
-from mechanisms.estimates import Estimate
-from mechanisms.key_threshold import make_key_threshold
-from mechanisms.randomized_response import make_randomized_response_bool
+from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
+from mechanisms.central.key_threshold import make_key_threshold
+from mechanisms.core.estimates import Estimate
+from mechanisms.local.randomized_response.randomizer import make_randomized_response_bool
 from schemas.conformance import Accepted, MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import KeyedMetric

@@ -14,7 +14,7 @@ from typing import Any
 
 from agents.handlers.base import KindHandler, M, P, ReleaseJob
 from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
-from mechanisms.directed import mul_up
+from mechanisms.core.directed import mul_up
 from schemas.releases import KeyRelease, PrivacySpent, Release
 
 

@@ -61,7 +61,7 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         return f"RAPPOR {m.variant} (k={m.bits}, h={m.h}, m={m.m}, f={m.f}, p={m.p}, q={m.q})"
 
     def release(self, job: ReleaseJob[RapporMetric, CohortCounts]) -> Release:
-        from mechanisms.rappor_estimation import decode, estimate_basic_histogram
+        from mechanisms.local.rappor.decode import decode, estimate_basic_histogram
 
         metric, merged = job.metric, job.merged
         params = metric.params()

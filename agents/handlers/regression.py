@@ -16,8 +16,8 @@ from numpy.typing import NDArray
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.partials import CellCounts, Shape
 from agents.release_fields import finite
-from mechanisms.rng import RandomSource, resolve
-from mechanisms.samplers import sample_discrete_laplace
+from mechanisms.central.samplers import sample_discrete_laplace
+from mechanisms.core.rng import RandomSource, resolve
 from schemas.conformance import Protocol
 from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
 from schemas.spec import RegressionMetric

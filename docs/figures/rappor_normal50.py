@@ -1,7 +1,7 @@
 """[RAPPOR]'s example: basic one-time RAPPOR of a Normal(50, 10) histogram (50 bins on [0, 100)).
 
 q = 0.75, p = 0.5, f = 0; each client reports its bin once; the server estimates every bin with
-``(c_i − 0.5·N) / 0.25`` (:func:`mechanisms.rappor_estimation.estimate_basic_histogram`). Like the
+``(c_i − 0.5·N) / 0.25`` (:func:`mechanisms.local.rappor.decode.estimate_basic_histogram`). Like the
 seed, three sample sizes; the first is the N = 10,000 of the issue. Simulation only: the IRR
 randomness and the client secrets come from a seeded generator so the figure is reproducible.
 
@@ -21,9 +21,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import scipy.special
 
-from mechanisms.rappor import RapporParams, RapporVariant, encode_batch_packed
-from mechanisms.rappor_estimation import estimate_basic_histogram, sum_bits
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.decode import estimate_basic_histogram, sum_bits
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 OUT = Path(__file__).resolve().parents[1] / "rappor_normal50.png"
 PARAMS = RapporParams(50, 1, 1, 0.0, 0.5, 0.75, RapporVariant.BASIC_ONE_TIME)  # k = 50 bins, f = 0, p = .5, q = .75

@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mechanisms.rng import SeededRandom
-from mechanisms.theil_sen import make_private_theil_sen, pairwise_predict
+from mechanisms.central.theil_sen import make_private_theil_sen, pairwise_predict
+from mechanisms.core.rng import SeededRandom
 
 SEED = 2024
 X_BOUNDS = (-3.0, 3.0)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mechanisms.directed import mul_up
-from mechanisms.rappor_advisor import RapporAdvice, advise
+from mechanisms.core.directed import mul_up
+from mechanisms.local.rappor.advisor import RapporAdvice, advise
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
 from schemas.spec import CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 

@@ -23,8 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.errors import ParameterError
-from mechanisms.randomized_response import (
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response_bool,
     randomized_response_prob,
 )

@@ -11,8 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.directed import mul_up
-from mechanisms.randomized_response import (
+from mechanisms.core.directed import mul_up
+from mechanisms.local.randomized_response.randomizer import (
     randomized_response_epsilon,
 )
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it

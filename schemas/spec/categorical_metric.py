@@ -12,10 +12,10 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.directed import mul_up
-from mechanisms.errors import ParameterError
-from mechanisms.protocol_choice import choose_protocol
-from mechanisms.randomized_response import (
+from mechanisms.core.directed import mul_up
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.protocol_choice import choose_protocol
+from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response,
     randomized_response_epsilon,
 )

@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.directed import mul_up
-from mechanisms.errors import MechanismError, ParameterError
+from mechanisms.core.directed import mul_up
+from mechanisms.core.errors import MechanismError, ParameterError
 from schemas.kinds import METRIC_KINDS
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.spec.base import (

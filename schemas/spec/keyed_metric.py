@@ -15,12 +15,12 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.capacity_test import CapacityTest, make_capacity_test, smallest_passable_capacity
-from mechanisms.directed import add_up, mul_up, sqrt_up
-from mechanisms.errors import MechanismError, ParameterError
-from mechanisms.key_threshold import make_key_threshold
-from mechanisms.rng import RandomSource
-from mechanisms.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.central.capacity_test import CapacityTest, make_capacity_test, smallest_passable_capacity
+from mechanisms.central.key_threshold import make_key_threshold
+from mechanisms.central.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core.directed import add_up, mul_up, sqrt_up
+from mechanisms.core.errors import MechanismError, ParameterError
+from mechanisms.core.rng import RandomSource
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (

@@ -14,9 +14,10 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.directed import mul_up
-from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant, prr_context
+from mechanisms.core.directed import mul_up
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
+from mechanisms.local.rappor.prr_irr import prr_context
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (

@@ -15,11 +15,11 @@ from pydantic import (
     model_validator,
 )
 
-from mechanisms.core import Measurement
-from mechanisms.directed import add_up, mul_up
-from mechanisms.errors import MechanismError, ParameterError
-from mechanisms.rng import RandomSource
-from mechanisms.theil_sen import make_private_theil_sen
+from mechanisms.central.theil_sen import make_private_theil_sen
+from mechanisms.core.directed import add_up, mul_up
+from mechanisms.core.errors import MechanismError, ParameterError
+from mechanisms.core.framework import Measurement
+from mechanisms.core.rng import RandomSource
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (

@@ -245,7 +245,7 @@ async def produce_rounds(
 
     Returns window start (ms) -> the round's raw events (``MetricEvents`` per metric).
     """
-    from mechanisms.rng import SeededRandom
+    from mechanisms.core.rng import SeededRandom
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
     from producers.simulate import Population

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, LateDelivery, ReportPublisher, WindowDeadline

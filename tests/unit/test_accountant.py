@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.accountant import (
+from mechanisms.accounting.accountant import (
     LedgerEntry,
     PrivacyAccountant,
     PrivacyBudget,
@@ -20,14 +20,14 @@ from mechanisms.accountant import (
     ReleaseRefusedError,
     parse_measure,
 )
-from mechanisms.core import (
+from mechanisms.central.quantile import make_private_quantile
+from mechanisms.core.errors import BudgetExceededError, CompositionError, ParameterError
+from mechanisms.core.framework import (
     APPROX_MAX_DIVERGENCE,
     APPROX_ZERO_CONCENTRATED_DIVERGENCE,
     MAX_DIVERGENCE,
     ZERO_CONCENTRATED_DIVERGENCE,
 )
-from mechanisms.errors import BudgetExceededError, CompositionError, ParameterError
-from mechanisms.quantile import make_private_quantile
 
 
 def test_pure_budget_adds_up_and_refuses_with_a_reason() -> None:
@@ -218,7 +218,7 @@ def test_bad_budgets_are_named() -> None:
 
 
 def test_zcdp_spend_in_epsilon_delta_terms() -> None:
-    from mechanisms.zcdp import cdp_epsilon
+    from mechanisms.accounting.zcdp import cdp_epsilon
 
     acc = PrivacyAccountant(PrivacyBudget.zcdp(1.0))
     acc.charge("a", 0.25, ZERO_CONCENTRATED_DIVERGENCE)

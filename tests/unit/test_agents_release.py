@@ -14,8 +14,8 @@ from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, 
 from agents.release import build_release
 from agents.stage1_records import Handover
 from agents.stage2 import ReleaserState
-from mechanisms.rappor import encode_batch_packed
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.encoder import encode_batch_packed
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import BudgetSpec, CategoricalMetric, CollectionSpec, RapporMetric, parse_spec
@@ -135,12 +135,12 @@ def test_categorical_release_covers_truth(name: str) -> None:
     if PROTOCOLS[name] == "krr":
         p.add_categories(m.randomize_indices(truth, rng=rng))
     elif PROTOCOLS[name] == "oue":
-        from mechanisms.unary_encoding import unary_support_counts
+        from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
         packed = m.randomize_indices(truth, rng=rng)
         p.add_support_counts(unary_support_counts(packed, k), n)
     else:
-        from mechanisms.local_hashing import olh_support_counts
+        from mechanisms.local.local_hashing.estimator import olh_support_counts
 
         seeds, ys = m.randomize_indices(truth, rng=rng)
         p.add_support_counts(olh_support_counts(seeds, ys, k, agg.olh_range["olh"]), n)
@@ -270,7 +270,7 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
 
 def test_mechanism_failure_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
     import schemas.spec.keyed_metric
-    from mechanisms.errors import ParameterError
+    from mechanisms.core.errors import ParameterError
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ParameterError("scale", -1, "must be positive")

@@ -42,12 +42,88 @@ def test_package_respects_dependency_direction(package: str) -> None:
     assert not offenders, f"forbidden imports: {offenders}"
 
 
-def test_mechanisms_all_names_are_importable() -> None:
+#: mechanisms' families and the families each may import (besides itself); ``core`` imports no family
+MECHANISM_FAMILIES: dict[str, set[str]] = {
+    "core": set(),
+    "local": {"core"},
+    "central": {"core"},
+    "accounting": {"core"},
+}
+
+
+def _all_imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, function-level and ``TYPE_CHECKING`` imports included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_mechanisms_is_grouped_by_family_and_families_import_only_core() -> None:
+    """Every module sits in a family subpackage; a family imports only ``core`` and itself (so no cycle between
+    families); ``core`` imports no family."""
+    offenders: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "mechanisms").rglob("*.py")):
+        parts = path.relative_to(ROOT / "mechanisms").parts
+        if parts == ("__init__.py",):
+            continue
+        family = parts[0]
+        assert family in MECHANISM_FAMILIES, (
+            f"mechanisms/{'/'.join(parts)} is outside the families {MECHANISM_FAMILIES}"
+        )
+        allowed = MECHANISM_FAMILIES[family] | {family}
+        bad = sorted(
+            m
+            for m in _all_imported_modules(path)
+            if m.startswith("mechanisms") and (m == "mechanisms" or m.split(".")[1] not in allowed)
+        )
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert not offenders, f"imports against the family direction {MECHANISM_FAMILIES}: {offenders}"
+
+
+def test_mechanisms_init_files_hold_only_a_docstring() -> None:
+    """No re-export lists: a name is imported from the module that defines it."""
+    strays = []
+    for path in sorted((ROOT / "mechanisms").rglob("__init__.py")):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        docstring_only = (
+            len(body) == 1
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        )
+        if not docstring_only:
+            strays.append(str(path.relative_to(ROOT)))
+    assert not strays, f"__init__.py with more than a docstring: {strays}"
+
+
+def test_the_mechanisms_layout_names_every_module() -> None:
+    """The layout in ``mechanisms/__init__.py``'s docstring names every subpackage and module (it cannot go stale)."""
+    import re
+
     import mechanisms
 
-    missing = [name for name in mechanisms.__all__ if not hasattr(mechanisms, name)]
-    assert not missing
-    assert len(set(mechanisms.__all__)) == len(mechanisms.__all__)
+    words = set(re.findall(r"[a-z_]+", mechanisms.__doc__ or ""))
+    missing = sorted(
+        "/".join(path.relative_to(ROOT / "mechanisms").with_suffix("").parts)
+        for path in (ROOT / "mechanisms").rglob("*.py")
+        if path.name != "__init__.py" and not set(path.relative_to(ROOT / "mechanisms").with_suffix("").parts) <= words
+    )
+    assert not missing, f"modules missing from the layout in mechanisms/__init__.py: {missing}"
+
+
+def test_no_module_of_mechanisms_is_over_600_lines() -> None:
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in (ROOT / "mechanisms").rglob("*.py")
+    }
+    assert max(sizes.values()) <= 600, {k: v for k, v in sizes.items() if v > 600}
 
 
 PROJECT_PACKAGES = ("mechanisms", "schemas", "producers", "agents", "gateway", "ptel")
@@ -141,7 +217,7 @@ def test_no_import_cycles() -> None:
 
 
 def test_importing_a_producer_does_not_import_scipy() -> None:
-    """``mechanisms`` loads lazily (PEP 562): a device that privatizes needs no server-side estimator."""
+    """``mechanisms`` re-exports nothing: a device that privatizes loads no server-side estimator (scipy)."""
     code = (
         "import sys\n"
         "import producers.edge_client, producers.privatize, producers.simulate, schemas.wire\n"
@@ -151,15 +227,9 @@ def test_importing_a_producer_does_not_import_scipy() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def test_mechanisms_exports_are_the_public_names() -> None:
-    import mechanisms
-
-    assert set(mechanisms._EXPORTS) == set(mechanisms.__all__)
-
-
 #: package -> the base class every error it defines descends from
 ERROR_BASES = {
-    "mechanisms": "mechanisms.errors.MechanismError",
+    "mechanisms": "mechanisms.core.errors.MechanismError",
     "schemas": "schemas.errors.SchemaError",
     "producers": "producers.errors.ProducerError",
     "agents": "agents.errors.AgentError",

@@ -7,9 +7,9 @@ import math
 import pytest
 from scipy.stats import binomtest
 
-from mechanisms.capacity_test import make_capacity_test, smallest_passable_capacity
-from mechanisms.errors import ParameterError
-from mechanisms.rng import SeededRandom
+from mechanisms.central.capacity_test import make_capacity_test, smallest_passable_capacity
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.rng import SeededRandom
 
 
 def test_margin_is_the_smallest_that_bounds_the_failure_probability() -> None:

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.consistency import norm_sub, project_to_simplex
-from mechanisms.errors import ParameterError
-from mechanisms.frequency_estimation import count_categories, estimate_rr_counts
-from mechanisms.randomized_response import make_randomized_response
-from mechanisms.rng import SeededRandom
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.consistency import norm_sub, project_to_simplex
+from mechanisms.local.randomized_response.estimator import count_categories, estimate_rr_counts
+from mechanisms.local.randomized_response.randomizer import make_randomized_response
 
 
 def _by_bisection(v: np.ndarray, total: float) -> np.ndarray:

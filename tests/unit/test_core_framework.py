@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mechanisms.core import (
+from mechanisms.core.errors import CompositionError, DomainError, ParameterError
+from mechanisms.core.framework import (
     APPROX_MAX_DIVERGENCE,
     INSERT_DELETE_DISTANCE,
     MAX_DIVERGENCE,
@@ -29,7 +30,6 @@ from mechanisms.core import (
     make_user_transformation,
     vector_domain,
 )
-from mechanisms.errors import CompositionError, DomainError, ParameterError
 
 VEC = vector_domain(atom_domain(float))
 

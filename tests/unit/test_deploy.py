@@ -34,7 +34,7 @@ from agents.ledger import MetricLedger
 from agents.monitor.prometheus import MonitorMetrics
 from agents.observability import budget_schedule
 from gateway.metrics import GatewayMetrics
-from mechanisms.core import MAX_DIVERGENCE
+from mechanisms.core.framework import MAX_DIVERGENCE
 from ptel.cli import build_parser
 from schemas.spec import RegressionMetric, load_spec
 from tests.deploy_rules import ledger_key_file, metrics_route, metrics_route_problems

@@ -1,4 +1,4 @@
-"""Directed rounding (mechanisms.directed): every result brackets the exact value, on the requested side, tightly.
+"""Directed rounding (mechanisms.core.directed): every result brackets the exact value, on the requested side, tightly.
 
 "Exact" is :class:`fractions.Fraction` for the rational operations and mpmath at 80 digits for exp, ln,
 ln1p. The rational operations are tight: the float one step inward is on the wrong side. exp, ln and
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import directed as rd
-from mechanisms.errors import MechanismError, PrivacyMapError
-from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
+from mechanisms.central.threshold import make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core import directed as rd
+from mechanisms.core.errors import MechanismError, PrivacyMapError
 
 MAX = sys.float_info.max
 F32_MAX = float(np.finfo(np.float32).max)

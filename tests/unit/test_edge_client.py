@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.errors import ProducerParameterError

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.estimates import Estimate, normal_quantile
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.estimates import Estimate, normal_quantile
 
 
 def test_normal_quantile_closed_forms() -> None:

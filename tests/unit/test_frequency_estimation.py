@@ -18,29 +18,30 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.estimates import Estimate, normal_quantile
-from mechanisms.frequency_estimation import (
-    count_categories,
-    estimate_counts,
-    estimate_frequencies,
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.estimates import Estimate, normal_quantile
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.local_hashing.estimator import (
     estimate_local_hashing_counts,
     estimate_local_hashing_frequencies,
+    olh_support_counts,
+)
+from mechanisms.local.local_hashing.randomizer import hash_buckets, make_optimized_local_hashing
+from mechanisms.local.pure_protocol import estimate_counts, estimate_frequencies
+from mechanisms.local.randomized_response.estimator import (
+    count_categories,
     estimate_rr_bool_count,
     estimate_rr_bool_mean,
     estimate_rr_counts,
     estimate_rr_frequencies,
+)
+from mechanisms.local.randomized_response.randomizer import make_randomized_response, make_randomized_response_bool
+from mechanisms.local.unary_encoding.estimator import (
     estimate_unary_counts,
     estimate_unary_frequencies,
-)
-from mechanisms.local_hashing import hash_buckets, make_optimized_local_hashing, olh_support_counts
-from mechanisms.randomized_response import make_randomized_response, make_randomized_response_bool
-from mechanisms.rng import SeededRandom
-from mechanisms.unary_encoding import (
-    make_optimized_unary_encoding,
-    make_symmetric_unary_encoding,
     unary_support_counts,
 )
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding, make_symmetric_unary_encoding
 
 Z95 = normal_quantile(0.95)
 

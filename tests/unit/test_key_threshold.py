@@ -1,5 +1,5 @@
-"""Key-level thresholded noise (mechanisms.key_threshold): the tail of the sum of two noises, its privacy map, the
-interval of a released total and the release rule."""
+"""Key-level thresholded noise (mechanisms.central.key_threshold): the tail of the sum of two noises, its privacy
+map, the interval of a released total and the release rule."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.key_threshold import (
+from mechanisms.central.key_threshold import (
     gaussian_pair_tail,
     laplace_pair_tail,
     make_key_threshold,
 )
-from mechanisms.rng import SeededRandom
-from mechanisms.samplers import sample_discrete_laplace
-from mechanisms.threshold import discrete_laplace_tail, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.central.samplers import sample_discrete_laplace
+from mechanisms.central.threshold import discrete_laplace_tail, make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.rng import SeededRandom
 
 
 def _laplace_sum_tail_brute(b: float, g: int, span: int = 3000) -> float:
@@ -57,7 +57,7 @@ def test_an_unstable_key_is_released_at_the_rate_the_map_charges_not_the_cell_ra
     delta1 = laplace_pair_tail(2.0, 8)
     sd = math.sqrt(delta1 * (1 - delta1) / n)
     assert abs(rate - delta1) < 4.5 * sd  # 4.5 sigma: false-failure rate < 1e-5
-    # the mutation: the cell-level δ₁ = P(Z > T - 1) (what mechanisms.threshold charges one cell) is exceeded
+    # the mutation: the cell-level δ₁ = P(Z > T - 1) (what mechanisms.central.threshold charges one cell) is exceeded
     cell_delta1 = discrete_laplace_tail(m.cell.noise_scale, 8)
     assert rate > cell_delta1 + 10 * sd
     eps, delta = m.map((1, 1, 1))

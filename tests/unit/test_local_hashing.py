@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.local_hashing import (
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.rng import RandomSource, SeededRandom
+from mechanisms.local.local_hashing.estimator import olh_support_counts
+from mechanisms.local.local_hashing.randomizer import (
     HASH_PRIME,
     _draw_below_prime,
     collision_probability,
@@ -18,11 +20,9 @@ from mechanisms.local_hashing import (
     make_local_hashing,
     make_optimized_local_hashing,
     olh_bucket_count,
-    olh_support_counts,
     split_seeds,
 )
-from mechanisms.randomized_response import make_randomized_response
-from mechanisms.rng import RandomSource, SeededRandom
+from mechanisms.local.randomized_response.randomizer import make_randomized_response
 
 
 def test_bucket_count_and_map() -> None:

@@ -1,4 +1,4 @@
-"""`mechanisms/local_randomizer.py`: the shared base of RR, k-RR, UE and OLH (elements, map, randomness)."""
+"""`mechanisms/local/randomizer.py`: the shared base of RR, k-RR, UE and OLH (elements, map, randomness)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import randomized_response
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain
-from mechanisms.errors import PrivacyMapError
-from mechanisms.local_hashing import make_optimized_local_hashing
-from mechanisms.local_randomizer import LocalRandomizer, check_distance
-from mechanisms.randomized_response import make_randomized_response, make_randomized_response_bool
-from mechanisms.rng import SeededRandom
-from mechanisms.unary_encoding import make_optimized_unary_encoding, make_unary_encoding
+from mechanisms.core.errors import PrivacyMapError
+from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE, Domain
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
+from mechanisms.local.randomized_response import randomizer as randomized_response
+from mechanisms.local.randomized_response.randomizer import make_randomized_response, make_randomized_response_bool
+from mechanisms.local.randomizer import LocalRandomizer, check_distance
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding, make_unary_encoding
 
 
 def _randomizers() -> list[LocalRandomizer]:

@@ -11,7 +11,7 @@ from agents.kinds import shape_of
 from agents.ledger import MetricLedger
 from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, Partial
 from agents.release import build_release
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import RegressionMetric, parse_spec

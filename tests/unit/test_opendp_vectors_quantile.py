@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from mechanisms.errors import ParameterError
-from mechanisms.quantile import make_private_quantile
-from mechanisms.theil_sen import make_private_theil_sen
+from mechanisms.central.quantile import make_private_quantile
+from mechanisms.central.theil_sen import make_private_theil_sen
+from mechanisms.core.errors import ParameterError
 from tests.opendp_vectors import records
 
 
@@ -85,7 +85,7 @@ def test_theil_sen_map_agrees(record: dict[str, Any]) -> None:
     )
     got = meas.map(record["d_in"])
     # OpenDP's pairing stability d_in·runs is false (one added row can replace a pair: distance 2, see
-    # mechanisms/theil_sen.py); ours charges d_out = 2·d_in·runs, i.e. OpenDP's map at 2·d_in.
+    # mechanisms/central/theil_sen.py); ours charges d_out = 2·d_in·runs, i.e. OpenDP's map at 2·d_in.
     expected = record["expected"] * (2 if p["output_measure"] == "max_divergence" else 4)
     assert got == pytest.approx(expected, rel=1e-9, abs=0.0)
     eps_one = Fraction(2 * record["d_in"] * p["runs"]) / Fraction(p["scale"])  # one median: ε = d_out / scale

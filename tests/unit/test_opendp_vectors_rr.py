@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.randomized_response import make_randomized_response, make_randomized_response_bool
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.randomized_response.randomizer import make_randomized_response, make_randomized_response_bool
 from tests.opendp_vectors import records
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from mechanisms.core import Measurement, make_fix_delta
-from mechanisms.errors import MechanismError
-from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
-from mechanisms.zcdp import cdp_delta, cdp_epsilon, make_zcdp_to_approxdp
+from mechanisms.accounting.zcdp import cdp_delta, cdp_epsilon, make_zcdp_to_approxdp
+from mechanisms.central.threshold import make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core.errors import MechanismError
+from mechanisms.core.framework import Measurement, make_fix_delta
 from tests.opendp_vectors import records
 
 MECHANISMS = (

@@ -41,8 +41,8 @@ from agents.kinds import Aggregator
 from agents.partials import KeyedCounts
 from agents.stage1_records import Handover
 from agents.stage2 import ReleaserState
-from mechanisms.capacity_test import CapacityTest, make_capacity_test
-from mechanisms.rng import DerivedRandom
+from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
+from mechanisms.core.rng import DerivedRandom
 from producers.client_secret import ClientSecret
 from producers.privatize import make_privatizers
 from schemas.releases import Release

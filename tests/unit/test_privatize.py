@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechanisms.rappor import unpack_report
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.encoder import unpack_report
 from producers.client_secret import ClientSecret
 from producers.privatize import (
     BoolPrivatizer,

@@ -8,18 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.local_hashing import LocalHashing
-from mechanisms.protocol_choice import (
-    choose_protocol,
-    grr_variance,
-    make_frequency_oracle,
-    olh_variance,
-    oue_variance,
-    pure_protocol_variance,
-)
-from mechanisms.randomized_response import RandomizedResponse
-from mechanisms.unary_encoding import UnaryEncoding
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.local_hashing.estimator import olh_variance
+from mechanisms.local.local_hashing.randomizer import LocalHashing
+from mechanisms.local.protocol_choice import choose_protocol, make_frequency_oracle
+from mechanisms.local.pure_protocol import pure_protocol_variance
+from mechanisms.local.randomized_response.estimator import grr_variance
+from mechanisms.local.randomized_response.randomizer import RandomizedResponse
+from mechanisms.local.unary_encoding.estimator import oue_variance
+from mechanisms.local.unary_encoding.randomizer import UnaryEncoding
 
 
 @settings(deadline=None)  # constructors evaluate exact logarithms; timing varies on a shared machine

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from numpy.polynomial import polynomial as npoly
 from scipy import stats
 
-from mechanisms.core import INSERT_DELETE_DISTANCE, MAX_DIVERGENCE, ZERO_CONCENTRATED_DIVERGENCE
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.quantile import (
+from mechanisms.central.quantile import (
     make_noisy_max,
     make_private_quantile,
     make_quantile_score_candidates,
     quantile_score_constants,
     score_candidates,
 )
-from mechanisms.rng import SeededRandom
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.framework import INSERT_DELETE_DISTANCE, MAX_DIVERGENCE, ZERO_CONCENTRATED_DIVERGENCE
+from mechanisms.core.rng import SeededRandom
 
 CANDIDATES = np.linspace(0.0, 100.0, 11)
 

@@ -15,16 +15,16 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.byte_sampling import bernoulli_threshold, threshold_at_least, uniform_below
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE, Measurement
-from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
-from mechanisms.randomized_response import (
+from mechanisms.core.errors import DomainError, ParameterError, PrivacyMapError
+from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE, Measurement
+from mechanisms.core.rng import RandomSource, SeededRandom, probability_threshold
+from mechanisms.local.byte_sampling import bernoulli_threshold, threshold_at_least, uniform_below
+from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response,
     make_randomized_response_bool,
     make_randomized_response_bool_from_epsilon,
     make_randomized_response_from_epsilon,
 )
-from mechanisms.rng import RandomSource, SeededRandom, probability_threshold
 
 # --- elements and closed forms --------------------------------------------------------------------------
 
@@ -293,7 +293,7 @@ def test_sampler_parameter_errors() -> None:
 
 
 def test_category_indexing_is_exact() -> None:
-    from mechanisms.category_set import CategorySet
+    from mechanisms.local.category_set import CategorySet
 
     c = CategorySet([5, 2**62, -3])
     assert c.index_of(np.array([5, 2**62, 2**62 + 1], dtype=np.uint64)).tolist() == [0, 1, -1]

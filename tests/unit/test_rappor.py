@@ -14,27 +14,20 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 from scipy.stats import norm
 
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE
-from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
-from mechanisms.rappor import (
-    PRR_RESOLUTION_BITS,
+from mechanisms.core.errors import DomainError, ParameterError, PrivacyMapError
+from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE
+from mechanisms.core.rng import RandomSource, SeededRandom
+from mechanisms.local.rappor.encoder import (
     RapporClient,
-    RapporParams,
-    RapporVariant,
-    _instantaneous_round,
-    bloom_bits,
-    cohort_of,
     encode_batch,
     encode_batch_packed,
     make_rappor,
-    new_client_secret,
     pack_report,
-    prr_context,
-    prr_levels,
-    prr_stream,
     unpack_report,
 )
-from mechanisms.rng import RandomSource, SeededRandom
+from mechanisms.local.rappor.hashing import bloom_bits, cohort_of, new_client_secret
+from mechanisms.local.rappor.params import PRR_RESOLUTION_BITS, RapporParams, RapporVariant
+from mechanisms.local.rappor.prr_irr import instantaneous_round, prr_context, prr_levels, prr_stream
 
 STD = RapporVariant.STANDARD
 ONE = RapporVariant.ONE_TIME
@@ -577,7 +570,7 @@ def test_irr_is_exactly_u_below_threshold(p: float, q: float) -> None:
     rec = _RecordingRandom()
     prr = SeededRandom("prr-bits").bits(300 * 20).reshape(300, 20)
     packed = np.packbits(prr, axis=1)
-    out = np.unpackbits(_instantaneous_round(params, packed, rec), axis=1, count=20).astype(np.bool_)
+    out = np.unpackbits(instantaneous_round(params, packed, rec), axis=1, count=20).astype(np.bool_)
     tq, tp = params.irr_thresholds
     levels = max(64 - ((t & -t).bit_length() - 1) if 0 < t < 1 << 64 else 64 for t in (tq, tp))
     eager = min(levels, 8)
@@ -626,5 +619,5 @@ def test_irr_tie_at_exactly_the_threshold_is_not_below(offset: int) -> None:
     levels = bytes(0xFF if (top >> (7 - lv)) & 1 else 0x00 for lv in range(8))  # every lane equals T's top bits
     ties = np.full(8, low << 8, dtype=np.uint64).tobytes()  # the sampler keeps the top 56 bits of each draw
     prr = np.array([[0xFF]], dtype=np.uint8)  # B' = 1 on every lane: threshold T_q
-    out = _instantaneous_round(params, prr, _ScriptedBytes(levels + ties))
+    out = instantaneous_round(params, prr, _ScriptedBytes(levels + ties))
     assert out.tolist() == [[0x00 if offset == 0 else 0xFF]]

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant
-from mechanisms.rappor_advisor import advise
-from mechanisms.rappor_estimation import decode, design_matrix
+from mechanisms.core.errors import ParameterError
+from mechanisms.local.rappor.advisor import advise
+from mechanisms.local.rappor.decode import decode, design_matrix
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 
 def test_privacy_figures_are_the_parameters_maps() -> None:

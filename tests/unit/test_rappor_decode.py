@@ -7,16 +7,18 @@ import pytest
 import scipy.special
 from numpy.typing import NDArray
 
-from mechanisms.errors import ParameterError
-from mechanisms.rappor import RapporParams, RapporVariant, bloom_bits, encode_batch_packed
-from mechanisms.rappor_estimation import (
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.decode import (
     decode,
     design_matrix,
     estimate_bit_counts,
     significance_decisions,
     sum_bits,
 )
-from mechanisms.rng import SeededRandom
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.hashing import bloom_bits
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 PARAMS = RapporParams(32, 2, 8, 0.5, 0.5, 0.75)
 TRUE_FREQ = np.array([0.25, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05, 0.04, 0.04, 0.03])

@@ -8,16 +8,18 @@ import scipy.special
 from numpy.typing import NDArray
 from scipy.stats import chi2
 
-from mechanisms.errors import ParameterError
-from mechanisms.estimates import normal_quantile
-from mechanisms.rappor import RapporParams, RapporVariant, bloom_bits, encode_batch_packed
-from mechanisms.rappor_estimation import (
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.estimates import normal_quantile
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.decode import (
     bit_count_variance,
     estimate_basic_histogram,
     estimate_bit_counts,
     sum_bits,
 )
-from mechanisms.rng import SeededRandom
+from mechanisms.local.rappor.encoder import encode_batch_packed
+from mechanisms.local.rappor.hashing import bloom_bits
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 
 STD = RapporVariant.STANDARD
 ONE = RapporVariant.ONE_TIME

@@ -19,7 +19,7 @@ the history: dynamic programming over bits and groups, no sampling). The worst-c
 ``ε(x, x') = max_S ln P(S|x)/P(S|x') = Σ_i max_c ln P_i(c|x)/P_i(c|x')`` (``inf`` when ``x'`` cannot produce
 an output ``x`` can). Evaluated in float64 (absolute error below 1e-12 for these sizes); a pair whose float loss
 is within ``1e-9·max(1, charge)`` of the charge is decided **exactly**: the ratio in fractions against rational
-bounds on ``e^charge`` (``mechanisms.directed.exp_bounds``).
+bounds on ``e^charge`` (``mechanisms.core.directed.exp_bounds``).
 
 **Neighbour relations.** ``client``: any two histories of ``n`` reports (the count is public for local kinds).
 ``client_value`` (RAPPOR's longitudinal guarantee): histories that differ only in the value of one group of
@@ -45,9 +45,11 @@ import pytest
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from mechanisms.directed import exp_bounds, mul_up
-from mechanisms.rappor import RapporClient, RapporParams, RapporVariant, bloom_bits, encode_batch
-from mechanisms.rng import SeededRandom
+from mechanisms.core.directed import exp_bounds, mul_up
+from mechanisms.core.rng import SeededRandom
+from mechanisms.local.rappor.encoder import RapporClient, encode_batch
+from mechanisms.local.rappor.hashing import bloom_bits
+from mechanisms.local.rappor.params import RapporParams, RapporVariant
 from schemas.spec import RapporMetric
 
 TWO64 = 1 << 64

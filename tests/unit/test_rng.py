@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanisms.errors import ParameterError
-from mechanisms.rng import (
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.rng import (
     CryptoRandom,
     DerivedRandom,
     SeededRandom,

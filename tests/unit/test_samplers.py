@@ -17,10 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanisms.directed import exp_bounds
-from mechanisms.errors import ParameterError
-from mechanisms.rng import RandomSource, SeededRandom
-from mechanisms.samplers import (
+from mechanisms.central.samplers import (
     _uniform_below_exp_neg,
     bernoulli_exp_neg,
     bernoulli_exp_neg_filtered,
@@ -32,6 +29,9 @@ from mechanisms.samplers import (
     sample_discrete_gaussian,
     sample_discrete_laplace,
 )
+from mechanisms.core.directed import exp_bounds
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.rng import RandomSource, SeededRandom
 
 P_REJECT = 1e-6
 _TWO64 = 1 << 64
@@ -181,7 +181,7 @@ def test_filter_decides_the_words_next_to_exp_neg_gamma(gamma: Fraction) -> None
 @pytest.fixture()
 def exact_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Widen the float filter's margin so that it decides nothing: every acceptance takes the exact path."""
-    import mechanisms.samplers as samplers
+    import mechanisms.central.samplers as samplers
 
     monkeypatch.setattr(samplers, "_FILTER_ABS", 4.0)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mechanisms.capacity_test import make_capacity_test, smallest_passable_capacity
+from mechanisms.central.capacity_test import make_capacity_test, smallest_passable_capacity
 from ptel.cli import main
 from ptel.commands.spec import _advice, check_lines, clients_for_share
 from schemas.spec import KeyedMetric, RapporMetric, load_spec

@@ -7,16 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.core import MAX_DIVERGENCE, SYMMETRIC_DISTANCE, ZERO_CONCENTRATED_DIVERGENCE, Transformation
-from mechanisms.errors import CompositionError, DomainError, ParameterError
-from mechanisms.rng import SeededRandom
-from mechanisms.theil_sen import (
+from mechanisms.central.theil_sen import (
     make_pairwise_predict,
     make_private_percentile_medians,
     make_private_theil_sen,
     make_select_column,
     pairwise_predict,
 )
+from mechanisms.core.errors import CompositionError, DomainError, ParameterError
+from mechanisms.core.framework import MAX_DIVERGENCE, SYMMETRIC_DISTANCE, ZERO_CONCENTRATED_DIVERGENCE, Transformation
+from mechanisms.core.rng import SeededRandom
 
 X_BOUNDS = (-3.0, 3.0)
 Y_BOUNDS = (-10.0, 10.0)

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import float_grid as fg
-from mechanisms.core import APPROX_MAX_DIVERGENCE, APPROX_ZERO_CONCENTRATED_DIVERGENCE, make_fix_delta
-from mechanisms.errors import DomainError, ParameterError, PrivacyMapError
-from mechanisms.rng import SeededRandom
-from mechanisms.samplers import discrete_gaussian_pmf
-from mechanisms.threshold import make_gaussian_threshold, make_laplace_threshold
-from mechanisms.zcdp import make_zcdp_to_approxdp
+from mechanisms.accounting.zcdp import make_zcdp_to_approxdp
+from mechanisms.central import float_grid as fg
+from mechanisms.central.samplers import discrete_gaussian_pmf
+from mechanisms.central.threshold import make_gaussian_threshold, make_laplace_threshold
+from mechanisms.core.errors import DomainError, ParameterError, PrivacyMapError
+from mechanisms.core.framework import APPROX_MAX_DIVERGENCE, APPROX_ZERO_CONCENTRATED_DIVERGENCE, make_fix_delta
+from mechanisms.core.rng import SeededRandom
 
 Z_REJECT = 4.9
 mpmath.mp.dps = 50

@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.byte_sampling import threshold_at_least
-from mechanisms.core import DISCRETE_DISTANCE, MAX_DIVERGENCE
-from mechanisms.errors import DomainError, ParameterError
-from mechanisms.rng import SeededRandom, probability_threshold
-from mechanisms.unary_encoding import (
+from mechanisms.core.errors import DomainError, ParameterError
+from mechanisms.core.framework import DISCRETE_DISTANCE, MAX_DIVERGENCE
+from mechanisms.core.rng import SeededRandom, probability_threshold
+from mechanisms.local.byte_sampling import threshold_at_least
+from mechanisms.local.unary_encoding.estimator import unary_support_counts
+from mechanisms.local.unary_encoding.randomizer import (
     make_optimized_unary_encoding,
     make_symmetric_unary_encoding,
     make_unary_encoding,
     oue_probabilities,
     sue_probabilities,
     unary_encoding_epsilon,
-    unary_support_counts,
 )
 
 

@@ -1,4 +1,4 @@
-"""`mechanisms/validation.py`: ``check_count`` (sizes, numbers of reports, dataset distances)."""
+"""`mechanisms/core/validation.py`: ``check_count`` (sizes, numbers of reports, dataset distances)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mechanisms.errors import ParameterError
-from mechanisms.validation import check_count
+from mechanisms.core.errors import ParameterError
+from mechanisms.core.validation import check_count
 
 
 def test_messages_name_parameter_value_and_range() -> None:

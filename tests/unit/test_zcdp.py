@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms.core import (
+from mechanisms.accounting.zcdp import ZCDPProfile, cdp_delta, cdp_delta_at, cdp_epsilon, make_zcdp_to_approxdp
+from mechanisms.core.errors import CompositionError, MechanismError, ParameterError, PrivacyMapError
+from mechanisms.core.framework import (
     APPROX_MAX_DIVERGENCE,
     APPROX_ZERO_CONCENTRATED_DIVERGENCE,
     MAX_DIVERGENCE,
@@ -22,8 +24,6 @@ from mechanisms.core import (
     make_fix_delta,
     make_user_measurement,
 )
-from mechanisms.errors import CompositionError, MechanismError, ParameterError, PrivacyMapError
-from mechanisms.zcdp import ZCDPProfile, cdp_delta, cdp_delta_at, cdp_epsilon, make_zcdp_to_approxdp
 
 mpmath.mp.dps = 60
 

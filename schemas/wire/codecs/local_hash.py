@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms.local_hashing import HASH_PRIME
+from mechanisms.local.local_hashing.randomizer import HASH_PRIME
 from schemas.kinds import PayloadKind
 from schemas.wire.codec import PayloadCodec, Refusal, SpecBounds
 from schemas.wire.primitives import (

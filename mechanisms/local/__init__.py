@@ -1,0 +1,1 @@
+"""Local DP: each protocol's device randomizer, server estimator and variance together (layout: :mod:`mechanisms`)."""

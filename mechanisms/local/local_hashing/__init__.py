@@ -1,0 +1,1 @@
+"""Optimized local hashing (OLH): randomizer and estimator (layout: :mod:`mechanisms`)."""

@@ -1,0 +1,1 @@
+"""Randomized response: boolean RR and k-RR (GRR); randomizer and estimator (layout: :mod:`mechanisms`)."""

@@ -1,0 +1,1 @@
+"""Unary encoding (OUE, SUE): randomizer and estimator (layout: :mod:`mechanisms`)."""
