@@ -26,9 +26,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mechanisms.local_hashing import make_optimized_local_hashing
-from mechanisms.randomized_response import randomized_response_prob
-from mechanisms.unary_encoding import make_optimized_unary_encoding
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
+from mechanisms.local.randomized_response.randomizer import randomized_response_prob
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
 from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
 
 __all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]

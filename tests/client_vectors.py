@@ -27,8 +27,10 @@ from typing import Any
 
 import yaml
 
-from mechanisms.rappor import RapporClient, cohort_of, prr_context
-from mechanisms.rng import RandomSource, probability_threshold
+from mechanisms.core.rng import RandomSource, probability_threshold
+from mechanisms.local.rappor.encoder import RapporClient
+from mechanisms.local.rappor.hashing import cohort_of
+from mechanisms.local.rappor.prr_irr import prr_context
 from producers.client_secret import ClientSecret
 from producers.privatize import MetricPrivatizer, RapporPrivatizer, make_privatizer
 from schemas.spec import CollectionSpec, parse_spec

@@ -23,7 +23,7 @@ from agents.stage1_records import SourceRecord
 from agents.validation import Validator
 from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
-from mechanisms.rng import SeededRandom
+from mechanisms.core.rng import SeededRandom
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec

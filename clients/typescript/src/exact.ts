@@ -58,7 +58,7 @@ export function ceilScaled(a: Dyadic, bits: number): bigint {
 
 export const TWO64 = 1n << 64n;
 
-/** `floor(p * 2^64)` (Python `mechanisms.rng.probability_threshold`): `P(U < T) = T / 2^64 <= p`. */
+/** `floor(p * 2^64)` (Python `mechanisms.core.rng.probability_threshold`): `P(U < T) = T / 2^64 <= p`. */
 export function probabilityThreshold(p: number): bigint {
   return floorScaled(dyadic(p), 64);
 }

@@ -1,6 +1,6 @@
 /**
  * The local randomizers of the non-RAPPOR kinds, one report at a time, with Python's exact distributions and byte
- * consumption (`mechanisms.randomized_response`, `mechanisms.unary_encoding`, `mechanisms.local_hashing`).
+ * consumption (`mechanisms.local.randomized_response`, `mechanisms.local.unary_encoding`, `mechanisms.local.local_hashing`).
  *
  * - Boolean randomized response [RR] (Warner 1965, https://doi.org/10.1080/01621459.1965.10480775): keep the bit
  *   iff `U < floor(p·2^64)`, flip it otherwise; `ε = ln(p / (1 - p))`.

@@ -1,5 +1,5 @@
 /**
- * RAPPOR on the device, bit-identical to Python's `mechanisms.rappor` (Erlingsson, Pihur, Korolova, "RAPPOR:
+ * RAPPOR on the device, bit-identical to Python's `mechanisms.local.rappor` (Erlingsson, Pihur, Korolova, "RAPPOR:
  * Randomized Aggregatable Privacy-Preserving Ordinal Response", CCS 2014, https://arxiv.org/abs/1407.6981).
  *
  * 1. Signal `B`: Bloom filter, `D = SHA-256(uint32_be(cohort) || value)`, bit `be32(D[4j:4j+4]) mod k` for

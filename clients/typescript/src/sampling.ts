@@ -8,7 +8,7 @@
  * - {@link uniformBelow}: exactly uniform on `[0, m)` from one byte (`m <= 256`) or two (little endian,
  *   `m <= 65536`) by rejection (`u < R - R mod m`, then `u mod m`).
  * - {@link drawBelowPrime}: uniform on `[0, 2^31 - 1)`: a little-endian uint32 shifted right by one, the value
- *   `2^31 - 1` rejected (OLH's hash parameters, `mechanisms.local_hashing`).
+ *   `2^31 - 1` rejected (OLH's hash parameters, `mechanisms.local.local_hashing`).
  */
 
 import { TWO64 } from "./exact.js";
