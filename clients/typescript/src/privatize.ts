@@ -97,6 +97,7 @@ export class Privatizer {
         const keys = new WeakMap<ClientSecret, { key: Uint8Array; cohort: number }>();
         return (v, secret) => {
           if (typeof v !== "string") this.fail("value", "must be a string");
+          if (LONE_SURROGATE.test(v)) this.fail("value", "must be valid Unicode text (no lone surrogates: it is hashed as UTF-8)");
           if (!enc.accepts(v)) {
             this.fail("value", `is not one of the ${m.config.candidates.length} candidates (the ${m.config.variant} variant encodes candidates only)`);
           }

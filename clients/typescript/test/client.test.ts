@@ -123,6 +123,8 @@ test("bad events raise errors naming the metric, the parameter and the rule (nev
     ["latency", "12", /value must be a number \(binned on the device\)/],
     ["font", "comic", /metric "font": value is not one of the 9 candidates \(the basic variant encodes candidates only\)/],
     ["homepage", 42, /metric "homepage": value must be a string/],
+    ["homepage", "bad\uD800", /metric "homepage": value must be valid Unicode text/],
+    ["errors", ["bad\uDC00", true], /metric "errors": key must be 1-32 UTF-8 bytes of valid Unicode text/],
     ["errors", ["x".repeat(33), true], /metric "errors": key must be 1-32 UTF-8 bytes/],
     ["errors", ["ok", 1], /metric "errors": value must be a boolean/],
     ["errors", "just-a-key", /metric "errors": value must be/],
@@ -185,4 +187,24 @@ from schemas.wire import decode
 m = decode(bytes.fromhex(sys.stdin.read()))
 print(json.dumps([len(m), m.metric, [str(p) for p in m.pseudonyms.tolist()], m.client_times.tolist()]))`, Buffer.from(out.bytes!).toString("hex"))) as [number, string, string[], number[]];
   assert.deepEqual(decoded, [2, "crashed", out.reports.map((r) => r.pseudonym.toString()), [T0, T0]]);
+});
+
+test("privacy randomness comes only from the platform CSPRNG by default; no Math.random anywhere", async () => {
+  const { readdirSync } = await import("node:fs");
+  const files = (dir: string): string[] => readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(join(dir, e.name)) : [join(dir, e.name)]));
+  for (const f of files("src")) assert.doesNotMatch(readFileSync(f, "utf8"), /Math\.random/, f);
+  const { cryptoRandom, CryptoRandom } = await import("../src/index.js");
+  assert.equal(cryptoRandom().cryptographic, true);
+  assert.ok(cryptoRandom() instanceof CryptoRandom);
+  assert.equal(new SeededRandomForTests(1).cryptographic, false);
+  // the default privatizer draws fresh randomness: 64 OUE reports of one value are not all equal
+  const m = spec.find("country")!;
+  const p = new (await import("../src/index.js")).Privatizer(m, spec.windowSizeS);
+  const secret = new ClientSecret(new Uint8Array(32));
+  const bits = (): string => {
+    const payload = p.report("c00", secret, T0).payload;
+    return payload.kind === "unary" ? Buffer.from(payload.bits).toString("hex") : "";
+  };
+  const seen = new Set(Array.from({ length: 64 }, bits));
+  assert.ok(seen.size > 1);
 });
