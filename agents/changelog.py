@@ -184,12 +184,13 @@ async def send_in_transaction(
 
     A missing topic ACL answers the transaction's ``AddPartitionsToTxn`` with ``TopicAuthorizationFailed``; aiokafka
     0.14 keeps that error on the transaction (its "transaction end" future) and the next ``send`` raises
-    ``IllegalOperation("Can't send messages while not in transaction")``, which names no ACL. The refusal is raised
-    instead (from the ``IllegalOperation``), so that the worker names the missing ACL
-    (:func:`agents.topics.denied_access`)."""
+    ``IllegalOperation("Can't send messages while not in transaction")`` -- or, when the refusal lands between its
+    check and the append, a bare ``AssertionError`` of its transaction manager -- neither naming an ACL. The refusal
+    is raised instead (from that error), so that the worker names the missing ACL (:func:`agents.topics.denied_access`).
+    Any other failure, and these two without a refused transaction, are raised as they are."""
     try:
         sent: asyncio.Future[Any] = await producer.send(topic, value, key=key, partition=partition, **kw)
-    except IllegalOperation as err:
+    except (IllegalOperation, AssertionError) as err:  # aiokafka 0.14 asserts is_in_transaction() in a race
         refusal = transaction_error(producer)
         if refusal is None:
             raise
