@@ -4,7 +4,8 @@
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`; it runs the TypeScript
 #                  client's `npm test` too, tests/unit/test_typescript_client.py)
-#   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2)
+#   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2), and under each fault
+#                  (worker and gateway kill -9, broker stop and pause across a window boundary) over 3 seeds (~25 min)
 #   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
@@ -74,7 +75,9 @@ audit: setup
 	PTEL_AUDIT_SCALE=10 $(BIN)/pytest -s tests/unit/test_privacy_audit.py
 
 test-e2e-long: setup
-	PTEL_E2E_SEEDS=$$(seq -s, 1 20) $(BIN)/pytest tests/integration/test_randomized_e2e.py
+	PTEL_E2E_SEEDS=$$(seq -s, 1 20) PTEL_E2E_FAULT_SEEDS=1,2,3 \
+	PTEL_E2E_FAULTS=worker_kill9,gateway_kill9,broker_stop,broker_pause,worker_kill9+gateway_kill9 \
+	$(BIN)/pytest tests/integration/test_randomized_e2e.py
 
 # Every ACL of the device, worker and analyst removed one at a time (tests/integration/test_least_privilege.py; about
 # 3 minutes: `make test` runs the five representative cases).

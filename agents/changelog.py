@@ -9,7 +9,7 @@ from typing import Any
 
 import aiokafka.producer.sender as aiokafka_sender
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import OffsetOutOfRangeError
+from aiokafka.errors import IllegalOperation, OffsetOutOfRangeError
 
 from agents.errors import BrokerError, StateError
 from agents.recovery import stop_client
@@ -175,3 +175,34 @@ async def delivered(futures: list[asyncio.Future[Any]]) -> None:
     or a refused record is lost with its source offset committed."""
     if futures:
         await asyncio.gather(*futures)
+
+
+async def send_in_transaction(
+    producer: AIOKafkaProducer, topic: str, value: bytes | None, *, key: bytes | None, partition: int, **kw: Any
+) -> asyncio.Future[Any]:
+    """``producer.send`` inside an open transaction, raising the transaction's own error when Kafka refused it.
+
+    A missing topic ACL answers the transaction's ``AddPartitionsToTxn`` with ``TopicAuthorizationFailed``; aiokafka
+    0.14 keeps that error on the transaction (its "transaction end" future) and the next ``send`` raises
+    ``IllegalOperation("Can't send messages while not in transaction")`` -- or, when the refusal lands between its
+    check and the append, a bare ``AssertionError`` of its transaction manager -- neither naming an ACL. The refusal
+    is raised instead (from that error), so that the worker names the missing ACL (:func:`agents.topics.denied_access`).
+    Any other failure, and these two without a refused transaction, are raised as they are."""
+    try:
+        sent: asyncio.Future[Any] = await producer.send(topic, value, key=key, partition=partition, **kw)
+    except (IllegalOperation, AssertionError) as err:  # aiokafka 0.14 asserts is_in_transaction() in a race
+        refusal = transaction_error(producer)
+        if refusal is None:
+            raise
+        raise refusal from err
+    return sent
+
+
+def transaction_error(producer: AIOKafkaProducer) -> BaseException | None:
+    """The error that ended ``producer``'s current transaction (aiokafka's transaction manager holds it), if any."""
+    manager = getattr(producer, "_txn_manager", None)  # aiokafka 0.14: no public accessor
+    waiter = None if manager is None else manager.wait_for_transaction_end()
+    if waiter is None or not waiter.done() or waiter.cancelled():
+        return None
+    error: BaseException | None = waiter.exception()
+    return error

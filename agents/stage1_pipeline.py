@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,7 +39,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 
-from agents.changelog import delivered
+from agents.changelog import delivered, send_in_transaction
 from agents.dead_letters import dead_letter_record
 from agents.errors import AgentError
 from agents.stage1 import BatchResult, PartitionState
@@ -409,18 +410,17 @@ class Stage1Pipeline:
     async def _transaction(self, slot: _Slot, work: _Commit, dead_letter_limit: int) -> None:
         producer, tp = slot.producer, slot.tp
         p = tp.partition
+        send = functools.partial(send_in_transaction, producer)  # a refused transaction raises its refusal
         async with producer.transaction():
             sent = []
             for d in work.dead:
                 letter, headers = dead_letter_record(d, self.topics.reports, p, dead_letter_limit)
-                sent.append(
-                    await producer.send(self.topics.dead_letter, letter, key=d.record.key, partition=p, headers=headers)
-                )
+                sent.append(await send(self.topics.dead_letter, letter, key=d.record.key, partition=p, headers=headers))
             for key, value in work.changes.items():
-                sent.append(await producer.send(self.topics.stage1_state, value, key=key, partition=p))
+                sent.append(await send(self.topics.stage1_state, value, key=key, partition=p))
             for handover in work.handovers:
                 blob = handover.to_bytes()
-                sent.append(await producer.send(self.topics.partials, blob, key=f"p{p}".encode(), partition=0))
+                sent.append(await send(self.topics.partials, blob, key=f"p{p}".encode(), partition=0))
             await delivered(sent)
             if work.next_offset is not None:
                 await producer.send_offsets_to_transaction({tp: work.next_offset}, self.group)

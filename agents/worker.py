@@ -24,12 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
-from agents.changelog import (
-    delivered,
-    read_range,
-    read_to_end,
-    start_transactional_producer,
-)
+from agents.changelog import delivered, read_range, read_to_end, send_in_transaction, start_transactional_producer
 from agents.errors import AgentError, ConfigurationError, LedgerError
 from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
@@ -477,7 +472,7 @@ class Worker:
         sent = []
         for key, value in changes:
             topic = self.topics.ledger if is_dataset_key(key) or key == HEAD_KEY else self.topics.stage2_state
-            sent.append(await producer.send(topic, value, key=key, partition=0))
+            sent.append(await send_in_transaction(producer, topic, value, key=key, partition=0))
         return sent
 
     # -- stage 1 --
@@ -536,8 +531,9 @@ class Worker:
             return
         producer = slot.producer
         async with producer.transaction():
+            topic = self.topics.releases
             sent = [
-                await producer.send(self.topics.releases, rel.to_bytes(), key=rel.key.encode(), partition=0)
+                await send_in_transaction(producer, topic, rel.to_bytes(), key=rel.key.encode(), partition=0)
                 for rel in releases
             ]
             sent += await self._send_stage2_state(producer, changes)
