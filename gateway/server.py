@@ -47,9 +47,9 @@ from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
+from kafka_settings.connection import Connection
 from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
-from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
 from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
 

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from producers.errors import ProducerError, ProducerParameterError
-from producers.private_file import private_temp_file
+from schemas.private_file import private_temp_file
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
 

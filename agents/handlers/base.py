@@ -19,7 +19,7 @@ from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 M = TypeVar("M", bound=AnyMetric)
 #: The partial type of a kind (its count layout, :mod:`agents.partials`).

@@ -34,7 +34,7 @@ from schemas.conformance import Accepted, MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import KeyedMetric
 from schemas.wire import KeyedColumns
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 
 class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
-from schemas.kafka_connection import Connection
+from kafka_settings.connection import Connection
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_partitions"]

@@ -41,6 +41,7 @@ from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -60,7 +61,6 @@ from ptel.kafka_broker import (
     probe_metadata,
 )
 from ptel.shutdown import StopRequest
-from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -212,8 +212,8 @@ async def _simulate(
 ) -> int:
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
-    from producers.ground_truth import GroundTruth
-    from producers.simulate import Population
+    from workloads.ground_truth import GroundTruth
+    from workloads.population import Population
 
     size = spec.window.size_s
     truth = GroundTruth(spec, source="ptel demo", meta={"clients": args.clients, "seed": args.seed})

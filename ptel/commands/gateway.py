@@ -22,6 +22,7 @@ from gateway.forwarder import ForwarderSettings
 from gateway.key_reload import KeyFileWatcher
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
+from kafka_settings.connection import KafkaConnection
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -31,7 +32,6 @@ from ptel.commands.options import (
 )
 from ptel.shutdown import StopRequest
 from schemas.http_surface import is_loopback_host
-from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from schemas.kafka_connection import ENV_PREFIX, KafkaConnection, KafkaConnectionError
+from kafka_settings.connection import ENV_PREFIX, KafkaConnection, KafkaConnectionError
 from schemas.spec import CollectionSpec, SpecError, load_spec
 
 SPEC_ERROR_EXIT = 2  # the exit status of a command whose spec cannot be loaded (argparse's usage-error status)
@@ -25,7 +25,7 @@ def add_spec_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_bootstrap_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
-    """The Kafka connection options every command shares (:mod:`schemas.kafka_connection`): ``--bootstrap``,
+    """The Kafka connection options every command shares (:mod:`kafka_settings.connection`): ``--bootstrap``,
     ``--security-protocol``, ``--sasl-mechanism``, ``--sasl-username``, ``--ssl-cafile``, ``--ssl-certfile``,
     ``--ssl-keyfile`` and ``--kafka-config FILE``. Passwords come only from the environment
     (``PTEL_KAFKA_SASL_PASSWORD``, ``PTEL_KAFKA_SSL_PASSWORD``) or the config file, never from a flag."""

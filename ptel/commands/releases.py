@@ -27,6 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
+from kafka_settings.connection import Connection, client_kwargs
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -35,7 +36,6 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from ptel.shutdown import StopRequest
-from schemas.kafka_connection import Connection, client_kwargs
 from schemas.releases import EstimateRecord, Release, neighbours
 
 

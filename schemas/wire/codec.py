@@ -173,7 +173,7 @@ class PayloadCodec(ABC, Generic[P, C]):
         """Why some row of ``c`` is outside ``bounds`` (``None``: every row is inside)."""
         return None
 
-    # ---- many single-report messages at once (schemas.wire_columns)
+    # ---- many single-report messages at once (schemas.wire.columns)
 
     def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[C, NDArray[np.bool_]] | None:
         """The payloads of a table of single-report messages of equal length (one row a message, the payload

@@ -33,11 +33,11 @@ from agents.topics import WorkerTopics
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
-from producers.simulate import Population
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import ReportBatch, encode_batch, encode_report
 from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start
 from tests.integration.gateway_support import LATENCY_METRIC, post, running_worker, served_gateway
+from workloads.population import Population
 
 SEEDS = [int(s) for s in os.environ.get("PTEL_E2E_SEEDS", "1,2").split(",") if s.strip()]
 SIZE_S = 8

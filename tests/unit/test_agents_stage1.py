@@ -302,7 +302,7 @@ def test_release_record_schema() -> None:
 def _keyed_reports(times: list[int], keys: list[str]) -> list[bytes]:
     """One honest device (producers' privatizer, one secret) sending ``keys[i]`` at device time ``times[i]``."""
     from producers.client_secret import ClientSecret
-    from producers.privatize import make_privatizers
+    from producers.privatizers import make_privatizers
 
     priv = make_privatizers(SPEC)["errors"]
     secret = ClientSecret.generate()

@@ -11,7 +11,7 @@ import pytest
 from mechanisms.rappor import unpack_report
 from mechanisms.rng import SeededRandom
 from producers.client_secret import ClientSecret
-from producers.privatize import (
+from producers.privatizers import (
     BoolPrivatizer,
     CategoricalPrivatizer,
     EventError,
