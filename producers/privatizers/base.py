@@ -92,6 +92,11 @@ class MetricPrivatizer(ABC):
             raise EventError(self.name, "client_time must be whole seconds since the epoch in [0, 2^32)")
         return t
 
+    def category_indices(self, values: Sequence[Any]) -> NDArray[np.int64] | None:
+        """The category index of each raw value for a kind whose values are categories (what the ground truth counts
+        by), else ``None``; :class:`EventError` for a value that is not one."""
+        return None
+
     def validate(self, value: Any) -> None:
         """Raise :class:`EventError` if ``value`` does not fit the metric (nothing is privatized or kept)."""
         self._validate([value])

@@ -89,6 +89,9 @@ class CategoricalPrivatizer(MetricPrivatizer):
             out[i] = j
         return out
 
+    def category_indices(self, values: Sequence[Any]) -> NDArray[np.int64] | None:
+        return self.indices(values)
+
     def _validate(self, values: Sequence[Any]) -> None:
         self.indices(values)
 

@@ -49,7 +49,7 @@ from producers.client_secret import ClientSecret, ClientSecretError
 from producers.contribution import ContributionStateError
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, PublishError, PublisherStats, ReportPublisher, WindowDeadline
-from producers.privatizers import CategoricalPrivatizer, EventError
+from producers.privatizers import EventError
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -253,8 +253,8 @@ async def simulate(
                 # stamped with the send time (the wire never carries a simulated time): see the module doc
                 sent = await client.send_rows(events.metric, values, secrets=population.secrets_of(owners))
                 indices = events.indices[lo : lo + chunk] if events.indices is not None else None
-                if indices is None and isinstance(privatizer, CategoricalPrivatizer):
-                    indices = privatizer.indices(values)
+                if indices is None:
+                    indices = privatizer.category_indices(values)
                 truth.add_rows(events.metric, sent, values, indices)  # the truth of what was sent, per send window
                 progress.update(len(values))
                 await pacer.sent_more(len(values))
@@ -305,8 +305,8 @@ async def replay(
         # stamped with the send time, never the line's event time (see the module doc)
         windows = await client.send_rows(metric, values, secrets=[secrets[e.client] for e in events])
         privatizer = client.privatizer(metric)
-        idx = privatizer.indices(values) if isinstance(privatizer, CategoricalPrivatizer) else None
-        truth.add_rows(metric, windows, values, idx)  # the truth of what was sent, per send window
+        # the truth of what was sent, per send window
+        truth.add_rows(metric, windows, values, privatizer.category_indices(values))
         sent += int((windows >= 0).sum())
         progress.update(len(events))
         await pacer.sent_more(len(events))

@@ -86,7 +86,7 @@ class CollectionSpec(_Frozen):
         budget = metric.budget
         if budget is None:
             return
-        if metric.kind in ("keyed", "regression"):
+        if metric.CENTRAL:
             self._check_central_budget(i, metric)
             return
         if budget.epsilon is None:
@@ -102,11 +102,11 @@ class CollectionSpec(_Frozen):
                 f"above the budget {budget.epsilon}",
             )
 
-    def _check_central_budget(self, i: int, metric: KeyedMetric | RegressionMetric) -> None:
+    def _check_central_budget(self, i: int, metric: Metric) -> None:
         budget = metric.budget
         if budget is None:
             return
-        where = f"metrics[{i}].release" if isinstance(metric, KeyedMetric) else f"metrics[{i}].scale"
+        where = f"metrics[{i}].{metric.COST_FIELD}"
         try:
             unit, first, delta = metric.window_cost()
         except (MechanismError, ArithmeticError) as err:  # e.g. a map that overflows for extreme parameters
@@ -137,7 +137,7 @@ class CollectionSpec(_Frozen):
                 f"({delta:.3g} per window), above the budget {budget.delta}",
             )
 
-    def metric(self, name: str) -> BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric:
+    def metric(self, name: str) -> Metric:
         """The metric called ``name`` (``KeyError`` if none)."""
         for metric in self.metrics:
             if metric.name == name:

@@ -199,3 +199,14 @@ class PayloadCodec(ABC, Generic[P, C]):
     def shards(self, c: C, pseudonyms: NDArray[np.uint64], shards: int) -> NDArray[np.int64]:
         """:meth:`shard` of every row."""
         return (pseudonyms % np.uint64(shards)).astype(np.int64)
+
+    # ---- contribution bounds
+
+    def contribution_key(self, p: P) -> str | None:
+        """The key a report counts against the spec's per-key bounds (``keys_per_window``, one report per key);
+        ``None`` for a kind whose reports carry no key."""
+        return None
+
+    def contribution_keys(self, c: C) -> tuple[str, ...] | None:
+        """:meth:`contribution_key` of every row (``None`` for a kind whose reports carry no key)."""
+        return None

@@ -50,6 +50,8 @@ __all__ = [
     "Report",
     "ReportBatch",
     "WireFormat",
+    "contribution_key",
+    "contribution_keys",
     "decode",
     "encode_batch",
     "encode_report",
@@ -246,6 +248,16 @@ class ReportBatch:
 def shard_of(report: Report, shards: int = DEFAULT_SHARDS) -> int:
     """Shard of a report: the RAPPOR cohort, else ``pseudonym mod shards`` (see the package docstring)."""
     return CODEC_OF_PAYLOAD[type(report.payload)].shard(report.payload, report.pseudonym, shards)
+
+
+def contribution_key(report: Report) -> str | None:
+    """The key ``report`` counts against its metric's per-key bounds (a keyed report's key), else ``None``."""
+    return CODEC_OF_PAYLOAD[type(report.payload)].contribution_key(report.payload)
+
+
+def contribution_keys(batch: ReportBatch) -> tuple[str, ...] | None:
+    """:func:`contribution_key` of every row of ``batch`` (``None`` when its reports carry no key)."""
+    return CODEC_OF_COLUMNS[type(batch.columns)].contribution_keys(batch.columns)
 
 
 def partition_key(metric: str, shard: int) -> bytes:
