@@ -7,7 +7,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -37,10 +37,19 @@ from schemas.spec.keyed_metric import KeyedMetric
 from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
+#: The one union of the spec's metric types (the registry of metric kinds on the spec side: one member a kind).
 Metric = Annotated[
     BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric,
     Field(discriminator="kind"),
 ]
+
+#: The metric types of :data:`Metric`, in its order.
+METRIC_TYPES: tuple[type[Metric], ...] = get_args(get_args(Metric)[0])
+
+#: The metric kinds released with central noise (``CENTRAL``): their ε is an add/remove ε.
+CENTRAL_KINDS: frozenset[str] = frozenset(
+    get_args(cls.model_fields["kind"].annotation)[0] for cls in METRIC_TYPES if cls.CENTRAL
+)
 
 
 class CollectionSpec(_Frozen):

@@ -94,6 +94,11 @@ class KindWorkload(ABC, Generic[M]):
     def merge(self, total: dict[str, Any], cells: list[dict[str, Any]]) -> None:
         """Fill ``total`` (which holds ``n``) with the aggregates of ``cells`` merged."""
 
+    @abstractmethod
+    def truth_values(self, cell: dict[str, Any]) -> dict[str, float]:
+        """Estimate label -> its true value in a ground-truth ``cell`` (as read back from the JSON file, with the
+        metric entry's ``labels`` beside it), for the labels a release of the kind estimates."""
+
     def describe(self, metric: M) -> dict[str, Any]:
         """Fields of the ground truth's metric entry before its windows (a categorical metric's labels)."""
         return {}

@@ -38,3 +38,7 @@ class BoolWorkload(KindWorkload[BoolMetric]):
 
     def merge(self, total: dict[str, Any], cells: list[dict[str, Any]]) -> None:
         total["true"] = sum(c["true"] for c in cells)
+
+    def truth_values(self, cell: dict[str, Any]) -> dict[str, float]:
+        n = max(int(cell["n"]), 1)
+        return {"true": float(cell["true"]), "true_fraction": float(cell["true"]) / n}

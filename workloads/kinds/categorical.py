@@ -65,3 +65,6 @@ class CategoricalWorkload(KindWorkload[CategoricalMetric]):
 
     def describe(self, metric: CategoricalMetric) -> dict[str, Any]:
         return {"labels": list(metric.labels)}
+
+    def truth_values(self, cell: dict[str, Any]) -> dict[str, float]:
+        return {str(lab): float(c) for lab, c in zip(cell["labels"], cell["counts"], strict=True)}

@@ -66,3 +66,6 @@ class KeyedWorkload(KindWorkload[KeyedMetric]):
                 t["count"] += e["count"]
                 t["true"] += e["true"]
         total["keys"] = keys
+
+    def truth_values(self, cell: dict[str, Any]) -> dict[str, float]:
+        return {str(k): float(v["count"]) for k, v in cell["keys"].items()}

@@ -42,3 +42,6 @@ class RapporWorkload(KindWorkload[RapporMetric]):
         for c in cells:
             counts.update(c["counts"])
         total["counts"] = counts
+
+    def truth_values(self, cell: dict[str, Any]) -> dict[str, float]:
+        return {str(k): float(v) for k, v in cell["counts"].items()}
