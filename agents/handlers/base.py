@@ -65,9 +65,6 @@ class KindHandler(ABC, Generic[M, P]):
     central: ClassVar[bool] = False
     #: The column types of the kind's payloads (a categorical metric has one per local protocol).
     column_types: ClassVar[tuple[type, ...]]
-    #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
-    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
-    shard_column: ClassVar[str | None] = None
     #: The type of the kind's partials (its count layout); :meth:`agents.partials.Partial.from_bytes` restores a
     #: record of the kind as one (:data:`agents.handlers.registry.PARTIAL_TYPES`).
     partial_type: type[P]
