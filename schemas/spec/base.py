@@ -279,6 +279,10 @@ class _MetricBase(_Frozen):
         """Distinct keys a client may send per window (Δ0 of a keyed release); ``None`` for a kind without keys."""
         return None
 
+    def horizon_epsilon(self, reports: int) -> float:
+        """The local loss of ``reports`` reports of one client (only for a kind that is not :attr:`CENTRAL`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no local loss")
+
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
         """``(unit, ε or ρ, δ)`` of one window's central release (only for a :attr:`CENTRAL` kind)."""
         raise NotImplementedError(f"{type(self).__name__} has no central release")
