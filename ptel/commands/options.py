@@ -109,6 +109,19 @@ def load_spec_or_report(path: Path) -> CollectionSpec | None:
         return None
 
 
+def spec_and_connection_or_report(args: argparse.Namespace) -> tuple[CollectionSpec, KafkaConnection] | int:
+    """The preamble of every command that reads a spec and talks to Kafka: the spec of ``--spec`` and the Kafka
+    connection of the flags and environment, or the exit status once the problem is printed on stderr
+    (:data:`SPEC_ERROR_EXIT` for the spec, 2 for the connection)."""
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
+    return spec, connection
+
+
 def operator_token_or_report(path: Path | None, env_var: str, command: str) -> tuple[bool, str | None]:
     """``(ok, token)``: the operator token from ``path`` (``--operator-token-file``) or ``$env_var``; ``ok`` is false
     (the reason printed) when the file cannot be read or the token has fewer than 16 characters."""

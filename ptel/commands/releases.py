@@ -29,11 +29,9 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from kafka_settings.connection import Connection, client_kwargs
 from ptel.commands.options import (
-    SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
-    kafka_connection_or_report,
-    load_spec_or_report,
+    spec_and_connection_or_report,
 )
 from ptel.shutdown import StopRequest
 from schemas.presentation import presentation_of
@@ -492,12 +490,10 @@ async def read_releases(
 
 
 def run(args: Any) -> int:
-    spec = load_spec_or_report(args.spec)
-    if spec is None:
-        return SPEC_ERROR_EXIT
-    connection = kafka_connection_or_report(args)
-    if connection is None:
-        return 2
+    loaded = spec_and_connection_or_report(args)
+    if isinstance(loaded, int):
+        return loaded
+    spec, connection = loaded
     truth = Truth.load(args.truth) if args.truth else None
     selected = Selection(frozenset(args.metric or ()), args.since, args.until, args.non_empty)
     jsonl = args.format == "jsonl"
