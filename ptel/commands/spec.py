@@ -1,7 +1,7 @@
 """``ptel spec check SPEC [--clients N]``: validate a collection spec and say what each metric costs and can show.
 
 For every metric: the privacy cost of one window and of the retention horizon (per client, the ledger's unit) against
-its budget, then what its kind adds (:mod:`ptel.commands.spec_advice`: keyed metrics' key capacity, RAPPOR metrics'
+its budget, then what its kind adds (:mod:`ptel.spec_advice`: keyed metrics' key capacity, RAPPOR metrics'
 detectable shares and false discoveries at ``--clients`` devices, with a WARNING where nothing is detectable). Exit 0
 when the spec is valid (warnings included), 2 when it is not (the reasons printed, as every command prints them).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from mechanisms.directed import mul_up
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
-from ptel.commands.spec_advice import advice_of
+from ptel.spec_advice import advice_of
 from schemas.spec import CollectionSpec
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from agents.handlers.registry import HANDLERS
 from producers.privatizers import PRIVATIZERS
-from ptel.commands.spec_advice import ADVICE
+from ptel.spec_advice import ADVICE
 from schemas.kinds import METRIC_KIND_OF_PAYLOAD, METRIC_KINDS, PayloadKind
 from schemas.presentation import PRESENTATIONS
 from schemas.spec import METRIC_TYPES
@@ -35,7 +35,7 @@ REGISTRIES: dict[str, Mapping[Any, object]] = {
     "producers/privatizers/__init__.py": PRIVATIZERS,
     "workloads/kinds/__init__.py": WORKLOADS,
     "agents/handlers/registry.py": HANDLERS,
-    "ptel/commands/spec_advice.py": ADVICE,
+    "ptel/spec_advice.py": ADVICE,
 }
 
 #: Where a kind may be named: the vocabulary, the spec's union, the registries, and the per-kind modules' folders
