@@ -19,7 +19,9 @@ WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY mechanisms ./mechanisms
 COPY schemas ./schemas
+COPY kafka_settings ./kafka_settings
 COPY producers ./producers
+COPY workloads ./workloads
 COPY gateway ./gateway
 COPY agents ./agents
 COPY ptel ./ptel

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from agents.stage1_records import Record
 from agents.validation import Accepted
 from agents.windows import WindowSpec
-from schemas.wire_columns import take_columns
+from schemas.wire.columns import take_columns
 
 __all__ = [
     "BrokerTimes",

@@ -14,7 +14,7 @@ from aiokafka.errors import IllegalOperation, OffsetOutOfRangeError
 from agents.errors import BrokerError, StateError
 from agents.recovery import stop_client
 from agents.topics import MAX_RECORD_BYTES
-from schemas.kafka_connection import Connection, client_kwargs
+from kafka_settings.connection import Connection, client_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from agents.handlers.registry import HANDLERS, handler_of
 from agents.partials import Partial, Shape
 from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.spec import CollectionSpec
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 __all__ = [
     "Added",

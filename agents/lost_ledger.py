@@ -21,7 +21,7 @@ from agents.changelog import read_to_end
 from agents.errors import LedgerError
 from agents.stage2 import is_dataset_key
 from agents.topics import WorkerTopics, legacy_ledger_topic
-from schemas.kafka_connection import Connection
+from kafka_settings.connection import Connection
 
 log = logging.getLogger(__name__)
 

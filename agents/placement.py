@@ -19,9 +19,9 @@ import numpy as np
 from aiokafka.partitioner import murmur2
 from numpy.typing import NDArray
 
-from agents.handlers.registry import HANDLERS
 from agents.validation import Accepted
 from schemas.wire import DEFAULT_SHARDS, partition_key
+from schemas.wire.registry import CODEC_OF_COLUMNS
 
 __all__ = ["Placement"]
 
@@ -41,7 +41,6 @@ class Placement:
         self._of: dict[tuple[str, int], int] = {}
         #: Per (metric, partition): ``away[s]`` whether shard ``s`` belongs to another partition.
         self._away: dict[tuple[str, int], NDArray[np.bool_]] = {}
-        self._mask = np.uint64(shards - 1) if shards & (shards - 1) == 0 else None
 
     def partition_of(self, metric: str, shard: int) -> int:
         """Kafka's default partitioner on ``partition_key(metric, shard)``."""
@@ -63,26 +62,16 @@ class Placement:
 
     def misplaced(self, accepted: Accepted, partition: int) -> np.ndarray | None:
         """Mask of the rows of ``accepted`` whose partition is not ``partition``; ``None`` when every row is home (the
-        usual case, checked without an array for a single report). One table lookup a row: no loop, no sort."""
+        usual case). One table lookup a row: no loop, no sort."""
         if self.partitions == 1:
             return None
         name = accepted.metric.name
-        by = HANDLERS[accepted.metric.kind].shard_column  # the shard of the message key, if not the pseudonym's
+        # the one placement rule: the codec's shard of every row (schemas.wire.shard_of), as the producers key them
+        shards = CODEC_OF_COLUMNS[type(accepted.columns)].shards(accepted.columns, accepted.pseudonyms, self.shards)
         if accepted.reports == 1:
-            if by is not None:
-                home = self.partition_of(name, int(getattr(accepted.columns, by)[0]))
-            else:
-                home = self.partition_of(name, int(accepted.pseudonyms[0]) % self.shards)
+            home = self.partition_of(name, int(shards[0]))
             return None if home == partition else np.ones(1, np.bool_)
-        shards: np.ndarray
-        pse = accepted.pseudonyms
-        if by is not None:
-            shards = getattr(accepted.columns, by)
-            size = int(shards.max()) + 1
-        elif self._mask is not None:  # a power of two: one AND per row
-            shards, size = pse & self._mask, self.shards
-        else:
-            shards, size = pse % np.uint64(self.shards), self.shards
+        size = int(shards.max()) + 1
         if size > _TABLE_SHARDS:
             unique, inverse = np.unique(shards, return_inverse=True)
             homes = np.array([self.partition_of(name, int(s)) for s in unique.tolist()], np.int64)

@@ -45,7 +45,7 @@ from agents.stage1_records import DeadLetter, Handover, MarkRecord, Record, part
 from agents.validation import Accepted, Rejection, Validator
 from agents.watermarks import IdlePolicy, advance
 from agents.windows import WindowSpec
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The records of a stage-1 batch decoded as columns and checked against the spec and the placement rule all at
 once (:func:`decode_columns`), for :meth:`agents.stage1.PartitionState.prepare`.
 
-The records are parsed by :func:`schemas.wire_columns.decode_records` (one numpy table per header, length and
+The records are parsed by :func:`schemas.wire.columns.decode_records` (one numpy table per header, length and
 batch count) and each table is checked with its kind's vectorized spec check (:func:`agents.kinds.columns_fit`);
 the tables of one metric -- its single reports and its batches, or its keyed reports of several key lengths --
-are then merged into one table in record order (:func:`schemas.wire_columns.merge_tables`), so that consecutive
+are then merged into one table in record order (:func:`schemas.wire.columns.merge_tables`), so that consecutive
 records of a metric are cut into few chunks however their kinds of message interleave.
 """
 
@@ -19,7 +19,7 @@ from agents.kinds import columns_fit
 from agents.placement import Placement
 from agents.stage1_records import Record
 from agents.validation import Accepted, Validator
-from schemas.wire_columns import RecordColumns, decode_records, merge_tables
+from schemas.wire.columns import RecordColumns, decode_records, merge_tables
 
 __all__ = ["decode_columns"]
 

@@ -50,7 +50,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 
 from agents.errors import AuthorizationError, BrokerError, TopicError
-from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
+from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from schemas.spec import CollectionSpec
 
 #: ``max.message.bytes`` of the topics whose records can be large (state, partials, releases): 16 MiB, the

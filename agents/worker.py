@@ -43,7 +43,7 @@ from agents.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
 from agents.windows import WindowSpec
 from agents.worker_settings import WorkerSettings as WorkerSettings
 from agents.worker_stats import WorkerStats
-from schemas.kafka_connection import client_kwargs
+from kafka_settings.connection import client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
 

@@ -8,7 +8,7 @@ from agents.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS
 from agents.ledger_seal import LedgerSecret
 from agents.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy
 from agents.windows import WindowSpec
-from schemas.kafka_connection import Connection, KafkaConnection
+from kafka_settings.connection import Connection, KafkaConnection
 
 __all__ = ["WorkerSettings"]
 
@@ -20,7 +20,7 @@ class WorkerSettings:
     bootstrap: str
     group: str
     idle: IdlePolicy = field(default_factory=IdlePolicy)
-    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
+    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`kafka_settings.connection`).
     kafka: KafkaConnection | None = field(default=None, repr=False)
     #: Records per fetch (``getmany``'s ``max_records``), all partitions together: a batch's CPU work.
     max_batch: int = 2_000

@@ -44,11 +44,11 @@ from agents.topics import ensure_plans, reports_plan
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
-from producers.privatize import make_privatizer, make_privatizers
-from producers.simulate import Population
+from producers.privatizers import make_privatizer, make_privatizers
 from ptel.kafka_broker import KAFKA_VERSION, LocalKafka, port_is_free
 from schemas.spec import BinsSpec, CategoricalMetric, load_spec
 from schemas.wire import ReportBatch, WireFormat, decode, encode_batch, encode_report
+from workloads.population import Population
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "producer_throughput.json"

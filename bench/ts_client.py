@@ -8,7 +8,7 @@ Measured in one run:
   out);
 - *privatize + encode throughput*: reports per second for one device (its secret, the spec's privatizer of the
   metric, the single-report wire encoding) -- ``Privatizer.report`` + ``encodeReport`` in Chromium, and
-  ``MetricPrivatizer.report`` + ``encode_report`` in Python (``producers/privatize.py``, the per-event path of
+  ``MetricPrivatizer.report`` + ``encode_report`` in Python (``producers/privatizers/``, the per-event path of
   ``EdgeClient.send``) -- for the demo spec's local metrics, the ratio TS / Python beside them;
 - *one send on a page*: ``GatewayClient.send`` with the browser defaults (quota in IndexedDB, outbox in
   localStorage) against a gateway stub on the page's origin that answers 202 at once: main-thread time per send
@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from producers.client_secret import ClientSecret
-from producers.privatize import make_privatizer
+from producers.privatizers import make_privatizer
 from schemas.spec import load_spec, parse_spec
 from schemas.spec_document import spec_document_json
 from schemas.wire import encode_report

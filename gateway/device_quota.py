@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.spec import CollectionSpec, KeyedMetric
+from schemas.spec import CollectionSpec
 
 __all__ = ["QUOTA_REASONS", "DeviceQuota"]
 
@@ -31,7 +31,7 @@ class DeviceQuota:
 
     def __init__(self, spec: CollectionSpec) -> None:
         self._reports = {m.name: m.reports_per_window for m in spec.metrics}
-        self._max_keys = {m.name: m.keys_per_window for m in spec.metrics if isinstance(m, KeyedMetric)}
+        self._max_keys = {m.name: bound for m in spec.metrics if (bound := m.key_bound()) is not None}
         self._used: dict[int, dict[tuple[str, str], int]] = {}
         self._keys: dict[int, dict[tuple[str, str], set[str]]] = {}
         self._newest = -1

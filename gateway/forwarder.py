@@ -55,7 +55,7 @@ from aiokafka.partitioner import murmur2
 
 from gateway.errors import ForwardError, GatewaySettingError
 from gateway.kafka_probe import authorization_refusal, connection_problem, is_fatal
-from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
+from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from schemas.wire import Report, ReportBatch, encode_batch, partition_key
 
 __all__ = ["FORWARD_REASONS", "Forwarder", "ForwarderSettings"]

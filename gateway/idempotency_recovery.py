@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.errors import ForwardError
 from gateway.idempotency import TAG_HEADER, parse_tag_header
-from schemas.kafka_connection import Connection, client_kwargs
+from kafka_settings.connection import Connection, client_kwargs
 
 __all__ = ["recover_tags"]
 

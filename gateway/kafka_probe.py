@@ -25,7 +25,7 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
-from schemas.kafka_connection import Connection, client_kwargs
+from kafka_settings.connection import Connection, client_kwargs
 
 __all__ = ["authorization_refusal", "connection_problem", "is_fatal"]
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.errors import GatewayKeyError
-from producers.private_file import private_temp_file
+from schemas.private_file import private_temp_file
 
 __all__ = ["DEVICE_ID_PATTERN", "KEY_BYTES", "GatewayKeys", "TokenKey", "check_device_id"]
 

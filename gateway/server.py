@@ -52,12 +52,12 @@ from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
+from kafka_settings.connection import Connection
 from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
-from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
 from schemas.spec_document import spec_document_json
-from schemas.wire import KeyedPayload, Report, ReportBatch, WireError, decode, shard_of
+from schemas.wire import Report, ReportBatch, WireError, contribution_key, decode, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
@@ -312,7 +312,7 @@ class Gateway:
         else:
             reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
         shard = shard_of(reports[0])  # the one placement rule (every report of the request: one pseudonym)
-        keys = [r.payload.key for r in reports if isinstance(r.payload, KeyedPayload)] or None
+        keys = [k for r in reports if (k := contribution_key(r)) is not None] or None
         refused = self.quota.reserve(device, metric, window, n, keys)
         if refused is not None:
             self.metrics.reports(metric, "refused", n)

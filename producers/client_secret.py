@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.errors import ProducerError
-from producers.private_file import private_temp_file
+from schemas.private_file import private_temp_file
 
 __all__ = ["SECRET_BYTES", "ClientSecret", "ClientSecretError"]
 

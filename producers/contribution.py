@@ -32,15 +32,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from producers.errors import ProducerError, ProducerParameterError
-from producers.private_file import private_temp_file
-from schemas.spec import CollectionSpec, KeyedMetric
-from schemas.wire import KeyedColumns, KeyedPayload, Report, ReportBatch
+from schemas.private_file import private_temp_file
+from schemas.spec import CollectionSpec
+from schemas.wire import Report, ReportBatch, contribution_key, contribution_keys
 
 __all__ = ["ContributionLimiter", "ContributionStateError"]
 
 
 class ContributionStateError(ProducerError, RuntimeError):
     """The device's contribution state file is unreadable or malformed: refuse to send (fail closed)."""
+
 
 _KEEP_WINDOWS = 3  # windows of state kept behind the newest one seen (late reports of a recent window)
 
@@ -54,7 +55,7 @@ class ContributionLimiter:
         created with the secret, so its absence means it was deleted)."""
         self.window_size_s = spec.window.size_s
         self._reports = {m.name: m.reports_per_window for m in spec.metrics}
-        self._max_keys = {m.name: m.keys_per_window for m in spec.metrics if isinstance(m, KeyedMetric)}
+        self._max_keys = {m.name: bound for m in spec.metrics if (bound := m.key_bound()) is not None}
         # window -> metric -> pseudonym -> reports sent (and, for keyed metrics, the keys sent)
         self._counts: dict[int, dict[str, dict[int, int]]] = {}
         self._keys: dict[int, dict[str, dict[int, set[str]]]] = {}
@@ -156,14 +157,13 @@ class ContributionLimiter:
         return True
 
     def admit_report(self, report: Report) -> bool:
-        key = report.payload.key if isinstance(report.payload, KeyedPayload) else None
-        return self.admit(report.metric, report.pseudonym, report.client_time, key)
+        return self.admit(report.metric, report.pseudonym, report.client_time, contribution_key(report))
 
     def admit_batch(self, batch: ReportBatch) -> NDArray[np.bool_]:
         """Admission mask of the rows of ``batch``, in row order (earlier rows first)."""
         metric = batch.metric
         max_reports, max_keys = self._reports[metric], self._max_keys.get(metric)
-        keys: tuple[str, ...] | None = batch.columns.keys if isinstance(batch.columns, KeyedColumns) else None
+        keys = contribution_keys(batch)
         windows = batch.client_times.astype(np.int64) // self.window_size_s
         out = np.zeros(len(batch), dtype=np.bool_)
         pseudonyms = batch.pseudonyms.tolist()

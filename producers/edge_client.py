@@ -50,7 +50,7 @@ from mechanisms.core.rng import RandomSource
 from producers.client_secret import ClientSecret
 from producers.contribution import ContributionLimiter
 from producers.errors import ProducerParameterError
-from producers.privatize import MetricPrivatizer, make_privatizers
+from producers.privatizers import MetricPrivatizer, make_privatizers
 from schemas.spec import CollectionSpec
 from schemas.wire import (
     DEFAULT_FORMAT,

@@ -1,6 +1,6 @@
 """Errors raised by the producers package; every one descends from :class:`ProducerError`.
 
-Each concrete error lives beside what raises it (``EventError`` in :mod:`producers.privatize`, ``PublishError`` in
+Each concrete error lives beside what raises it (``EventError`` in :mod:`producers.privatizers`, ``PublishError`` in
 :mod:`producers.kafka_publisher`, ...); this module holds their common base and the parameter error they share.
 """
 

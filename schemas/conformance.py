@@ -17,9 +17,8 @@ from typing import Literal
 import numpy as np
 
 from mechanisms.local.local_hashing.randomizer import olh_bucket_count
-from mechanisms.local.protocol_choice import choose_protocol
 from schemas.errors import SchemaError
-from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+from schemas.spec import CollectionSpec, Metric
 from schemas.wire import (
     WIRE_ERROR_REASONS,
     BatchColumns,
@@ -47,7 +46,8 @@ __all__ = [
     "resolve_protocols",
 ]
 
-AnyMetric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric
+#: The spec's metric union under the name the agents use (one definition: :data:`schemas.spec.Metric`).
+AnyMetric = Metric
 Protocol = Literal["krr", "oue", "olh"]
 
 #: The reasons of a record that decodes but does not fit the spec (besides the wire decoder's ``wire.<reason>``).
@@ -73,23 +73,22 @@ class ConformanceError(SchemaError):
     """A validator cannot be built: a setting is missing or out of range (the message names it and the range)."""
 
 
-def resolve_protocol(metric: CategoricalMetric) -> Protocol:
-    """The protocol devices use for ``metric``: as written, or the mechanisms' choice for ``auto``."""
-    if metric.protocol != "auto":
-        return metric.protocol
-    if metric.prob is not None:
-        return "krr"  # a k-RR probability was given
-    # the devices make the same choice (mechanisms.protocol_choice), so both sides agree on the payload
-    chosen = str(choose_protocol(metric.k, float(metric.resolved_epsilon())).protocol)
-    chosen = {"grr": "krr"}.get(chosen, chosen)  # the mechanisms call k-RR "GRR"
+def resolve_protocol(metric: Metric) -> Protocol:
+    """The protocol devices use for ``metric`` (a kind that ``CHOOSES_PROTOCOL``): as written, or the mechanisms'
+    choice for ``auto``."""
+    if not metric.CHOOSES_PROTOCOL:
+        raise ConformanceError(f"metric {metric.name} ({metric.kind}) has no local protocol to resolve")
+    # the devices make the same choice (CategoricalMetric.resolved_protocol: as written, k-RR for a given ``prob``,
+    # else mechanisms.protocol_choice), so both sides agree on the payload
+    chosen = metric.resolved_protocol()
     if chosen not in ("krr", "oue", "olh"):
         raise ConformanceError(f"protocol of {metric.name} ({chosen!r}) must be one of krr, oue, olh")
-    return chosen  # type: ignore[return-value]
+    return chosen
 
 
 def resolve_protocols(spec: CollectionSpec) -> dict[str, Protocol]:
-    """Resolved protocol of every categorical metric."""
-    return {m.name: resolve_protocol(m) for m in spec.metrics if isinstance(m, CategoricalMetric)}
+    """Resolved protocol of every metric whose devices choose one (``CHOOSES_PROTOCOL``: the categorical ones)."""
+    return {m.name: resolve_protocol(m) for m in spec.metrics if m.CHOOSES_PROTOCOL}
 
 
 def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str, int]:
@@ -97,7 +96,7 @@ def olh_ranges(spec: CollectionSpec, protocols: dict[str, Protocol]) -> dict[str
     return {
         m.name: olh_bucket_count(float(m.resolved_epsilon()))
         for m in spec.metrics
-        if isinstance(m, CategoricalMetric) and protocols.get(m.name) == "olh"
+        if m.CHOOSES_PROTOCOL and protocols.get(m.name) == "olh"
     }
 
 
@@ -166,8 +165,8 @@ class Validator:
         self.spec = spec
         self.rules: dict[str, MetricRules] = {}
         for metric in spec.metrics:
-            protocol = protocols.get(metric.name) if isinstance(metric, CategoricalMetric) else None
-            if isinstance(metric, CategoricalMetric) and protocol is None:
+            protocol = protocols.get(metric.name) if metric.CHOOSES_PROTOCOL else None
+            if metric.CHOOSES_PROTOCOL and protocol is None:
                 raise ConformanceError(f"protocol of {metric.name} (None) must be resolved before validation")
             g = (olh_range or {}).get(metric.name, 0)
             if protocol == "olh" and g < 2:

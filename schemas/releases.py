@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from schemas.kinds import MetricKind
+from schemas.spec import CENTRAL_KINDS
 
 __all__ = [
     "RELEASE_SCHEMA_VERSION",
@@ -43,7 +44,7 @@ def neighbours(kind: str, privacy_unit: str) -> str:
     """
     if privacy_unit == "client_value":
         return "every report of one value of a client changed (not when its value changes)"
-    if kind in ("keyed", "regression"):
+    if kind in CENTRAL_KINDS:
         return "a client added or removed (about 2x under substitution)"
     return "a client's values substituted; participation (n) public"
 

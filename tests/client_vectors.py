@@ -32,7 +32,7 @@ from mechanisms.local.rappor.encoder import RapporClient
 from mechanisms.local.rappor.hashing import cohort_of
 from mechanisms.local.rappor.prr_irr import prr_context
 from producers.client_secret import ClientSecret
-from producers.privatize import MetricPrivatizer, RapporPrivatizer, make_privatizer
+from producers.privatizers import MetricPrivatizer, RapporPrivatizer, make_privatizer
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.spec_document import spec_document_json
 from schemas.wire import ReportBatch, encode_batch, encode_report

@@ -2,9 +2,9 @@
 
 Four metrics a new user would write -- bool ``used_dark_mode``, 8-bucket categorical ``page_load_bucket``, keyed
 ``crash_signature`` with thresholded noise, RAPPOR ``homepage_host`` -- and ``--clients`` simulated devices
-(``producers.simulate.Population``: known raw values), each with its own device token, sending every event as a
+(``workloads.population.Population``: known raw values), each with its own device token, sending every event as a
 single report through a gateway served in this process (``gateway.server``), to the real broker, counted and
-released by an agents worker in this process. The ground truth (``producers.ground_truth``) is compared with every
+released by an agents worker in this process. The ground truth (``workloads.ground_truth``) is compared with every
 release of the simulated windows: the fraction of intervals that contain the truth, per kind, and for the keyed
 totals the mean signed error over released keys in units of their standard error (a suppressed cell silently
 dropped from a total shows as a negative bias of many standard errors).
@@ -36,13 +36,13 @@ from agents.worker import WorkerSettings
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.gateway_sink import GatewaySink
-from producers.ground_truth import GroundTruth
-from producers.simulate import Population
 from ptel.commands.releases import Truth
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from tests.integration.agents_support import delete_worker_topics
 from tests.integration.gateway_support import served_gateway
+from workloads.ground_truth import GroundTruth
+from workloads.population import Population
 
 #: The device whose token the current task's sends carry.
 _SINK: contextvars.ContextVar[GatewaySink] = contextvars.ContextVar("sink")

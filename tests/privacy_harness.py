@@ -24,7 +24,7 @@ from agents.validation import Validator
 from agents.watermarks import IdlePolicy
 from agents.windows import WindowSpec
 from producers.client_secret import ClientSecret
-from producers.privatize import make_privatizers
+from producers.privatizers import make_privatizers
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec

@@ -19,7 +19,7 @@ from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 M = TypeVar("M", bound=AnyMetric)
 #: The partial type of a kind (its count layout, :mod:`agents.partials`).
@@ -65,9 +65,6 @@ class KindHandler(ABC, Generic[M, P]):
     central: ClassVar[bool] = False
     #: The column types of the kind's payloads (a categorical metric has one per local protocol).
     column_types: ClassVar[tuple[type, ...]]
-    #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
-    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
-    shard_column: ClassVar[str | None] = None
     #: The type of the kind's partials (its count layout); :meth:`agents.partials.Partial.from_bytes` restores a
     #: record of the kind as one (:data:`agents.handlers.registry.PARTIAL_TYPES`).
     partial_type: type[P]

@@ -25,7 +25,7 @@ from schemas.conformance import MetricRules, Protocol
 from schemas.releases import Release
 from schemas.spec import CategoricalMetric
 from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns, olh_seeds_in_family
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 
 class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):

@@ -34,7 +34,7 @@ from schemas.conformance import Accepted, MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import KeyedMetric
 from schemas.wire import KeyedColumns
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 
 class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
@@ -198,4 +198,3 @@ def _capacity_test(metric: KeyedMetric, merged: KeyedCounts) -> CapacityTest:
 def _capacity_test_at(metric: KeyedMetric, capacity: int) -> CapacityTest:
     spec_test = metric.capacity_check()
     return make_capacity_test(capacity, spec_test.d_in, spec_test.epsilon, spec_test.delta)
-

@@ -25,7 +25,7 @@ from schemas.conformance import MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import RapporMetric
 from schemas.wire import RapporColumns
-from schemas.wire_columns import RecordColumns
+from schemas.wire.columns import RecordColumns
 
 
 class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):

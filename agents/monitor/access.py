@@ -21,7 +21,7 @@ from aiokafka.errors import (
 )
 
 from agents.errors import AuthorizationError
-from schemas.kafka_connection import Connection, client_kwargs
+from kafka_settings.connection import Connection, client_kwargs
 from schemas.spec import CollectionSpec
 
 __all__ = ["check_access", "explain_crash"]

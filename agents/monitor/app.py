@@ -31,7 +31,7 @@ from pydantic import SecretStr
 from agents.errors import ConfigurationError
 from agents.http_surface import is_loopback
 from agents.monitor.transport import ReadCommittedTransport
-from schemas.kafka_connection import Connection, KafkaConnection
+from kafka_settings.connection import Connection, KafkaConnection
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorSettings", "create_app", "default_app_id"]
@@ -54,7 +54,7 @@ class MonitorSettings:
     web_bind: str = "127.0.0.1"
     #: Faust app id (default :func:`default_app_id`).
     app_id: str | None = None
-    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`schemas.kafka_connection`).
+    #: The whole connection (TLS, SASL) when not plaintext to ``bootstrap`` (:mod:`kafka_settings.connection`).
     kafka: KafkaConnection | None = field(default=None, repr=False)
     #: Bearer token of the operator views (exact dead-letter counts); ``None``: served on a loopback bind only.
     operator_token: SecretStr | None = field(default=None, repr=False)

@@ -38,6 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from agents.monitor.summaries import Summary, history_of
+from schemas.presentation import presentation_of
 from schemas.spec import CollectionSpec
 
 __all__ = [
@@ -119,6 +120,9 @@ def overview(spec: CollectionSpec, latest: Mapping[str, Any], now_ms: int | None
             {
                 "metric": m.name,
                 "kind": m.kind,
+                # how the kind's releases are shown (schemas.presentation): the page names no kind
+                "presentation": presentation_of(m.kind).to_json(),
+                "central": m.CENTRAL,
                 "description": m.description,
                 "budget": _budget(spec, m),
                 "status": metric_status(spec, summary, now, newest),

@@ -17,7 +17,7 @@ from agents.monitor.prometheus import MonitorMetrics
 from agents.monitor.tables import define_tables
 from agents.monitor.topics import define_topics
 from agents.monitor.views import register_views
-from schemas.kafka_connection import client_kwargs
+from kafka_settings.connection import client_kwargs
 from schemas.spec import CollectionSpec
 
 __all__ = ["build_monitor"]

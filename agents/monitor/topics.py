@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
-from schemas.kafka_connection import Connection
+from kafka_settings.connection import Connection
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_partitions"]
@@ -65,7 +65,6 @@ def define_topics(app: Any, spec: CollectionSpec) -> MonitorTopics:
             internal=False,
         ),
     )
-
 
 
 async def ensure_source_topics(bootstrap: Connection, spec: CollectionSpec, timeout_s: float = 30.0) -> None:

@@ -42,6 +42,7 @@ from agents.app import build_worker
 from agents.topics import WorkerTopics, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
+from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from ptel.commands.demo_gateway import DemoGateway
 from ptel.commands.demo_gateway import add_arguments as add_gateway_arguments
 from ptel.commands.options import (
@@ -63,7 +64,6 @@ from ptel.kafka_broker import (
     probe_metadata,
 )
 from ptel.shutdown import StopRequest
-from schemas.kafka_connection import Connection, bootstrap_of, client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -220,8 +220,8 @@ async def _simulate(
 ) -> int:
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
-    from producers.ground_truth import GroundTruth
-    from producers.simulate import Population
+    from workloads.ground_truth import GroundTruth
+    from workloads.population import Population
 
     size = spec.window.size_s
     truth = GroundTruth(spec, source="ptel demo", meta={"clients": args.clients, "seed": args.seed})

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from gateway.keys import GatewayKeys
+from kafka_settings.connection import Connection, bootstrap_of
 from ptel.kafka_broker import free_port, port_is_free
-from schemas.kafka_connection import Connection, bootstrap_of
 from schemas.spec import CollectionSpec
 
 #: The gateway's port when it is free (``ptel gateway``'s default).

@@ -22,16 +22,14 @@ from gateway.forwarder import ForwarderSettings
 from gateway.key_reload import KeyFileWatcher
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
+from kafka_settings.connection import KafkaConnection
 from ptel.commands.options import (
-    SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
-    kafka_connection_or_report,
-    load_spec_or_report,
+    spec_and_connection_or_report,
 )
 from ptel.shutdown import StopRequest
 from schemas.http_surface import is_loopback_host
-from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 
 
@@ -148,12 +146,10 @@ def _ssl_context(args: Any) -> ssl.SSLContext | None:
 
 
 def run(args: Any) -> int:
-    spec = load_spec_or_report(args.spec)
-    if spec is None:
-        return SPEC_ERROR_EXIT
-    connection = kafka_connection_or_report(args)
-    if connection is None:
-        return 2
+    loaded = spec_and_connection_or_report(args)
+    if isinstance(loaded, int):
+        return loaded
+    spec, connection = loaded
     try:
         host, port = _host_port(args.listen)
         context = _ssl_context(args)

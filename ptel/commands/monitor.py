@@ -25,12 +25,10 @@ from agents.monitor.app import MonitorSettings, default_app_id
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
 from ptel.commands.options import (
-    SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
-    kafka_connection_or_report,
-    load_spec_or_report,
     operator_token_or_report,
+    spec_and_connection_or_report,
 )
 from ptel.shutdown import forced_exit_status
 
@@ -87,12 +85,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: Any) -> int:
-    spec = load_spec_or_report(args.spec)
-    if spec is None:
-        return SPEC_ERROR_EXIT
-    connection = kafka_connection_or_report(args)
-    if connection is None:
-        return 2
+    loaded = spec_and_connection_or_report(args)
+    if isinstance(loaded, int):
+        return loaded
+    spec, connection = loaded
     ok, token = operator_token_or_report(args.operator_token_file, "PTEL_MONITOR_OPERATOR_TOKEN", "monitor")
     if not ok:
         return 2

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from schemas.kafka_connection import ENV_PREFIX, KafkaConnection, KafkaConnectionError
+from kafka_settings.connection import ENV_PREFIX, KafkaConnection, KafkaConnectionError
 from schemas.spec import CollectionSpec, SpecError, load_spec
 
 SPEC_ERROR_EXIT = 2  # the exit status of a command whose spec cannot be loaded (argparse's usage-error status)
@@ -25,7 +25,7 @@ def add_spec_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_bootstrap_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
-    """The Kafka connection options every command shares (:mod:`schemas.kafka_connection`): ``--bootstrap``,
+    """The Kafka connection options every command shares (:mod:`kafka_settings.connection`): ``--bootstrap``,
     ``--security-protocol``, ``--sasl-mechanism``, ``--sasl-username``, ``--ssl-cafile``, ``--ssl-certfile``,
     ``--ssl-keyfile`` and ``--kafka-config FILE``. Passwords come only from the environment
     (``PTEL_KAFKA_SASL_PASSWORD``, ``PTEL_KAFKA_SSL_PASSWORD``) or the config file, never from a flag."""
@@ -107,6 +107,19 @@ def load_spec_or_report(path: Path) -> CollectionSpec | None:
     except SpecError as err:
         print(err, file=sys.stderr)
         return None
+
+
+def spec_and_connection_or_report(args: argparse.Namespace) -> tuple[CollectionSpec, KafkaConnection] | int:
+    """The preamble of every command that reads a spec and talks to Kafka: the spec of ``--spec`` and the Kafka
+    connection of the flags and environment, or the exit status once the problem is printed on stderr
+    (:data:`SPEC_ERROR_EXIT` for the spec, 2 for the connection)."""
+    spec = load_spec_or_report(args.spec)
+    if spec is None:
+        return SPEC_ERROR_EXIT
+    connection = kafka_connection_or_report(args)
+    if connection is None:
+        return 2
+    return spec, connection
 
 
 def operator_token_or_report(path: Path | None, env_var: str, command: str) -> tuple[bool, str | None]:

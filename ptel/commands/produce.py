@@ -2,14 +2,14 @@
 
 Simulation: ``--clients`` devices each report every metric of ``--spec`` once per window (keyed
 metrics: 1..keys_per_window keys), for ``--windows`` windows (or ``--duration`` seconds), with the
-seeds' distributions (see producers.simulate) drawn from ``--seed``. With ``--realtime`` (the default)
+seeds' distributions (see workloads.population) drawn from ``--seed``. With ``--realtime`` (the default)
 each window's reports are sent within that window of wall-clock time, so each simulated window is one
 broker (LogAppendTime) window; with ``--no-realtime`` the windows are sent as fast as possible.
 ``--rate`` caps reports per second (0: no cap) as a token bucket: reports go out in calls of at most a
 tenth of a second's worth, and time spent waiting (between windows) earns no credit for a later burst.
 Devices enforce the spec's contribution bounds before sending (reports over them are counted, not sent).
 
-Replay: ``--replay FILE`` (JSONL or CSV, see producers.replay) sends each valid line; a line that does
+Replay: ``--replay FILE`` (JSONL or CSV, see workloads.replay) sends each valid line; a line that does
 not fit the spec is reported with its line number, counted, and never sent.
 
 On the wire every report carries the device clock at *send* time (``client_time``, and the pseudonym of
@@ -44,14 +44,12 @@ from tqdm import tqdm
 
 from agents.errors import AgentError
 from agents.topics import ensure_plans, reports_plan
+from kafka_settings.connection import KafkaConnection
 from producers.client_secret import ClientSecret, ClientSecretError
 from producers.contribution import ContributionStateError
 from producers.edge_client import EdgeClient
-from producers.ground_truth import GroundTruth
 from producers.kafka_publisher import KafkaSettings, PublishError, PublisherStats, ReportPublisher, WindowDeadline
-from producers.privatize import CategoricalPrivatizer, EventError
-from producers.replay import LineError, ReplayEvent, read_events
-from producers.simulate import Population
+from producers.privatizers import EventError
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -60,9 +58,11 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from ptel.shutdown import StopRequest
-from schemas.kafka_connection import KafkaConnection
 from schemas.spec import CollectionSpec
 from schemas.wire import DEFAULT_SHARDS
+from workloads.ground_truth import GroundTruth
+from workloads.population import Population
+from workloads.replay import LineError, ReplayEvent, read_events
 
 CHUNK = 2048  # reports privatized per vectorized call
 MAX_ERRORS_SHOWN = 20
@@ -146,7 +146,7 @@ def register(subparsers: Any) -> None:
 
 
 def kafka_settings(args: argparse.Namespace, connection: KafkaConnection) -> KafkaSettings:
-    """Producer settings: the shared connection (:mod:`schemas.kafka_connection`) and this command's tuning."""
+    """Producer settings: the shared connection (:mod:`kafka_settings.connection`) and this command's tuning."""
     return KafkaSettings(
         bootstrap_servers=connection.bootstrap_servers,
         client_id="ptel-produce",
@@ -253,8 +253,8 @@ async def simulate(
                 # stamped with the send time (the wire never carries a simulated time): see the module doc
                 sent = await client.send_rows(events.metric, values, secrets=population.secrets_of(owners))
                 indices = events.indices[lo : lo + chunk] if events.indices is not None else None
-                if indices is None and isinstance(privatizer, CategoricalPrivatizer):
-                    indices = privatizer.indices(values)
+                if indices is None:
+                    indices = privatizer.category_indices(values)
                 truth.add_rows(events.metric, sent, values, indices)  # the truth of what was sent, per send window
                 progress.update(len(values))
                 await pacer.sent_more(len(values))
@@ -305,8 +305,8 @@ async def replay(
         # stamped with the send time, never the line's event time (see the module doc)
         windows = await client.send_rows(metric, values, secrets=[secrets[e.client] for e in events])
         privatizer = client.privatizer(metric)
-        idx = privatizer.indices(values) if isinstance(privatizer, CategoricalPrivatizer) else None
-        truth.add_rows(metric, windows, values, idx)  # the truth of what was sent, per send window
+        # the truth of what was sent, per send window
+        truth.add_rows(metric, windows, values, privatizer.category_indices(values))
         sent += int((windows >= 0).sum())
         progress.update(len(events))
         await pacer.sent_more(len(events))

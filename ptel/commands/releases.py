@@ -27,16 +27,16 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
+from kafka_settings.connection import Connection, client_kwargs
 from ptel.commands.options import (
-    SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
-    kafka_connection_or_report,
-    load_spec_or_report,
+    spec_and_connection_or_report,
 )
 from ptel.shutdown import StopRequest
-from schemas.kafka_connection import Connection, client_kwargs
+from schemas.presentation import presentation_of
 from schemas.releases import EstimateRecord, Release, neighbours
+from workloads.kinds import workload_of
 
 
 def register(subparsers: Any) -> None:
@@ -148,21 +148,7 @@ class Truth:
         cell = self.cell(rel.metric, rel.window_start_ms)
         if cell is None:
             return {}
-        if rel.kind == "bool":
-            n = max(int(cell["n"]), 1)
-            return {"true": float(cell["true"]), "true_fraction": float(cell["true"]) / n}
-        if rel.kind == "categorical":
-            return {str(lab): float(c) for lab, c in zip(cell["labels"], cell["counts"], strict=True)}
-        if rel.kind == "rappor":
-            return {str(k): float(v) for k, v in cell["counts"].items()}
-        if rel.kind == "keyed":
-            return {str(k): float(v["count"]) for k, v in cell["keys"].items()}
-        n = int(cell["n"])
-        den = n * cell["sum_xx"] - cell["sum_x"] ** 2
-        if n < 2 or den == 0:
-            return {}
-        slope = (n * cell["sum_xy"] - cell["sum_x"] * cell["sum_y"]) / den
-        return {"slope": slope, "intercept": (cell["sum_y"] - slope * cell["sum_x"]) / n}
+        return workload_of(rel.kind).truth_values(cell)
 
     def n(self, rel: Release) -> int | None:
         cell = self.cell(rel.metric, rel.window_start_ms)
@@ -226,7 +212,8 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
         why = "no reports in this window" if rel.n == 0 else "its noisy count of points is below the minimum"
         lines.append(f"  no data ({why}): nothing estimated")
         return "\n".join(lines)
-    if rel.kind == "keyed" and not rel.released_keys:
+    shown = presentation_of(rel.kind)
+    if shown.released_keys and not rel.released_keys:
         lines.append("  no key released: none passed the noisy threshold (not the same as no data)")
         return "\n".join(lines)
     tv = truth.values(rel) if truth else {}
@@ -236,7 +223,7 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     )
     released = {k.key for k in rel.released_keys}
     items: list[tuple[str, float, float | None, float | None, float | None]]
-    if rel.kind == "keyed":  # a released key's total with its interval (older records: the count alone)
+    if shown.released_keys:  # a released key's total with its interval (older records: the count alone)
         est = {e.label: e for e in rel.estimates}
         items = [
             (k.key, k.count, *((est[k.key].se, est[k.key].ci_low, est[k.key].ci_high) if k.key in est else (None,) * 3))
@@ -244,7 +231,7 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
         ]
     else:
         items = [(e.label, e.value, e.se, e.ci_low, e.ci_high) for e in rel.estimates]
-    items.sort(key=lambda t: -abs(t[1]) if rel.kind not in ("bool", "regression") else 0)
+    items.sort(key=lambda t: 0 if shown.series else -abs(t[1]))  # fixed series as released, else largest first
     for label, value, se, lo, hi in items[:rows]:
         mark = "*" if label in released else " "
         ci = f"[{_num(lo)}, {_num(hi)}]" if lo is not None and hi is not None else " " * 23
@@ -282,11 +269,11 @@ def release_loss(rel: Release) -> float | None:
 
 
 def _series_labels(kind: str, rels: list[Release]) -> list[str]:
-    """Labels drawn over the windows: bool's fraction, regression's coefficients, else the largest estimates."""
-    if kind == "bool":
-        return ["true_fraction"]
-    if kind == "regression":
-        return ["slope", "intercept"]
+    """Labels drawn over the windows: the kind's fixed series (bool's fraction, regression's coefficients), else the
+    largest estimates."""
+    fixed = presentation_of(kind).series
+    if fixed:
+        return list(fixed)
     size: dict[str, float] = {}
     for rel in rels:
         for e in rel.estimates:
@@ -330,6 +317,7 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
     for (ax, pax), name in zip(axes, names, strict=False):
         rels = sorted(by_metric[name].values(), key=lambda r: r.window_start_ms)
         kind = rels[0].kind
+        shown = presentation_of(kind)
         xs = list(range(len(rels)))
         ticks = [_clock(r.window_start_ms) for r in rels]
         under = blended_transform_factory(ax.transData, ax.transAxes)
@@ -369,10 +357,10 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
                     mfc=color,
                     label=_short(label),
                 )
-                faint = [(x, e.value) for x, e in pts if kind == "rappor" and e.significant is False]
+                faint = [(x, e.value) for x, e in pts if shown.undetected_faint and e.significant is False]
                 if faint:
                     ax.plot([x for x, _ in faint], [v for _, v in faint], "o", ms=5, mfc="white", color=color)
-            if kind == "keyed":
+            if shown.released_keys:
                 for i, r in enumerate(rels):
                     if r.refused is None and not _has(r, label):
                         unreleased = True
@@ -392,11 +380,11 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
             notes.append("∅ above the panel: key not released (below the threshold), not 0")
         if empty:
             notes.append("grey: no data")
-        if kind == "rappor":
+        if shown.undetected_faint:
             notes.append("hollow: candidate not detected")
         ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
         ax.set_xlim(-0.6, max(len(rels) - 0.4, 0.6))
-        ax.set_ylabel({"bool": "fraction true", "regression": "coefficient"}.get(kind, "count"))
+        ax.set_ylabel(shown.plot_axis_label)
         conf = f"{rels[-1].confidence:.0%}"
         ax.set_title(
             f"{name} ({kind}): estimates ± {conf} CI, every window" + ("; " + "; ".join(notes) if notes else ""),
@@ -404,7 +392,7 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
         )
         if labels:
             total = len({e.label for r in rels for e in r.estimates})
-            ranked = kind not in ("bool", "regression")  # those draw fixed series, not the largest estimates
+            ranked = not shown.series  # a kind with fixed series draws them, not the largest estimates
             title = f"top {len(labels)} of {total}\nby |estimate|" if ranked and total > len(labels) else None
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title=title, title_fontsize=7)
         _plot_privacy(pax, rels, xs, ticks)
@@ -506,12 +494,10 @@ async def read_releases(
 
 
 def run(args: Any) -> int:
-    spec = load_spec_or_report(args.spec)
-    if spec is None:
-        return SPEC_ERROR_EXIT
-    connection = kafka_connection_or_report(args)
-    if connection is None:
-        return 2
+    loaded = spec_and_connection_or_report(args)
+    if isinstance(loaded, int):
+        return loaded
+    spec, connection = loaded
     truth = Truth.load(args.truth) if args.truth else None
     selected = Selection(frozenset(args.metric or ()), args.since, args.until, args.non_empty)
     jsonl = args.format == "jsonl"

@@ -27,12 +27,10 @@ from agents.topics import WorkerTopics, denied_access, ensure_topics
 from agents.watermarks import IdlePolicy
 from agents.worker import WorkerSettings
 from ptel.commands.options import (
-    SPEC_ERROR_EXIT,
     add_bootstrap_argument,
     add_spec_argument,
-    kafka_connection_or_report,
-    load_spec_or_report,
     operator_token_or_report,
+    spec_and_connection_or_report,
 )
 from ptel.shutdown import StopRequest
 from schemas.releases import Release
@@ -169,12 +167,10 @@ def run(args: Any) -> int:
             file=sys.stderr,
         )
         return 2
-    spec = load_spec_or_report(args.spec)
-    if spec is None:
-        return SPEC_ERROR_EXIT
-    connection = kafka_connection_or_report(args)
-    if connection is None:
-        return 2
+    loaded = spec_and_connection_or_report(args)
+    if isinstance(loaded, int):
+        return loaded
+    spec, connection = loaded
     try:
         ledger_secret = LedgerSecret.from_file(args.ledger_key_file or default_key_path())
     except LedgerError as err:

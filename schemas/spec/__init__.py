@@ -86,14 +86,16 @@ from schemas.spec.base import (
 )
 from schemas.spec.bool_metric import BoolMetric
 from schemas.spec.categorical_metric import BinsSpec, CategoricalMetric
-from schemas.spec.collection import CollectionSpec, Metric, load_spec, parse_spec
+from schemas.spec.collection import CENTRAL_KINDS, METRIC_TYPES, CollectionSpec, Metric, load_spec, parse_spec
 from schemas.spec.keyed_metric import CapacityWarning, KeyedMetric, ThresholdReleaseSpec
 from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
 __all__ = [
+    "CENTRAL_KINDS",
     "DEFAULT_GRACE_S",
     "KEYED_PARTIAL_KEY_BYTES",
+    "METRIC_TYPES",
     "SPEC_VERSION",
     "BinsSpec",
     "BoolMetric",

@@ -268,6 +268,35 @@ class _MetricBase(_Frozen):
         RAPPOR cohorts, a key's bytes; 0 where the kind has no such bound (:class:`schemas.wire.codec.SpecBounds`)."""
         return 0, 0, 0
 
+    #: Whether devices choose among local protocols (a categorical metric: k-RR, OUE or OLH), so that the payload
+    #: kind they send follows from the resolved protocol (:meth:`resolved_protocol`).
+    CHOOSES_PROTOCOL: ClassVar[bool] = False
+    #: Whether the metric is released with central noise, its budget spent by one release per window
+    #: (:meth:`window_cost`) rather than by the devices' local loss.
+    CENTRAL: ClassVar[bool] = False
+    #: The spec field a central release's privacy cost follows from (named in a budget error), e.g. ``release``.
+    COST_FIELD: ClassVar[str] = ""
+
+    def resolved_protocol(self) -> Literal["krr", "oue", "olh"]:
+        """The local protocol devices run (only for a kind that :attr:`CHOOSES_PROTOCOL`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no local protocol choice")
+
+    def resolved_epsilon(self) -> float:
+        """ε of one report, by which devices choose their protocol (only for a kind that :attr:`CHOOSES_PROTOCOL`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no local protocol choice")
+
+    def key_bound(self) -> int | None:
+        """Distinct keys a client may send per window (Δ0 of a keyed release); ``None`` for a kind without keys."""
+        return None
+
+    def horizon_epsilon(self, reports: int) -> float:
+        """The local loss of ``reports`` reports of one client (only for a kind that is not :attr:`CENTRAL`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no local loss")
+
+    def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
+        """``(unit, ε or ρ, δ)`` of one window's central release (only for a :attr:`CENTRAL` kind)."""
+        raise NotImplementedError(f"{type(self).__name__} has no central release")
+
     @property
     def fingerprint(self) -> int:
         """uint32 over the fields that decide what a device sends (carried by every report).

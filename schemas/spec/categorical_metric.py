@@ -62,12 +62,14 @@ class CategoricalMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("categories", "bins", "protocol", "prob", "epsilon")
 
     kind: Literal["categorical"]
+    CHOOSES_PROTOCOL: ClassVar[bool] = True
 
     def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
         return {"krr": PayloadKind.CATEGORY, "oue": PayloadKind.UNARY, "olh": PayloadKind.LOCAL_HASH}[protocol or "krr"]
 
     def payload_bounds(self) -> tuple[int, int, int]:
         return self.k, 0, 0
+
     categories: tuple[StrictStr, ...] | None = None
     bins: BinsSpec | None = None
     protocol: Literal["auto", "krr", "oue", "olh"] = "auto"

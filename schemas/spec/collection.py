@@ -7,7 +7,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -37,10 +37,19 @@ from schemas.spec.keyed_metric import KeyedMetric
 from schemas.spec.rappor_metric import RapporMetric
 from schemas.spec.regression_metric import RegressionMetric
 
+#: The one union of the spec's metric types (the registry of metric kinds on the spec side: one member a kind).
 Metric = Annotated[
     BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric,
     Field(discriminator="kind"),
 ]
+
+#: The metric types of :data:`Metric`, in its order.
+METRIC_TYPES: tuple[type[Metric], ...] = get_args(get_args(Metric)[0])
+
+#: The metric kinds released with central noise (``CENTRAL``): their ε is an add/remove ε.
+CENTRAL_KINDS: frozenset[str] = frozenset(
+    get_args(cls.model_fields["kind"].annotation)[0] for cls in METRIC_TYPES if cls.CENTRAL
+)
 
 
 class CollectionSpec(_Frozen):
@@ -86,7 +95,7 @@ class CollectionSpec(_Frozen):
         budget = metric.budget
         if budget is None:
             return
-        if metric.kind in ("keyed", "regression"):
+        if metric.CENTRAL:
             self._check_central_budget(i, metric)
             return
         if budget.epsilon is None:
@@ -102,11 +111,11 @@ class CollectionSpec(_Frozen):
                 f"above the budget {budget.epsilon}",
             )
 
-    def _check_central_budget(self, i: int, metric: KeyedMetric | RegressionMetric) -> None:
+    def _check_central_budget(self, i: int, metric: Metric) -> None:
         budget = metric.budget
         if budget is None:
             return
-        where = f"metrics[{i}].release" if isinstance(metric, KeyedMetric) else f"metrics[{i}].scale"
+        where = f"metrics[{i}].{metric.COST_FIELD}"
         try:
             unit, first, delta = metric.window_cost()
         except (MechanismError, ArithmeticError) as err:  # e.g. a map that overflows for extreme parameters
@@ -137,7 +146,7 @@ class CollectionSpec(_Frozen):
                 f"({delta:.3g} per window), above the budget {budget.delta}",
             )
 
-    def metric(self, name: str) -> BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric:
+    def metric(self, name: str) -> Metric:
         """The metric called ``name`` (``KeyError`` if none)."""
         for metric in self.metrics:
             if metric.name == name:

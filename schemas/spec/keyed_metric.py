@@ -103,12 +103,15 @@ class KeyedMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ("value", "max_key_bytes")
 
     kind: Literal["keyed"]
+    CENTRAL: ClassVar[bool] = True
+    COST_FIELD: ClassVar[str] = "release"
 
     def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
         return PayloadKind.KEYED
 
     def payload_bounds(self) -> tuple[int, int, int]:
         return 0, 0, self.max_key_bytes
+
     #: Contribution bound Δ0: distinct keys per client pseudonym per window that the agents count.
     keys_per_window: Annotated[StrictInt, Field(ge=1, le=10_000)]
     #: Longest key in UTF-8 bytes (longer keys are rejected on the device).
@@ -121,6 +124,10 @@ class KeyedMetric(_MetricBase):
     release: ThresholdReleaseSpec
     #: The private test, before each window's release, that no partial was near :attr:`key_capacity`.
     capacity_test: CapacityTestSpec = CapacityTestSpec()
+
+    def key_bound(self) -> int | None:
+        """``keys_per_window``: distinct keys a client may send per window."""
+        return self.keys_per_window
 
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
         """``(unit, ε or ρ, δ)`` of one window: the key-level threshold mechanism's map plus the capacity test.

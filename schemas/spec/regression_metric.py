@@ -57,9 +57,12 @@ class RegressionMetric(_MetricBase):
     DEVICE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     kind: Literal["regression"]
+    CENTRAL: ClassVar[bool] = True
+    COST_FIELD: ClassVar[str] = "scale"
 
     def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
         return PayloadKind.REGRESSION
+
     x_bounds: tuple[Real, Real]
     y_bounds: tuple[Real, Real]
     #: Noise scale of each private median (the quantile mechanism's ``scale``).

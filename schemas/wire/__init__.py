@@ -51,9 +51,7 @@ from schemas.wire.codecs.rappor import RapporColumns, RapporPayload
 from schemas.wire.codecs.regression import RegressionColumns, RegressionPayload
 from schemas.wire.codecs.unary import UnaryColumns, UnaryPayload
 
-# the decoder's internals that schemas.wire_columns (the columnar fast path) and the decoder's tests share
-from schemas.wire.envelope import _HEADERS as _HEADERS
-from schemas.wire.envelope import _LITTLE as _LITTLE
+# the decoder's internals that schemas.wire.columns (the columnar fast path) and the decoder's tests share
 from schemas.wire.envelope import (
     DEFAULT_FORMAT,
     DEFAULT_SHARDS,
@@ -64,6 +62,8 @@ from schemas.wire.envelope import (
     Report,
     ReportBatch,
     WireFormat,
+    contribution_key,
+    contribution_keys,
     decode,
     encode_batch,
     encode_report,
@@ -108,6 +108,8 @@ __all__ = [
     "UnaryPayload",
     "WireError",
     "WireFormat",
+    "contribution_key",
+    "contribution_keys",
     "decode",
     "encode_batch",
     "encode_report",

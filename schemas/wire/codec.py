@@ -173,7 +173,7 @@ class PayloadCodec(ABC, Generic[P, C]):
         """Why some row of ``c`` is outside ``bounds`` (``None``: every row is inside)."""
         return None
 
-    # ---- many single-report messages at once (schemas.wire_columns)
+    # ---- many single-report messages at once (schemas.wire.columns)
 
     def single_rows(self, table: NDArray[np.uint8], at: int) -> tuple[C, NDArray[np.bool_]] | None:
         """The payloads of a table of single-report messages of equal length (one row a message, the payload
@@ -199,3 +199,14 @@ class PayloadCodec(ABC, Generic[P, C]):
     def shards(self, c: C, pseudonyms: NDArray[np.uint64], shards: int) -> NDArray[np.int64]:
         """:meth:`shard` of every row."""
         return (pseudonyms % np.uint64(shards)).astype(np.int64)
+
+    # ---- contribution bounds
+
+    def contribution_key(self, p: P) -> str | None:
+        """The key a report counts against the spec's per-key bounds (``keys_per_window``, one report per key);
+        ``None`` for a kind whose reports carry no key."""
+        return None
+
+    def contribution_keys(self, c: C) -> tuple[str, ...] | None:
+        """:meth:`contribution_key` of every row (``None`` for a kind whose reports carry no key)."""
+        return None

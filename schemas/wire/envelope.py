@@ -50,6 +50,8 @@ __all__ = [
     "Report",
     "ReportBatch",
     "WireFormat",
+    "contribution_key",
+    "contribution_keys",
     "decode",
     "encode_batch",
     "encode_report",
@@ -248,6 +250,16 @@ def shard_of(report: Report, shards: int = DEFAULT_SHARDS) -> int:
     return CODEC_OF_PAYLOAD[type(report.payload)].shard(report.payload, report.pseudonym, shards)
 
 
+def contribution_key(report: Report) -> str | None:
+    """The key ``report`` counts against its metric's per-key bounds (a keyed report's key), else ``None``."""
+    return CODEC_OF_PAYLOAD[type(report.payload)].contribution_key(report.payload)
+
+
+def contribution_keys(batch: ReportBatch) -> tuple[str, ...] | None:
+    """:func:`contribution_key` of every row of ``batch`` (``None`` when its reports carry no key)."""
+    return CODEC_OF_COLUMNS[type(batch.columns)].contribution_keys(batch.columns)
+
+
 def partition_key(metric: str, shard: int) -> bytes:
     """Kafka message key: ``b"<metric>/<shard>"`` -- spreads metrics and RAPPOR cohorts over partitions."""
     return f"{check_metric(metric)}/{check_uint('shard', shard, U32)}".encode("ascii")
@@ -322,8 +334,8 @@ _KIND_OF_BYTE = {int(k): k for k in PayloadKind}
 
 #: Header bytes (``_HEADER`` + metric name) already parsed and checked -> (version, message type, kind,
 #: fingerprint, metric). Only headers that passed every check are kept; bounded (cleared past 10,000).
-_HEADERS: dict[bytes, tuple[int, int, PayloadKind, int, str]] = {}
-_LITTLE = sys.byteorder == "little"
+HEADER_CACHE: dict[bytes, tuple[int, int, PayloadKind, int, str]] = {}
+LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 
 def _decode_binary(data: bytes) -> Report | ReportBatch:
@@ -332,9 +344,9 @@ def _decode_binary(data: bytes) -> Report | ReportBatch:
     report of a fixed-size kind (bool, category, local hash) is built without re-checking what its layout
     bounds. Anything unusual -- a new header, a length that does not add up, a big-endian host -- takes
     :func:`_decode_general`, so both paths accept and reject exactly the same messages."""
-    if _LITTLE and len(data) > 9:
+    if LITTLE_ENDIAN_HOST and len(data) > 9:
         end = 9 + data[8]
-        head = _HEADERS.get(data[:end])
+        head = HEADER_CACHE.get(data[:end])
         if head is not None and head[1] == 2 and head[0] == 1:  # a version-1 batch
             n = int.from_bytes(data[end : end + 4], "little")
             if 1 <= n <= MAX_BATCH_REPORTS and end + 4 + 12 * n <= len(data):
@@ -374,9 +386,9 @@ def _decode_general(data: bytes) -> Report | ReportBatch:
     if flags and version == 1:
         raise WireError("bad_flags", f"flags must be 0 in version 1, not {flags:#04x}")
     metric = check_metric(utf8(r.take(name_len, "metric"), "metric"))
-    if len(_HEADERS) > 10_000:
-        _HEADERS.clear()
-    _HEADERS[data[: r.pos]] = (version, mtype, kind, fingerprint, metric)  # every header check passed
+    if len(HEADER_CACHE) > 10_000:
+        HEADER_CACHE.clear()
+    HEADER_CACHE[data[: r.pos]] = (version, mtype, kind, fingerprint, metric)  # every header check passed
     codec = CODECS[kind]
     out: Report | ReportBatch
     if mtype == MessageType.REPORT:

@@ -240,7 +240,7 @@ class _RecordingSink:
 async def produce_rounds(
     bootstrap: str, spec: CollectionSpec, *, clients: int, rounds: int, batch_sizes: list[int], seed: int
 ) -> dict[int, list[Any]]:
-    """One simulated round per window (``producers.simulate.Population``, privatized with a *seeded* rng):
+    """One simulated round per window (``workloads.population.Population``, privatized with a *seeded* rng):
     each round starts just after a window boundary and must be acknowledged inside that window.
 
     Returns window start (ms) -> the round's raw events (``MetricEvents`` per metric).
@@ -248,7 +248,7 @@ async def produce_rounds(
     from mechanisms.core.rng import SeededRandom
     from producers.client_secret import ClientSecret
     from producers.edge_client import EdgeClient
-    from producers.simulate import Population
+    from workloads.population import Population
 
     population = Population(spec, clients, seed=seed, master=ClientSecret(b"\x01" * 32))
     producer = AIOKafkaProducer(

@@ -29,13 +29,13 @@ from agents.worker import WorkerSettings
 from gateway.device_auth import DeviceAuthenticator
 from gateway.keys import GatewayKeys
 from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_operator
+from kafka_settings.connection import Connection
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
-from producers.simulate import Population
-from schemas.kafka_connection import Connection
 from schemas.spec import CollectionSpec
 from schemas.wire import Report, ReportBatch, decode, encode_report, reports_of
 from tests.integration.agents_support import delete_worker_topics
+from workloads.population import Population
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,12 +15,12 @@ from mechanisms.core.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, LateDelivery, ReportPublisher, WindowDeadline
-from producers.simulate import Population
 from ptel.kafka_broker import LocalKafka
 from schemas.spec import load_spec
 from schemas.wire import BoolPayload, Report, ReportBatch, decode, encode_report, partition_key, reports_of
 from tests.conftest import TopicFactory
 from tests.kafka_helpers import consume_topic_exactly, create_topic
+from workloads.population import Population
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

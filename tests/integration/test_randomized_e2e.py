@@ -40,7 +40,6 @@ from gateway.keys import GatewayKeys
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
-from producers.simulate import Population
 from ptel.kafka_broker import free_port
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import ReportBatch, encode_batch, encode_report
@@ -54,6 +53,7 @@ from tests.integration.gateway_support import (
     running_worker,
     served_gateway,
 )
+from workloads.population import Population
 
 SEEDS = [int(s) for s in os.environ.get("PTEL_E2E_SEEDS", "1,2").split(",") if s.strip()]
 SIZE_S = 8

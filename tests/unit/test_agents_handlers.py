@@ -4,7 +4,6 @@ metric or column types."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 from pathlib import Path
 
 from agents.handlers.registry import HANDLERS
@@ -12,6 +11,7 @@ from schemas.kinds import METRIC_KIND_OF_PAYLOAD, METRIC_KINDS
 from schemas.wire import registry
 
 AGENTS = Path(__file__).resolve().parents[2] / "agents"
+
 
 def test_every_metric_kind_has_one_handler() -> None:
     assert tuple(HANDLERS) == METRIC_KINDS
@@ -23,9 +23,6 @@ def test_each_handler_takes_the_columns_of_its_payloads() -> None:
     for payload, codec in registry.CODECS.items():
         owners = [k for k, h in HANDLERS.items() if codec.columns_type in h.column_types]
         assert owners == [METRIC_KIND_OF_PAYLOAD[payload]], (payload, owners)
-    for handler in HANDLERS.values():  # a shard column is a column of every payload of the kind
-        shard = handler.shard_column
-        assert shard is None or all(shard in {f.name for f in dataclasses.fields(c)} for c in handler.column_types)
 
 
 def test_no_agents_module_outside_the_handlers_names_a_kind() -> None:

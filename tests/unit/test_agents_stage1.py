@@ -39,8 +39,15 @@ SPEC = parse_spec(
         "metrics": [
             {"name": "crashed", "kind": "bool", "prob": 0.75, "reports_per_window": 2},
             {"name": "theme", "kind": "categorical", "categories": ["a", "b", "c"], "protocol": "krr", "prob": 0.5},
-            {"name": "home", "kind": "rappor", "k": 8, "h": 2, "m": 4, "candidates": ["x", "y"],
-             "guarantee": "client_value"},
+            {
+                "name": "home",
+                "kind": "rappor",
+                "k": 8,
+                "h": 2,
+                "m": 4,
+                "candidates": ["x", "y"],
+                "guarantee": "client_value",
+            },
             {
                 "name": "errors",
                 "kind": "keyed",
@@ -302,7 +309,7 @@ def test_release_record_schema() -> None:
 def _keyed_reports(times: list[int], keys: list[str]) -> list[bytes]:
     """One honest device (producers' privatizer, one secret) sending ``keys[i]`` at device time ``times[i]``."""
     from producers.client_secret import ClientSecret
-    from producers.privatize import make_privatizers
+    from producers.privatizers import make_privatizers
 
     priv = make_privatizers(SPEC)["errors"]
     secret = ClientSecret.generate()

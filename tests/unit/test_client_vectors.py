@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from producers.privatize import BoolPrivatizer, CategoricalPrivatizer, KeyedPrivatizer, make_privatizer
+from producers.privatizers import BoolPrivatizer, CategoricalPrivatizer, KeyedPrivatizer, make_privatizer
 from schemas.spec import load_spec
 from schemas.spec_document import SPEC_DOCUMENT_FORMAT, spec_document, spec_document_json
 from tests.client_vectors import OUT, FixedBytes, build, render, spec

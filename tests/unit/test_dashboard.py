@@ -16,6 +16,7 @@ from agents.monitor import dashboard
 from agents.monitor.agents import apply_release
 from agents.monitor.summaries import release_summary
 from agents.monitor.tables import MonitorTables
+from schemas.presentation import presentation_of
 from schemas.releases import LedgerSummary, PrivacySpent, Release
 from schemas.spec import CollectionSpec, parse_spec
 from tests.unit.test_monitor import _release as monitor_release
@@ -84,6 +85,8 @@ def test_overview_lists_every_metric_with_age_budget_and_status() -> None:
     assert theme == {
         "metric": "theme",
         "kind": "categorical",
+        "presentation": presentation_of("categorical").to_json(),
+        "central": False,
         "description": "",
         "budget": None,
         "status": "no release yet",

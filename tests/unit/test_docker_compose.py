@@ -153,7 +153,7 @@ def _make_secrets_module() -> ModuleType:
 def test_make_secrets_writes_a_loadable_client_config(tmp_path: Path) -> None:
     """The generated client file is a valid --kafka-config for SASL_SSL; every secret file is mode 0600; a second
     run keeps the first run's secrets."""
-    from schemas.kafka_connection import KafkaConnection
+    from kafka_settings.connection import KafkaConnection
 
     module = _make_secrets_module()
     folder = tmp_path / "secrets"

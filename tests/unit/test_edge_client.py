@@ -14,12 +14,12 @@ from mechanisms.core.rng import SeededRandom
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.errors import ProducerParameterError
-from producers.ground_truth import GroundTruth
 from producers.kafka_publisher import KafkaSettings, PublishError, ReportPublisher
-from producers.simulate import SEED_CATEGORY_FREQUENCIES, Population
 from ptel.cli import main
 from schemas.spec import load_spec, parse_spec
 from schemas.wire import Report, ReportBatch, decode, partition_key, reports_of, shard_of
+from workloads.ground_truth import GroundTruth
+from workloads.population import SEED_CATEGORY_FREQUENCIES, Population
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 SPEC = load_spec(DEMO)

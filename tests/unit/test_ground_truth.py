@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path
 
-from producers.ground_truth import GroundTruth
 from schemas.spec import parse_spec
+from workloads.ground_truth import GroundTruth
 
 SPEC = parse_spec(
     {

@@ -44,7 +44,7 @@ from agents.stage2 import ReleaserState
 from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.core.rng import DerivedRandom
 from producers.client_secret import ClientSecret
-from producers.privatize import make_privatizers
+from producers.privatizers import make_privatizers
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, KeyedMetric, RapporMetric
 from schemas.wire import BoolColumns, RapporColumns

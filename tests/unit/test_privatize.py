@@ -11,7 +11,7 @@ import pytest
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.encoder import unpack_report
 from producers.client_secret import ClientSecret
-from producers.privatize import (
+from producers.privatizers import (
     BoolPrivatizer,
     CategoricalPrivatizer,
     EventError,

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
-from producers.ground_truth import GroundTruth
-from producers.privatize import make_privatizers
-from producers.replay import LineError, ReplayEvent, read_events
+from producers.privatizers import make_privatizers
 from ptel.commands.produce import _Progress, replay, simulate
 from schemas.spec import load_spec
 from schemas.wire import decode, reports_of
+from workloads.ground_truth import GroundTruth
+from workloads.replay import LineError, ReplayEvent, read_events
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 SPEC = load_spec(DEMO)

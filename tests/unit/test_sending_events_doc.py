@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import get_args
 
 from producers.client_secret import ClientSecret
-from producers.privatize import make_privatizers
-from producers.replay import LineError, read_events
+from producers.privatizers import make_privatizers
 from schemas.kinds import MetricKind
 from schemas.spec import load_spec
+from workloads.replay import LineError, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "sending-events.md").read_text(encoding="utf-8")

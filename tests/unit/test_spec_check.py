@@ -10,7 +10,8 @@ import yaml
 
 from mechanisms.central.capacity_test import make_capacity_test, smallest_passable_capacity
 from ptel.cli import main
-from ptel.commands.spec import _advice, check_lines, clients_for_share
+from ptel.commands.spec import check_lines
+from ptel.spec_advice import _advice, clients_for_share
 from schemas.spec import KeyedMetric, RapporMetric, load_spec
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"

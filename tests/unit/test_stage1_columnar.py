@@ -43,8 +43,8 @@ from schemas.wire import (
     encode_batch,
     encode_report,
 )
+from schemas.wire.columns import decode_records
 from schemas.wire.registry import CODEC_OF_COLUMNS
-from schemas.wire_columns import decode_records
 
 SPEC = parse_spec(
     {

@@ -46,7 +46,7 @@ def test_the_envelope_names_no_payload_kind() -> None:
     kind_names |= {k.name for k in PayloadKind}
     # beside the wire package: the columnar fast path, and the spec checks of the devices' contract
     modules = [WIRE / m for m in ("envelope.py", "primitives.py", "codec.py", "errors.py")]
-    modules += [WIRE.parent / "wire_columns.py"]
+    modules += [WIRE / "columns.py"]
     for module in modules:
         tree = ast.parse(module.read_text(encoding="utf-8"))
         named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

@@ -6,11 +6,11 @@
 /* global Plot, d3 */
 
 const COLORS = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457"];
-const TOP = 5; // series drawn over time per categorical, RAPPOR or keyed metric
+const TOP = 5; // series drawn over time per metric whose kind ranks its estimates (no fixed series)
 const PANEL_ROWS = 20; // rows of the chosen window's panel
 const LATE_AFTER_WINDOWS = 2; // agents/monitor/dashboard.py: LATE_AFTER_WINDOWS
-const COUNT_KINDS = new Set(["categorical", "rappor", "keyed"]);
-const NOUN = { categorical: "categories", rappor: "candidates", keyed: "keys" };
+// How each metric's releases are shown comes with the metric (`presentation`: schemas/presentation.py, served in
+// /api/overview/ and the stream's snapshot): this script names no metric kind.
 const state = { spec: null, window: null, metrics: [], history: {}, latest: {}, token: "", pick: {}, widths: null };
 // For tests and benchmarks: release key -> Date.now() when it was drawn, and whether the snapshot was drawn.
 window.__ptel = { drawn: {}, ready: false, events: 0 };
@@ -117,19 +117,12 @@ function estimateOf(rel, label) {
   return (rel.estimates || []).find((e) => e.label === label) || null;
 }
 
-// Where a kind's estimates live: counts are at least 0 (a negative estimate is noise around a small count, drawn at
-// 0 and said so), a fraction within [0, 1], regression coefficients anywhere.
-function clampOf(kind) {
-  if (COUNT_KINDS.has(kind)) return (v) => (v === null || v === undefined ? v : Math.max(0, v));
-  if (kind === "bool") return (v) => (v === null || v === undefined ? v : Math.min(1, Math.max(0, v)));
+// Where a kind's estimates live (its presentation's scale): counts are at least 0 (a negative estimate is noise around
+// a small count, drawn at 0 and said so), a fraction within [0, 1], coefficients anywhere.
+function clampOf(p) {
+  if (p.scale === "count") return (v) => (v === null || v === undefined ? v : Math.max(0, v));
+  if (p.scale === "fraction") return (v) => (v === null || v === undefined ? v : Math.min(1, Math.max(0, v)));
   return (v) => v;
-}
-
-function axisLabel(kind, rel) {
-  if (kind === "bool") return "fraction of clients reporting true";
-  if (kind === "regression") return "coefficient (y per unit of x; intercept in y)";
-  if (kind === "keyed") return "estimated reports per key";
-  return `estimated reports per ${kind === "rappor" ? "candidate" : "category"}`;
 }
 
 // ---------------------------------------------------------------------------------------------- status
@@ -181,14 +174,13 @@ function renderOverview() {
 
 // ---------------------------------------------------------------------------------------------- series
 
-// The labels drawn over time: bool's fraction, regression's coefficients, else the TOP largest estimates of the
-// chosen window (of the newest window with data when it has none; keyed: the keys with the largest total over the
-// retained windows). Returns [labels, how many there were to choose from].
-function seriesLabels(kind, rels, chosen) {
-  if (kind === "bool") return [["true_fraction"], 1, ""];
-  if (kind === "regression") return [["slope", "intercept"], 2, ""];
+// The labels drawn over time: the kind's fixed series (bool's fraction, regression's coefficients), else the TOP
+// largest estimates of the chosen window (of the newest window with data when it has none; released keys: the keys
+// with the largest total over the retained windows). Returns [labels, how many there were to choose from].
+function seriesLabels(p, rels, chosen) {
+  if (p.series.length) return [p.series.slice(), p.series.length, ""];
   const usable = rels.filter((r) => !r.refused && !noData(r));
-  if (kind === "keyed") {
+  if (p.released_keys) {
     const seen = new Map();
     for (const r of usable) for (const e of r.estimates || []) seen.set(e.label, (seen.get(e.label) || 0) + Math.abs(e.value));
     const top = [...seen.entries()].sort((a, b) => b[1] - a[1]).slice(0, TOP).map(([k]) => k);
@@ -202,13 +194,12 @@ function seriesLabels(kind, rels, chosen) {
   return [top, ests.length, `by estimate in ${own ? "the chosen window" : "the newest window with data"}`];
 }
 
-function legendText(kind, labels, total, basis, banded) {
+function legendText(p, labels, total, basis, banded) {
   const bands = banded ? (labels.length > 1 ? "; bands: their intervals." : "; band: its interval.")
     : " (the mechanism gives no interval).";
-  if (kind === "bool") return `Line: estimated fraction of clients reporting true${bands}`;
-  if (kind === "regression") return `Lines: the fitted slope and intercept${bands}`;
-  if (kind === "keyed" && !total) return "No key was released in the retained windows (each stayed below the noisy threshold).";
-  const noun = NOUN[kind];
+  if (p.series.length) return `${p.series.length > 1 ? "Lines" : "Line"}: ${p.series_legend}${bands}`;
+  if (p.released_keys && !total) return "No key was released in the retained windows (each stayed below the noisy threshold).";
+  const noun = p.noun;
   const shown = labels.length === total ? `all ${total} ${noun}` : `the ${labels.length} largest of ${total} ${noun} (${basis})`;
   return `Lines: ${shown}${bands}`;
 }
@@ -238,8 +229,9 @@ function windowMarks(rels) {
 }
 
 function seriesChart(m, rels, chosen, width) {
-  const [labels, total, basis] = seriesLabels(m.kind, rels, chosen);
-  const clamp = clampOf(m.kind);
+  const p = m.presentation;
+  const [labels, total, basis] = seriesLabels(p, rels, chosen);
+  const clamp = clampOf(p);
   const points = [];
   for (const r of rels) {
     if (r.refused) continue;
@@ -251,15 +243,15 @@ function seriesChart(m, rels, chosen, width) {
       const lo = e.ci_low ?? NaN, hi = e.ci_high ?? NaN;
       points.push({
         t, series: label, value: e.value, y: clamp(e.value), lo: clamp(lo), hi: clamp(hi),
-        clipped: clamp(e.value) !== e.value, faint: m.kind === "rappor" && e.significant === false,
+        clipped: clamp(e.value) !== e.value, faint: p.undetected_faint && e.significant === false,
       });
     }
   }
   const drawn = points.filter((p) => !Number.isNaN(p.y));
   const banded = drawn.some((p) => !Number.isNaN(p.lo) && !Number.isNaN(p.hi));
-  const legend = legendText(m.kind, labels, total, basis, banded || !drawn.length);
-  const y = m.kind === "regression" ? { grid: true, nice: true, label: axisLabel(m.kind) }
-    : { grid: true, nice: true, domain: [0, m.kind === "bool" ? 1 : Math.max(1, ...drawn.map((p) => (Number.isNaN(p.hi) ? p.y : p.hi)))], label: axisLabel(m.kind) };
+  const legend = legendText(p, labels, total, basis, banded || !drawn.length);
+  const y = p.scale === "coefficient" ? { grid: true, nice: true, label: p.axis_label }
+    : { grid: true, nice: true, domain: [0, p.scale === "fraction" ? 1 : Math.max(1, ...drawn.map((d) => (Number.isNaN(d.hi) ? d.y : d.hi)))], label: p.axis_label };
   const plot = Plot.plot({
     className: "series",
     width,
@@ -273,20 +265,20 @@ function seriesChart(m, rels, chosen, width) {
     color: { domain: labels, range: COLORS, legend: labels.length > 1 },
     marks: [
       ...windowMarks(rels),
-      Plot.ruleY(m.kind === "regression" ? [0] : [], { stroke: "#9aa3af" }),
+      Plot.ruleY(p.scale === "coefficient" ? [0] : [], { stroke: "#9aa3af" }),
       Plot.areaY(points, { x: "t", y1: "lo", y2: "hi", z: "series", fill: "series", fillOpacity: labels.length > 2 ? 0.08 : 0.15, clip: true }),
       Plot.lineY(points, { x: "t", y: "y", z: "series", stroke: "series", strokeWidth: 1.5 }),
       Plot.dot(drawn, {
         x: "t", y: "y", stroke: "series", r: 2.6,
-        fill: (p) => (p.clipped ? "#fff" : p.series), fillOpacity: (p) => (p.faint ? 0.3 : 1),
-        title: (p) => `${p.series}: ${num(p.value)}${p.clipped ? " (below 0: noise, drawn at 0)" : ""}`,
+        fill: (d) => (d.clipped ? "#fff" : d.series), fillOpacity: (d) => (d.faint ? 0.3 : 1),
+        title: (d) => `${d.series}: ${num(d.value)}${d.clipped ? " (below 0: noise, drawn at 0)" : ""}`,
       }),
     ],
   });
   const notes = ["grey: window without reports (no data, not zero)", "pink: refused"];
-  if (m.kind === "keyed") notes.push("a gap in a key's line: not released in that window (below the noisy threshold: unknown, not zero)");
-  if (COUNT_KINDS.has(m.kind)) notes.push("hollow dot at 0: estimate below 0 (noise around a small count), drawn at 0");
-  if (m.kind === "rappor") notes.push("faint dot: candidate not detected");
+  if (p.released_keys) notes.push("a gap in a key's line: not released in that window (below the noisy threshold: unknown, not zero)");
+  if (p.scale === "count") notes.push("hollow dot at 0: estimate below 0 (noise around a small count), drawn at 0");
+  if (p.undetected_faint) notes.push("faint dot: candidate not detected");
   return el("figure", { class: "chart series-chart" },
     el("p", { class: "legend-text" }, legend),
     plot,
@@ -295,18 +287,19 @@ function seriesChart(m, rels, chosen, width) {
 
 // ---------------------------------------------------------------------------------------------- chosen window
 
-function panelRows(kind, rel, rels) {
-  if (kind === "bool") {
-    const e = estimateOf(rel, "true_fraction") || estimateOf(rel, "true");
-    return [e ? [{ label: "true", value: e.value, lo: e.ci_low, hi: e.ci_high }] : [], 1];
+function panelRows(p, rel, rels) {
+  if (p.panel_row) {
+    const [label, reads] = p.panel_row;
+    const e = reads.map((l) => estimateOf(rel, l)).find((x) => x) || null;
+    return [e ? [{ label, value: e.value, lo: e.ci_low, hi: e.ci_high }] : [], 1];
   }
   let rows = (rel.estimates || []).map((e) => ({
-    label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high, faint: kind === "rappor" && e.significant === false,
+    label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high, faint: p.undetected_faint && e.significant === false,
   }));
   const total = rows.length;
-  if (kind !== "regression" && (kind !== "categorical" || rows.length > PANEL_ROWS)) rows.sort((a, b) => b.value - a.value);
+  if (p.order === "value" || (p.order === "labels" && rows.length > PANEL_ROWS)) rows.sort((a, b) => b.value - a.value);
   rows = rows.slice(0, PANEL_ROWS);
-  if (kind === "keyed") {
+  if (p.released_keys) {
     const here = new Set((rel.estimates || []).map((e) => e.label));
     const elsewhere = new Set();
     for (const r of rels) for (const e of r.estimates || []) if (!here.has(e.label)) elsewhere.add(e.label);
@@ -320,18 +313,17 @@ function shortLabel(label) {
 }
 
 function panelChart(m, rel, rels, width) {
-  const [rows, total] = panelRows(m.kind, rel, rels);
+  const p = m.presentation;
+  const [rows, total] = panelRows(p, rel, rels);
   const drawn = rows.filter((r) => r.value !== null);
-  const clamp = clampOf(m.kind);
-  const count = COUNT_KINDS.has(m.kind);
-  let what;
-  if (m.kind === "bool") what = "Bar: fraction of clients reporting true";
-  else if (m.kind === "regression") what = "Dots: the fitted coefficients";
-  else what = `Bars: ${drawn.length === total ? `all ${total}` : `the ${drawn.length} largest of ${total}`} ${NOUN[m.kind]} released in this window`;
+  const clamp = clampOf(p);
+  const count = p.scale === "count";
+  const what = p.panel_legend
+    || `Bars: ${drawn.length === total ? `all ${total}` : `the ${drawn.length} largest of ${total}`} ${p.noun} released in this window`;
   const banded = drawn.some((r) => r.lo !== null && r.lo !== undefined && r.hi !== null && r.hi !== undefined);
   const legend = `${what}${banded ? `; lines: ${Math.round(100 * rel.confidence)} % intervals.` : " (the mechanism gives no interval)."}`;
   if (!drawn.length) {
-    const why = m.kind === "keyed" ? "no key above the threshold in this window" : "no estimate in this release";
+    const why = p.released_keys ? "no key above the threshold in this window" : "no estimate in this release";
     return el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, why));
   }
   const data = rows.map((r) => ({
@@ -339,12 +331,12 @@ function panelChart(m, rel, rels, width) {
     text: r.value === null ? r.note : `${num(r.value)}${clamp(r.value) !== r.value ? " (below 0, drawn at 0)" : ""}`,
   }));
   const longest = Math.max(...rows.map((r) => shortLabel(r.label).length));
-  const bars = m.kind === "regression"
+  const bars = p.scale === "coefficient"
     ? Plot.dot(data.filter((r) => r.x !== null), { x: "x", y: "label", fill: "#1565c0", r: 3.5 })
     : Plot.barX(data.filter((r) => r.x !== null), { x1: 0, x2: "x", y: "label", fill: (r) => (r.faint ? "#cfd4db" : "#90caf9"), insetTop: 2, insetBottom: 2 });
   const values = data.flatMap((r) => [r.x, r.xhi]).filter((v) => v !== null && v !== undefined && !Number.isNaN(v));
-  const x = m.kind === "regression" ? { nice: true, grid: true, label: "coefficient" }
-    : { nice: true, grid: true, domain: [0, m.kind === "bool" ? 1 : Math.max(1, ...values)], label: axisLabel(m.kind) };
+  const x = p.scale === "coefficient" ? { nice: true, grid: true, label: p.plot_axis_label }
+    : { nice: true, grid: true, domain: [0, p.scale === "fraction" ? 1 : Math.max(1, ...values)], label: p.axis_label };
   const plot = Plot.plot({
     className: "histogram",
     width,
@@ -356,12 +348,12 @@ function panelChart(m, rel, rels, width) {
     x: { ...x, labelAnchor: "center" },
     y: { domain: data.map((r) => r.label), label: null, tickFormat: shortLabel },
     marks: [
-      Plot.ruleX(m.kind === "regression" ? [0] : [], { stroke: "#9aa3af" }),
+      Plot.ruleX(p.scale === "coefficient" ? [0] : [], { stroke: "#9aa3af" }),
       bars,
       Plot.ruleY(data.filter((r) => r.xlo !== null && r.xlo !== undefined && r.xhi !== null && r.xhi !== undefined),
         { y: "label", x1: "xlo", x2: "xhi", stroke: "#0d47a1", strokeWidth: 1.3, clip: true }),
       Plot.text(data, {
-        y: "label", x: (r) => (r.value === null ? (m.kind === "regression" ? Math.min(0, ...values) : 0) : Math.max(r.x, r.xhi ?? r.x)),
+        y: "label", x: (r) => (r.value === null ? (p.scale === "coefficient" ? Math.min(0, ...values) : 0) : Math.max(r.x, r.xhi ?? r.x)),
         text: "text", textAnchor: "start", dx: 5, fill: (r) => (r.value === null ? "#8a93a0" : "#333"),
         className: "value-label",
       }),
@@ -390,7 +382,7 @@ function privacyChart(m, rels, latest, width) {
   const budget = budgets.length ? budgets[budgets.length - 1] : null;
   const top = Math.max(1e-9, ...rows.flatMap((r) => [r.loss, r.spent]).filter((v) => v !== null && v !== undefined));
   const budgetShown = budget !== null && budget <= 4 * top;
-  const local = m.kind !== "regression" && m.kind !== "keyed";
+  const local = !m.central;
   const losses = rows.map((r) => r.loss).filter((v) => v !== null);
   const range = !losses.length ? "" : Math.min(...losses) === Math.max(...losses) ? ` (${num(losses[0])} each)`
     : ` (${num(Math.min(...losses))} to ${num(Math.max(...losses))})`;
@@ -487,7 +479,7 @@ function drawCharts(m, parts, widths) {
     panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, "refused: nothing was released for this window")));
   } else if (noData(chosen)) {
     panelCell.replaceChildren(el("figure", { class: "chart window-panel" }, el("p", { class: "no-data" },
-      `no data: no reports in this window${chosen.n === 0 ? " (n = 0)" : ""}; nothing is estimated${m.kind === "regression" ? ", no fit" : ""}.`)));
+      `no data: no reports in this window${chosen.n === 0 ? " (n = 0)" : ""}; nothing is estimated${m.presentation.no_data_note}.`)));
   } else {
     panelCell.replaceChildren(panelChart(m, chosen, rels, panelWidth));
   }

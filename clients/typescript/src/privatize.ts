@@ -1,5 +1,5 @@
 /**
- * Event -> privatized report, per metric kind (mirror of Python's `producers.privatize`): a raw value enters
+ * Event -> privatized report, per metric kind (mirror of Python's `producers.privatizers`): a raw value enters
  * {@link Privatizer.report} and only the report comes out; the raw value is never stored or put in an error
  * message (an {@link EventError} names the metric, the parameter and the rule, never the value).
  *

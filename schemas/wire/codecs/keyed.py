@@ -64,6 +64,12 @@ class KeyedCodec(PayloadCodec[KeyedPayload, KeyedColumns]):
     payload_type = KeyedPayload
     columns_type = KeyedColumns
 
+    def contribution_key(self, p: KeyedPayload) -> str | None:
+        return p.key
+
+    def contribution_keys(self, c: KeyedColumns) -> tuple[str, ...] | None:
+        return c.keys
+
     def encode_payload(self, p: KeyedPayload) -> bytes:
         return _key_bytes(p.key, p.bit)
 

@@ -6,7 +6,8 @@ release privatized estimates per window; this file holds what they estimate. Win
 own time); the agents window by the broker's LogAppendTime, and dead-letter (``window_mismatch``) the
 reports sent so near a boundary that the broker appended them in the next window.
 
-Per kind (``n`` = reports): ``bool``: ``{"n", "true"}``; ``categorical``: ``{"n", "counts"}`` over the
+Per kind (``n`` = reports; kept by the kind's module in :mod:`workloads.kinds`):
+``bool``: ``{"n", "true"}``; ``categorical``: ``{"n", "counts"}`` over the
 spec's labels; ``rappor``: ``{"n", "counts": {value: count}}``; ``keyed``: ``{"n", "keys": {key:
 {"count", "true"}}}``; ``regression``: ``{"n", "sum_x", "sum_y", "sum_xx", "sum_xy"}`` (the OLS fit
 follows) plus the generating line when simulated.
@@ -25,8 +26,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from producers.errors import ProducerParameterError
-from producers.private_file import private_temp_file
-from schemas.spec import CategoricalMetric, CollectionSpec
+from schemas.private_file import private_temp_file
+from schemas.spec import CollectionSpec
+from workloads.kinds import workload_of
 
 __all__ = ["GroundTruth"]
 
@@ -38,24 +40,14 @@ class GroundTruth:
         self.spec = spec
         self.source = source
         self.meta = dict(meta or {})
-        self._kinds = {m.name: m.kind for m in spec.metrics}
-        self._labels = {m.name: m.labels for m in spec.metrics if isinstance(m, CategoricalMetric)}
+        self._metrics = {m.name: m for m in spec.metrics}
         self._windows: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
 
     def _cell(self, metric: str, window: int) -> dict[str, Any]:
         cells = self._windows[metric]
         if window not in cells:
-            kind = self._kinds[metric]
-            if kind == "bool":
-                cells[window] = {"n": 0, "true": 0}
-            elif kind == "categorical":
-                cells[window] = {"n": 0, "counts": [0] * len(self._labels[metric])}
-            elif kind == "rappor":
-                cells[window] = {"n": 0, "counts": Counter()}
-            elif kind == "keyed":
-                cells[window] = {"n": 0, "keys": {}}
-            else:
-                cells[window] = {"n": 0, "sum_x": 0.0, "sum_y": 0.0, "sum_xx": 0.0, "sum_xy": 0.0}
+            m = self._metrics[metric]
+            cells[window] = workload_of(m.kind).empty(m)
         return cells[window]
 
     def add_rows(
@@ -74,41 +66,22 @@ class GroundTruth:
     def add(self, metric: str, window: int, values: Sequence[Any], indices: np.ndarray | None = None) -> None:
         """Record raw ``values`` of ``metric`` in client window ``window`` (categorical: pass their ``indices``)."""
         cell = self._cell(metric, int(window))
-        kind = self._kinds[metric]
         cell["n"] += len(values)
-        if kind == "bool":
-            cell["true"] += int(np.count_nonzero(np.asarray(values, dtype=np.bool_)))
-        elif kind == "categorical":
-            if indices is None:
-                raise ProducerParameterError("categorical ground truth needs the category indices")
-            counts = np.bincount(np.asarray(indices, dtype=np.int64), minlength=len(cell["counts"]))
-            cell["counts"] = [a + int(b) for a, b in zip(cell["counts"], counts.tolist(), strict=True)]
-        elif kind == "rappor":
-            cell["counts"].update(values)
-        elif kind == "keyed":
-            keys = cell["keys"]
-            for key, bit in values:
-                entry = keys.setdefault(key, {"count": 0, "true": 0})
-                entry["count"] += 1
-                entry["true"] += int(bool(bit))
-        else:
-            xy = np.asarray(values, dtype=np.float64).reshape(-1, 2)
-            cell["sum_x"] += float(xy[:, 0].sum())
-            cell["sum_y"] += float(xy[:, 1].sum())
-            cell["sum_xx"] += float((xy[:, 0] ** 2).sum())
-            cell["sum_xy"] += float((xy[:, 0] * xy[:, 1]).sum())
+        workload_of(self._metrics[metric].kind).add(cell, values, indices)
 
     def to_json(self) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
         for m in self.spec.metrics:
             cells = self._windows.get(m.name, {})
-            entry: dict[str, Any] = {"kind": m.kind, "fingerprint": m.fingerprint}
-            if m.name in self._labels:
-                entry["labels"] = list(self._labels[m.name])
+            workload = workload_of(m.kind)
+            entry: dict[str, Any] = {"kind": m.kind, "fingerprint": m.fingerprint, **workload.describe(m)}
             entry["windows"] = {str(w): _plain(c) for w, c in sorted(cells.items())}
-            entry["total"] = _plain(_merge(m.kind, list(cells.values()))) if cells else None
-            if m.kind == "regression" and cells:
-                entry["ols"] = _ols(entry["total"])
+            entry["total"] = None
+            if cells:
+                total: dict[str, Any] = {"n": sum(c["n"] for c in cells.values())}
+                workload.merge(total, list(cells.values()))
+                entry["total"] = _plain(total)
+                entry.update(workload.summary(entry["total"]))
             metrics[m.name] = entry
         return {
             "spec": self.spec.name,
@@ -139,37 +112,3 @@ def _plain(cell: dict[str, Any]) -> dict[str, Any]:
     if "keys" in out:
         out["keys"] = dict(sorted(out["keys"].items(), key=lambda kv: (-kv[1]["count"], kv[0])))
     return out
-
-
-def _merge(kind: str, cells: list[dict[str, Any]]) -> dict[str, Any]:
-    total: dict[str, Any] = {"n": sum(c["n"] for c in cells)}
-    if kind == "bool":
-        total["true"] = sum(c["true"] for c in cells)
-    elif kind == "categorical":
-        total["counts"] = [sum(col) for col in zip(*(c["counts"] for c in cells), strict=True)]
-    elif kind == "rappor":
-        counts: Counter[str] = Counter()
-        for c in cells:
-            counts.update(c["counts"])
-        total["counts"] = counts
-    elif kind == "keyed":
-        keys: dict[str, dict[str, int]] = {}
-        for c in cells:
-            for key, e in c["keys"].items():
-                t = keys.setdefault(key, {"count": 0, "true": 0})
-                t["count"] += e["count"]
-                t["true"] += e["true"]
-        total["keys"] = keys
-    else:
-        for f in ("sum_x", "sum_y", "sum_xx", "sum_xy"):
-            total[f] = sum(c[f] for c in cells)
-    return total
-
-
-def _ols(t: dict[str, Any]) -> dict[str, float] | None:
-    n = t["n"]
-    den = n * t["sum_xx"] - t["sum_x"] ** 2
-    if n < 2 or den == 0:
-        return None
-    slope = (n * t["sum_xy"] - t["sum_x"] * t["sum_y"]) / den
-    return {"slope": slope, "intercept": (t["sum_y"] - slope * t["sum_x"]) / n}

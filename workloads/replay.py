@@ -27,20 +27,19 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.errors import ProducerError, ProducerParameterError
-from producers.privatize import EventError, MetricPrivatizer
-from schemas.spec import CategoricalMetric, CollectionSpec
+from producers.errors import ProducerParameterError
+from producers.privatizers import EventError, MetricPrivatizer
+from schemas.spec import CollectionSpec
+from workloads.kinds import workload_of
+from workloads.kinds.base import BadLineError, parse_number
 
 __all__ = ["LineError", "ReplayEvent", "read_events"]
 
-_TRUE = {"true", "1", "yes", "y", "t"}
-_FALSE = {"false", "0", "no", "n", "f"}
 _U32 = (1 << 32) - 1
 
 
@@ -66,92 +65,35 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-class _BadLineError(ProducerError):
-    pass
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-        return v.strip().lower() in _TRUE
-    raise _BadLineError("value must be a boolean")
-
-
-def _number(v: Any, what: str) -> float:
-    if isinstance(v, bool):
-        raise _BadLineError(f"{what} must be a number")
-    if isinstance(v, (int, float)):
-        x = float(v)
-    elif isinstance(v, str):
-        try:
-            x = float(v.strip())
-        except ValueError:
-            raise _BadLineError(f"{what} must be a number") from None
-    else:
-        raise _BadLineError(f"{what} must be a number")
-    if not math.isfinite(x):
-        raise _BadLineError(f"{what} must be finite")
-    return x
-
-
-def _required(row: dict[str, Any], field: str) -> Any:
-    v = row.get(field)
-    if v is None or v == "":
-        raise _BadLineError(f"missing field {field!r}")
-    return v
-
-
 def _event(
     row: dict[str, Any], line: int, spec: CollectionSpec, privatizers: dict[str, MetricPrivatizer]
 ) -> ReplayEvent:
     name = row.get("metric")
     if not isinstance(name, str) or not name:
-        raise _BadLineError("missing field 'metric'")
+        raise BadLineError("missing field 'metric'")
     try:
         metric = spec.metric(name)
     except KeyError:
-        raise _BadLineError(f"unknown metric {name!r}") from None
+        raise BadLineError(f"unknown metric {name!r}") from None
     try:
-        kind = metric.kind
-        if kind == "bool":
-            value: Any = _bool(_required(row, "value"))
-        elif kind == "categorical":
-            raw = _required(row, "value")
-            if isinstance(metric, CategoricalMetric) and metric.bins is not None:
-                value = _number(raw, "value")
-            elif isinstance(raw, str):
-                value = raw
-            else:
-                raise _BadLineError("value must be a category name (a string)")
-        elif kind == "rappor":
-            value = _required(row, "value")
-            if not isinstance(value, str):
-                raise _BadLineError("value must be a string")
-        elif kind == "keyed":
-            key = _required(row, "key")
-            if not isinstance(key, str):
-                raise _BadLineError("key must be a string")
-            value = (key, _bool(_required(row, "value")))
-        else:
-            value = (_number(_required(row, "x"), "x"), _number(_required(row, "y"), "y"))
+        value = workload_of(metric.kind).parse(metric, row)
         privatizers[name].validate(value)
-    except _BadLineError as err:
-        raise _BadLineError(f"metric {name!r}: {err}") from None
+    except BadLineError as err:
+        raise BadLineError(f"metric {name!r}: {err}") from None
     except EventError as err:
-        raise _BadLineError(str(err)) from None
+        raise BadLineError(str(err)) from None
     client = row.get("client") or "replay"
     if not isinstance(client, str):
-        raise _BadLineError("client must be a string")
+        raise BadLineError("client must be a string")
     t = row.get("time")
     time: int | None = None
     if t is not None and t != "":
         try:
-            tf = _number(t, "time")
-        except _BadLineError:
-            raise _BadLineError("time must be whole seconds since the epoch") from None
+            tf = parse_number(t, "time")
+        except BadLineError:
+            raise BadLineError("time must be whole seconds since the epoch") from None
         if not tf.is_integer() or not 0 <= tf <= _U32:
-            raise _BadLineError("time must be whole seconds since the epoch in [0, 2^32)")
+            raise BadLineError("time must be whole seconds since the epoch in [0, 2^32)")
         time = int(tf)
     return ReplayEvent(line, name, client, time, value)
 
@@ -202,7 +144,7 @@ def read_events(
                     continue
                 try:
                     yield _event(row, n, spec, privatizers)
-                except _BadLineError as err:
+                except BadLineError as err:
                     yield LineError(n, str(err))
         except UnicodeDecodeError as err:
             yield LineError(-1, f"the file is not UTF-8 text ({err.reason} at byte {err.start}); replay stopped")

@@ -34,8 +34,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from schemas.wire import (
-    _HEADERS,
-    _LITTLE,
     MAX_BATCH_REPORTS,
     MAX_MESSAGE_BYTES,
     BatchColumns,
@@ -43,6 +41,7 @@ from schemas.wire import (
     WireError,
     decode,
 )
+from schemas.wire.envelope import HEADER_CACHE, LITTLE_ENDIAN_HOST
 from schemas.wire.primitives import table_field
 from schemas.wire.registry import CODEC_OF_COLUMNS, CODECS
 
@@ -218,8 +217,8 @@ def decode_records(values: Sequence[bytes | None]) -> tuple[list[RecordColumns],
     order."""
     general: list[int] = []
     groups: dict[tuple[bytes, int], tuple[list[bytes], list[int]]] = {}
-    heads = _HEADERS
-    if not _LITTLE:
+    heads = HEADER_CACHE
+    if not LITTLE_ENDIAN_HOST:
         return [], list(range(len(values)))
     primed: set[bytes] = set()
     # the groups of the last few records: a stream repeats a few headers and lengths (one-report and batch messages
