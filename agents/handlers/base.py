@@ -11,9 +11,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.errors import StateError
+from agents.handlers.release_fields import WindowFields
 from agents.ledger import MetricLedger
 from agents.partials import Partial, Shape
-from agents.release_fields import WindowFields
 from mechanisms.rng import RandomSource
 from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
@@ -66,7 +66,7 @@ class KindHandler(ABC, Generic[M, P]):
     #: The column types of the kind's payloads (a categorical metric has one per local protocol).
     column_types: ClassVar[tuple[type, ...]]
     #: The column holding a report's shard -- what its message key and so its partition derive from -- when it is
-    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.placement`).
+    #: not the pseudonym (``pseudonym mod shards``): RAPPOR's cohort (:mod:`agents.stage1.placement`).
     shard_column: ClassVar[str | None] = None
     #: The type of the kind's partials (its count layout); :meth:`agents.partials.Partial.from_bytes` restores a
     #: record of the kind as one (:data:`agents.handlers.registry.PARTIAL_TYPES`).
@@ -83,7 +83,7 @@ class KindHandler(ABC, Generic[M, P]):
 
     def own(self, partial: Partial) -> P:
         """``partial`` as this kind's partial type (once per group or window; :class:`StateError` if it is not one --
-        callers refuse partials of another kind or shape before, :func:`agents.kinds.shape_mismatch`)."""
+        callers refuse partials of another kind or shape before, :func:`agents.stage1.aggregator.shape_mismatch`)."""
         if not isinstance(partial, self.partial_type):
             raise StateError(f"{partial.metric}: {type(partial).__name__} is not a {self.partial_type.__name__}")
         return partial
@@ -105,7 +105,6 @@ class KindHandler(ABC, Generic[M, P]):
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
-        olh_range: int | None,
     ) -> Added:
         """Bound and count ``accepted`` (reports of ``metric``, in record order; ``pseudonyms`` theirs, in order)."""
 
@@ -137,12 +136,11 @@ class BoundedHandler(KindHandler[M, P]):
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
-        olh_range: int | None,
     ) -> Added:
         ok = partial.admit(pseudonyms, metric.reports_per_window)
         counted = int(np.count_nonzero(ok))
         keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
-        self.add(partial, metric, [a.columns for a in accepted], keep, olh_range)
+        self.add(partial, metric, [a.columns for a in accepted], keep)
         return Added(counted)
 
     @abstractmethod
@@ -152,7 +150,6 @@ class BoundedHandler(KindHandler[M, P]):
         metric: M,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         """Count the rows ``keep`` of ``columns`` (the admitted reports) into ``partial``."""
 

@@ -37,10 +37,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tqdm import tqdm
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,

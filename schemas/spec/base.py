@@ -43,7 +43,7 @@ _TOPIC_NAME = r"^[a-zA-Z0-9._\-]{1,249}$"
 Real = StrictFloat | StrictInt
 
 #: Bytes the keys of one keyed partial may take in its serialized form (a stage-1 state record, a hand-over
-#: entry): half of the agents' 16 MiB record limit (``agents.topics.MAX_RECORD_BYTES``), the rest left for
+#: entry): half of the agents' 16 MiB record limit (``agents.kafka_io.topics.MAX_RECORD_BYTES``), the rest left for
 #: the header, the key and the framing.
 KEYED_PARTIAL_KEY_BYTES = 8 << 20
 

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agents.topics import WorkerTopics
+from agents.kafka_io.topics import WorkerTopics
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher

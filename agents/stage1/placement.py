@@ -20,7 +20,7 @@ from aiokafka.partitioner import murmur2
 from numpy.typing import NDArray
 
 from agents.handlers.registry import HANDLERS
-from agents.validation import Accepted
+from agents.stage1.validation import Accepted
 from schemas.wire import DEFAULT_SHARDS, partition_key
 
 __all__ = ["Placement"]

@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from agents.errors import BrokerError, StateError
-from agents.recovery import stop_client
-from agents.topics import MAX_RECORD_BYTES
+from agents.kafka_io.recovery import stop_client
+from agents.kafka_io.topics import MAX_RECORD_BYTES
 from schemas.kafka_connection import Connection, client_kwargs
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ async def start_transactional_producer(
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
     Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly once the process has called
-    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.app.build_worker` does).
+    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.runtime.composition.build_worker` does).
     """
     producer = AIOKafkaProducer(
         **client_kwargs(bootstrap),
