@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -92,8 +93,10 @@ def _every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
+@functools.cache
 def _project_import_graph(deferred: bool = False) -> dict[str, set[str]]:
-    """Module -> the project modules it imports: at import time, or (``deferred``) anywhere in its source."""
+    """Module -> the project modules it imports: at import time, or (``deferred``) anywhere in its source (cached:
+    read-only for callers)."""
     paths = [p for package in PROJECT_PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
     modules = {_module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
