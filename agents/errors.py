@@ -46,7 +46,7 @@ class BrokerError(AgentError):
 
 
 class LedgerError(StateError):
-    """The dataset's privacy ledger cannot be used: stage 2 releases nothing (see :mod:`agents.ledger_seal`).
+    """The dataset's privacy ledger cannot be used: stage 2 releases nothing (see :mod:`agents.stage2.ledger_seal`).
 
     ``kind`` says why, as the worker's ``ptel_worker_ledger_refused{reason}`` metric and ``/readyz`` show it:
     ``tampered`` (a record forged, altered, planted or removed), ``lost`` (no ledger although the dataset was released

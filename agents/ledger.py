@@ -101,7 +101,7 @@ class MetricLedger:
     retention_ms: int
     #: Charged releases within the horizon, oldest first.
     entries: list[LedgerCharge] = field(default_factory=list)
-    #: The stage's secret release-noise key (:attr:`agents.stage2.ReleaserState.noise_key`), set by stage 2
+    #: The stage's secret release-noise key (:attr:`agents.stage2.releaser.ReleaserState.noise_key`), set by stage 2
     #: before each release is built; not part of the ledger record (it has its own state record).
     noise_key: bytes | None = field(default=None, repr=False, compare=False)
 

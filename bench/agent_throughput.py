@@ -54,16 +54,16 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.app import build_worker
-from agents.kinds import Aggregator
-from agents.placement import Placement
-from agents.stage1 import PartitionState
-from agents.stage1_records import SourceRecord
-from agents.topics import WorkerTopics, ensure_topics
-from agents.validation import Accepted, Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
-from agents.worker import Worker, WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import Worker, WorkerSettings
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.placement import Placement
+from agents.stage1.records import SourceRecord
+from agents.stage1.validation import Accepted, Validator
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from ptel.kafka_broker import LocalKafka, default_port
 from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
@@ -205,9 +205,9 @@ async def worker_consume(
     bootstrap: str, spec: CollectionSpec, total: int, group: str, threads: int | None = None
 ) -> tuple[float, Worker, dict[str, float]]:
     """Seconds from the fetch that brought a fresh worker's first record to the commit of its ``total``-th (the
-    worker's own clocks: :attr:`agents.worker_stats.WorkerStats.first_record_s`), the worker, and the CPU seconds spent
-    from the first poll that saw the worker's partitions assigned to the poll that saw its last commit, by thread
-    group and by the broker (:func:`cpu_snapshot`; ``interval_s``: that interval's wall time)."""
+    worker's own clocks: :attr:`agents.runtime.worker_stats.WorkerStats.first_record_s`), the worker, and the CPU
+    seconds spent from the first poll that saw the worker's partitions assigned to the poll that saw its last commit, by
+    thread group and by the broker (:func:`cpu_snapshot`; ``interval_s``: that interval's wall time)."""
     # each repetition is a fresh group over the same reports: it adopts the dataset's privacy ledger from the one
     # before (which has stopped), so its stage 2 runs as the first one's did
     settings = WorkerSettings(

@@ -36,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.topics import WorkerTopics, ensure_topics  # noqa: E402
+from agents.kafka_io.topics import WorkerTopics, ensure_topics  # noqa: E402
 from gateway.keys import GatewayKeys  # noqa: E402
 from producers.client_secret import ClientSecret  # noqa: E402
 from producers.edge_client import EdgeClient  # noqa: E402

@@ -46,7 +46,7 @@ import numpy as np
 import yaml
 from aiohttp import web
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
 from ptel.kafka_broker import LocalKafka, default_port, free_port
 from schemas.spec import CollectionSpec, parse_spec

@@ -40,7 +40,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka import __version__ as aiokafka_version
 
-from agents.topics import ensure_plans, reports_plan
+from agents.kafka_io.topics import ensure_plans, reports_plan
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher

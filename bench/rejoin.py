@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from ptel.kafka_broker import LocalKafka, free_port
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, Report, encode_report, partition_key

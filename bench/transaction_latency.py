@@ -6,7 +6,7 @@ stage-1 batch. Two settings of the same aiokafka producer, alternating in the sa
 - *aiokafka defaults*: a refused ``AddPartitionsToTxn`` (``CONCURRENT_TRANSACTIONS``: the broker has not yet
   written the previous transaction's markings, KAFKA-5477) is retried after aiokafka's fixed 20 ms, produce
   retries after 100 ms;
-- *agents*: the settings of :func:`agents.changelog.start_transactional_producer` (2 ms and 10 ms).
+- *agents*: the settings of :func:`agents.kafka_io.changelog.start_transactional_producer` (2 ms and 10 ms).
 
 Prints and writes the mean, median, p90, maximum and share above 20 ms of ``--transactions`` transactions per
 round, ``--rounds`` rounds (the defaults' latencies are bimodal: ~3 ms, or ~23 ms after a refusal).
@@ -36,7 +36,7 @@ import aiokafka.producer.sender as aiokafka_sender
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents.changelog import (
+from agents.kafka_io.changelog import (
     CONCURRENT_TRANSACTIONS_BACKOFF_S,
     TRANSACTIONAL_RETRY_BACKOFF_MS,
     shorten_concurrent_transactions_backoff,
@@ -50,7 +50,7 @@ AIOKAFKA_BACKOFF_OVERRIDE_S = aiokafka_sender.BACKOFF_OVERRIDE  # read at import
 
 async def transactions(bootstrap: str, topic: str, n: int, backoff_s: float, retry_ms: int) -> list[float]:
     """Seconds per transaction of ``n`` back-to-back transactions of the agents' own producer
-    (:func:`agents.changelog.start_transactional_producer`) with the given retry settings."""
+    (:func:`agents.kafka_io.changelog.start_transactional_producer`) with the given retry settings."""
     producer = await start_transactional_producer(bootstrap, f"bench-txn-{uuid.uuid4().hex[:8]}", retry_ms)
     shorten_concurrent_transactions_backoff(backoff_s)
     try:

@@ -4,8 +4,8 @@ Each admitted request hands its reports to :meth:`Forwarder.forward` with the on
 gets a future that completes when Kafka has acknowledged the message holding them. A report's partition is a
 function of the report alone -- Kafka's default partitioner on ``partition_key(metric, shard)``, the shard being its
 pseudonym mod 64, every kind (:mod:`schemas.wire`, :meth:`Forwarder.partition_of`) -- which is what the
-agents check (``agents.placement``), whatever key the message carries. So the reports of many devices bound for one
-partition share a message: every ``linger_ms`` the reports waiting for each partition are packed into
+agents check (``agents.stage1.placement``), whatever key the message carries. So the reports of many devices bound for
+one partition share a message: every ``linger_ms`` the reports waiting for each partition are packed into
 :class:`~schemas.wire.ReportBatch` messages of at most ``max_batch_reports`` reports (a request is never split), sent
 to that partition explicitly with ``enable_idempotence=True`` / ``acks="all"``: the broker drops a retried batch it
 already has, so aiokafka's retries never duplicate a report, and an acknowledged report is on every in-sync

@@ -26,48 +26,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
-from mechanisms.local.randomized_response.randomizer import randomized_response_prob
-from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
-from schemas.spec import BoolMetric, CategoricalMetric, CollectionSpec, KeyedMetric, RapporMetric, RegressionMetric
+from schemas.spec import CollectionSpec, Metric
 
 __all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]
 
 #: ``format`` of the document; a new version is a new string (clients refuse formats they do not know).
 SPEC_DOCUMENT_FORMAT = "ptel-spec-document/v1"
 
-Metric = BoolMetric | CategoricalMetric | RapporMetric | KeyedMetric | RegressionMetric
-
 
 def device_parameters(metric: Metric) -> dict[str, Any]:
-    """What a device needs beyond the metric's fields: its fingerprint, payload kind and resolved parameters."""
-    out: dict[str, Any] = {"fingerprint": metric.fingerprint}
-    if isinstance(metric, BoolMetric):
-        out.update(payload="bool", prob=metric.resolved_prob())
-    elif isinstance(metric, KeyedMetric):
-        out.update(payload="keyed", prob=metric.value.resolved_prob())
-    elif isinstance(metric, CategoricalMetric):
-        protocol = metric.resolved_protocol()
-        k = metric.k
-        if protocol == "krr":
-            out.update(payload="category", k=k, prob=_krr_prob(metric))
-        elif protocol == "oue":
-            oue = make_optimized_unary_encoding(range(k), metric.resolved_epsilon())
-            out.update(payload="unary", k=k, p=oue.p, q=oue.q)
-        else:
-            olh = make_optimized_local_hashing(range(k), metric.resolved_epsilon())
-            out.update(payload="local_hash", k=k, g=olh.g, prob=olh.prob)
-    elif isinstance(metric, RapporMetric):
-        out.update(payload="rappor")
-    else:
-        out.update(payload="regression")
-    return out
-
-
-def _krr_prob(metric: CategoricalMetric) -> float:
-    if metric.prob is not None:
-        return float(metric.prob)
-    return randomized_response_prob(float(metric.epsilon), metric.k)  # type: ignore[arg-type]
+    """What a device needs beyond the metric's fields: its fingerprint, payload kind and resolved parameters (each
+    kind's ``device_parameters``, in ``schemas/spec/<kind>_metric.py``)."""
+    return {"fingerprint": metric.fingerprint, **metric.device_parameters()}
 
 
 def spec_document(spec: CollectionSpec) -> dict[str, Any]:

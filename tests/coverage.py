@@ -1,5 +1,5 @@
 """Coverage of the released intervals, every kind: simulated windows with a known truth through the real device
-randomizers and the agents' pure release (:func:`agents.release.build_release`), at fixed seeds.
+randomizers and the agents' pure release (:func:`agents.stage2.release.build_release`), at fixed seeds.
 
 Used by ``tests/unit/test_coverage.py`` (the assertions) and by ``python -m tests.coverage`` (the table of
 docs/accuracy.md). Each window draws fresh device randomness and fresh central noise (``SeededRandom``: the
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import CohortCounts, DenseCounts, KeyedCounts, Partial
-from agents.release import build_release
+from agents.stage1.aggregator import local_measurement, shape_of
+from agents.stage2.release import build_release
 from mechanisms.central.threshold import make_laplace_threshold
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.encoder import encode_batch_packed
@@ -216,7 +216,7 @@ def local_windows(name: str, windows: int, n: int, seed: int) -> Iterator[tuple[
             else:
                 from mechanisms.local.local_hashing.estimator import olh_support_counts
 
-                g = Aggregator(SPEC, olh_range={name: m.g}).olh_range[name]
+                g = m.g
                 seeds, ys = m.randomize_indices(idx, rng=rng)
                 dense.add_support_counts(olh_support_counts(seeds, ys, k, g), n)
             p = dense

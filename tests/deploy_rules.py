@@ -4,7 +4,7 @@ tests/unit/test_docker_compose.py apply these rules to each deployment file.
 
 1. Every worker names its privacy-ledger key file (``--ledger-key-file`` or ``$PTEL_LEDGER_KEY_FILE``): left to the
    default, each worker makes its own key in its home and the group refuses its ledger as tampered
-   (agents/ledger_seal.py).
+   (agents/stage2/ledger_seal.py).
 2. Every server's ``/metrics`` is an operator route: off loopback it needs a token file (worker: ``--metrics-bind``,
    monitor: ``--web-bind``, gateway: ``--operator-listen``). The one exception the servers allow: a monitor
    ``--behind-proxy`` without a token serves its public views off loopback and its operator routes (``/metrics``

@@ -29,10 +29,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.gateway_sink import GatewaySink

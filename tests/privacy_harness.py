@@ -1,10 +1,10 @@
 """The real pipeline without Kafka, for the privacy audit and the whole-pipeline privacy tests.
 
 Reports are privatized with the producers' own privatizers and wire encoder and go through the real
-:class:`agents.stage1.PartitionState` (optionally restarted under another spec mid-window, as an operator who edits
-the spec does) and :class:`agents.stage2.ReleaserState` with the real release builder
-(:func:`agents.app.release_builder`, CSPRNG noise under a fresh secret key per run unless the dataset's records are
-handed in). Also the audit's statistics: Clopper-Pearson lower bounds on ε.
+:class:`agents.stage1.partition_state.PartitionState` (optionally restarted under another spec mid-window, as an
+operator who edits the spec does) and :class:`agents.stage2.releaser.ReleaserState` with the real release builder
+(:func:`agents.runtime.composition.release_builder`, CSPRNG noise under a fresh secret key per run unless the dataset's
+records are handed in). Also the audit's statistics: Clopper-Pearson lower bounds on ε.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from collections.abc import Callable, Sequence
 
 from scipy.stats import beta
 
-from agents.app import release_builder
-from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
-from agents.stage1 import PartitionState
-from agents.stage1_records import Handover, SourceRecord
-from agents.stage2 import ReleaserState, is_dataset_key
-from agents.validation import Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
+from agents.runtime.composition import release_builder
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.records import Handover, SourceRecord
+from agents.stage1.validation import Validator
+from agents.stage2.releaser import ReleaserState, is_dataset_key
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from producers.client_secret import ClientSecret
 from producers.privatizers import make_privatizers
 from schemas.conformance import resolve_protocols
@@ -119,7 +119,7 @@ def stage1(
     ``T0``, closes; later windows stay open): its hand-overs.
 
     ``restart_as``: after ``recs`` the worker restarts under this spec (its state restored from the state records
-    and its client maps replayed, as :class:`agents.worker.Worker` does) before the windows close."""
+    and its client maps replayed, as :class:`agents.runtime.worker.Worker` does) before the windows close."""
     state = _partition(spec)
     state.process(recs)
     out = []

@@ -11,9 +11,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.errors import StateError
+from agents.handlers.release_fields import WindowFields
 from agents.ledger import MetricLedger
 from agents.partials import Partial, Shape
-from agents.release_fields import WindowFields
 from mechanisms.core.rng import RandomSource
 from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
 from schemas.kinds import MetricKind
@@ -80,7 +80,7 @@ class KindHandler(ABC, Generic[M, P]):
 
     def own(self, partial: Partial) -> P:
         """``partial`` as this kind's partial type (once per group or window; :class:`StateError` if it is not one --
-        callers refuse partials of another kind or shape before, :func:`agents.kinds.shape_mismatch`)."""
+        callers refuse partials of another kind or shape before, :func:`agents.stage1.aggregator.shape_mismatch`)."""
         if not isinstance(partial, self.partial_type):
             raise StateError(f"{partial.metric}: {type(partial).__name__} is not a {self.partial_type.__name__}")
         return partial
@@ -102,7 +102,6 @@ class KindHandler(ABC, Generic[M, P]):
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
-        olh_range: int | None,
     ) -> Added:
         """Bound and count ``accepted`` (reports of ``metric``, in record order; ``pseudonyms`` theirs, in order)."""
 
@@ -134,12 +133,11 @@ class BoundedHandler(KindHandler[M, P]):
         metric: M,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
-        olh_range: int | None,
     ) -> Added:
         ok = partial.admit(pseudonyms, metric.reports_per_window)
         counted = int(np.count_nonzero(ok))
         keep: NDArray[np.bool_] | slice = slice(None) if counted == ok.size else ok  # all admitted: no copy
-        self.add(partial, metric, [a.columns for a in accepted], keep, olh_range)
+        self.add(partial, metric, [a.columns for a in accepted], keep)
         return Added(counted)
 
     @abstractmethod
@@ -149,7 +147,6 @@ class BoundedHandler(KindHandler[M, P]):
         metric: M,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         """Count the rows ``keep`` of ``columns`` (the admitted reports) into ``partial``."""
 

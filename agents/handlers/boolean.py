@@ -32,7 +32,6 @@ class BoolHandler(BoundedHandler[BoolMetric, DenseCounts]):
         metric: BoolMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         partial.add_bool(column(columns, "bits", keep))
 

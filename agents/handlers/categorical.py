@@ -14,7 +14,7 @@ from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
 from agents.partials import DenseCounts, Shape
 from mechanisms.local.local_hashing.estimator import olh_support_counts
-from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing, olh_bucket_count
 from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response,
     make_randomized_response_from_epsilon,
@@ -26,6 +26,14 @@ from schemas.releases import Release
 from schemas.spec import CategoricalMetric
 from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns, olh_seeds_in_family
 from schemas.wire.columns import RecordColumns
+
+
+def olh_range(metric: CategoricalMetric) -> int:
+    """The hash range ``g = round(e^ε) + 1`` of an OLH metric's reports (Wang et al., "Locally Differentially
+    Private Protocols for Frequency Estimation", USENIX Security 2017, sec. 4.4; :func:`olh_bucket_count`): a
+    function of the metric alone, the one :func:`schemas.conformance.olh_ranges` gives the validator (a test checks
+    they agree), so no signature carries it."""
+    return olh_bucket_count(float(metric.resolved_epsilon()))
 
 
 class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
@@ -52,7 +60,6 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
         metric: CategoricalMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         first = columns[0]
         if isinstance(first, CategoryColumns):  # k-RR: the reported category
@@ -61,10 +68,8 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
             packed = column(columns, "bits", keep)
             partial.add_support_counts(unary_support_counts(packed, first.k), int(packed.shape[0]))
         else:  # OLH: H_seed(j) = y
-            if olh_range is None:
-                raise ConfigurationError(f"OLH range of {metric.name}", None, "must be resolved for OLH reports")
             seeds, values = column(columns, "seeds", keep), column(columns, "values", keep)
-            counts = olh_support_counts(seeds, values, metric.k, olh_range)
+            counts = olh_support_counts(seeds, values, metric.k, olh_range(metric))
             partial.add_support_counts(counts, int(seeds.size))
 
     def local_measurement(self, metric: CategoricalMetric, protocol: Protocol | None) -> Any:

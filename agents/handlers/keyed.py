@@ -24,8 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import Added, KindHandler, ReleaseJob, concat
+from agents.handlers.release_fields import estimate_records, finite
 from agents.partials import KeyedCounts, Shape
-from agents.release_fields import estimate_records, finite
 from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.central.key_threshold import make_key_threshold
 from mechanisms.core.estimates import Estimate
@@ -62,7 +62,6 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         metric: KeyedMetric,
         accepted: Sequence[Accepted],
         pseudonyms: NDArray[np.uint64],
-        olh_range: int | None,
     ) -> Added:
         """The contribution bounds first (``admit_keyed``: over the bound -> ``over_bound``), then the partial's key
         capacity (``KeyedMetric.key_capacity`` distinct keys per window and partition): an admitted report of a key

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.handlers.base import KindHandler, M, P, ReleaseJob
-from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
+from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
 from mechanisms.core.directed import mul_up
 from schemas.releases import KeyRelease, PrivacySpent, Release
 

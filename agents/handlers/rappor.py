@@ -19,8 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records, finite
 from agents.partials import CohortCounts, Shape
-from agents.release_fields import MAX_DIVERGENCE, estimate_records, finite
 from schemas.conformance import MetricRules, Protocol
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import RapporMetric
@@ -46,7 +46,6 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         metric: RapporMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         k = columns[0].k
         partial.add_rappor(

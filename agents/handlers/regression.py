@@ -14,8 +14,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
+from agents.handlers.release_fields import finite
 from agents.partials import CellCounts, Shape
-from agents.release_fields import finite
 from mechanisms.central.samplers import sample_discrete_laplace
 from mechanisms.core.rng import RandomSource, resolve
 from schemas.conformance import Protocol
@@ -44,7 +44,6 @@ class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
         metric: RegressionMetric,
         columns: Sequence[Any],
         keep: NDArray[np.bool_] | slice,
-        olh_range: int | None,
     ) -> None:
         partial.add_points(column(columns, "x", keep), column(columns, "y", keep), self.shape(metric))
 

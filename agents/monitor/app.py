@@ -29,8 +29,8 @@ import faust
 from pydantic import SecretStr
 
 from agents.errors import ConfigurationError
-from agents.http_surface import is_loopback
 from agents.monitor.transport import ReadCommittedTransport
+from agents.runtime.http_surface import is_loopback
 from kafka_settings.connection import Connection, KafkaConnection
 from schemas.spec import CollectionSpec
 

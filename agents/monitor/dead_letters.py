@@ -1,6 +1,6 @@
 """Dead-letter counts by reason, exact under redelivery.
 
-The agents' stage 1 (``agents/stage1_pipeline.py``) writes every rejected record of source partition ``p`` to
+The agents' stage 1 (``agents/runtime/stage1_pipeline.py``) writes every rejected record of source partition ``p`` to
 partition ``p`` of the dead-letter topic, in source-offset order, inside the transaction that commits the
 source offset; the headers say why and where from::
 

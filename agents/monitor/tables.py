@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.topics import RELEASES_PARTITIONS
+from agents.kafka_io.topics import RELEASES_PARTITIONS
 from schemas.spec import CollectionSpec
 
 __all__ = ["MonitorTables", "define_tables"]

@@ -8,8 +8,8 @@ topic               partitions   read as
 ==================  ===========  ==================================================================
 
 Faust never declares these (they are not internal); :func:`ensure_source_topics` creates a missing one with
-the agents' own plan (:func:`agents.topics.output_plans`: partitions and configs) and refuses one with another count,
-because each table's partitions must equal its source topic's partitions.
+the agents' own plan (:func:`agents.kafka_io.topics.output_plans`: partitions and configs) and refuses one with another
+count, because each table's partitions must equal its source topic's partitions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from agents.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
+from agents.kafka_io.topics import RELEASES_PARTITIONS, TopicPlan, ensure_plans, output_plans
 from kafka_settings.connection import Connection
 from schemas.spec import CollectionSpec
 
@@ -26,7 +26,7 @@ __all__ = ["MonitorTopics", "define_topics", "ensure_source_topics", "source_par
 
 
 def _plans(spec: CollectionSpec) -> list[TopicPlan]:
-    """The agents' own creation plans of both source topics (:func:`agents.topics.output_plans`)."""
+    """The agents' own creation plans of both source topics (:func:`agents.kafka_io.topics.output_plans`)."""
     return output_plans(spec.topics.dead_letter, spec.topics.releases, spec.topics.partitions)
 
 

@@ -19,8 +19,8 @@ The JSON views lived at ``/metrics/...`` and ``/dead-letters/`` before ``/metric
 answer with a permanent redirect (308) to their ``/api/`` place for one release.
 
 Who may read what (``docs/privacy.md``, ``docs/operations.md``): every route is classified *public* or *operator*
-in :data:`ROUTES` (:mod:`agents.http_surface`); :func:`register_views` refuses to register a route the table does
-not classify. Operator routes -- the exact dead-letter table ``/api/dead-letters/`` and the Prometheus ``/metrics``
+in :data:`ROUTES` (:mod:`agents.runtime.http_surface`); :func:`register_views` refuses to register a route the table
+does not classify. Operator routes -- the exact dead-letter table ``/api/dead-letters/`` and the Prometheus ``/metrics``
 (faust's sensors count the dead-letter topic's messages exactly: issue 22, finding 2) -- always require the operator
 token when one is configured, and answer on loopback only without one. Public routes hold what the release records
 publish (or nothing: the dashboard's page and script, health, readiness, redirects); off loopback the release views
@@ -46,11 +46,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agents.http_surface import OperatorAccess, RouteTable, operator_denial
 from agents.monitor import dashboard
 from agents.monitor.dead_letters import totals
 from agents.monitor.summaries import history_of
 from agents.monitor.tables import MonitorTables
+from agents.runtime.http_surface import OperatorAccess, RouteTable, operator_denial
 from schemas.spec import CollectionSpec
 
 __all__ = ["ROUTES", "metrics_index", "operator_denial", "register_views"]

@@ -13,7 +13,7 @@ it (:attr:`agents.handlers.base.KindHandler.partial_type`):
 
 plus, in the base :class:`Partial`, ``n`` (reports counted) and ``over_bound`` (valid reports beyond the contribution
 bounds), and the state format every layout shares (:meth:`Partial.to_bytes` / :meth:`Partial.from_bytes`, which
-dispatches on the record's kind through :data:`agents.handlers.registry.PARTIAL_TYPES`). Stage 1 also tracks per
+dispatches on the record's kind to the layout declaring it). Stage 1 also tracks per
 client pseudonym how much it contributed to this window (a count, and for keyed metrics its distinct keys) to enforce
 the spec's contribution bounds; that map never leaves stage 1 and is never written: it is a deterministic function
 of the window's records in offset order, rebuilt after a restart by replaying them from

@@ -5,9 +5,10 @@
 The state format (``PTP1``) is one for all layouts: a JSON header with the common fields and four sections --
 the dense arrays ``counts`` and ``cohort_n`` (their bytes after the header), the ``keyed`` map and the ``cells``
 list -- of which a layout fills the ones it keeps (:class:`Sections`; the others are empty). ``from_bytes`` reads
-the header's kind and hands the sections to that kind's partial type (the table
-:data:`agents.handlers.registry.PARTIAL_TYPES`, from the handlers), which refuses sections it does not keep: every
-record it accepts encodes back to the same bytes.
+the header's kind and hands the sections to that kind's partial type (the layout that declares the kind:
+``class DenseCounts(Partial, kinds=("bool", "categorical"))``, :meth:`Partial.layout_of`; each kind's handler
+names the same type, a test checks they agree), which refuses sections it does not keep: every record it accepts
+encodes back to the same bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Self, TypeVar
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -74,7 +75,24 @@ class Sections(NamedTuple):
 @dataclass
 class Partial(ABC):
     """Counts of one metric in one window, from one partition (stage 1) or merged (stage 2); one subclass per
-    count layout (its kind's handler names it: :attr:`agents.handlers.base.KindHandler.partial_type`)."""
+    count layout (its kind's handler names it: :attr:`agents.handlers.base.KindHandler.partial_type`), which declares
+    the kinds it holds (``kinds=...`` in its class statement) so that :meth:`from_bytes` restores a kind's records as
+    it without knowing the handlers."""
+
+    #: Each metric kind's layout, as the layouts declare it (filled by :meth:`__init_subclass__`).
+    _layouts: ClassVar[dict[MetricKind, type[Partial]]] = {}
+
+    def __init_subclass__(cls, kinds: tuple[MetricKind, ...] = (), **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for kind in kinds:
+            if kind in Partial._layouts:
+                raise TypeError(f"{cls.__name__}: kind {kind!r} already has layout {Partial._layouts[kind].__name__}")
+            Partial._layouts[kind] = cls
+
+    @staticmethod
+    def layout_of(kind: MetricKind) -> type[Partial]:
+        """The partial type that holds ``kind``'s counts (the one its state records are restored as)."""
+        return Partial._layouts[kind]
 
     metric: str
     kind: MetricKind
@@ -85,7 +103,8 @@ class Partial(ABC):
     clients: ClientCounts = field(default_factory=ClientCounts)
     #: Stage-1 only: offset of the first source record of this window on its partition. The client maps
     #: are not persisted: after a restart they are rebuilt by replaying the source partition from here
-    #: (:meth:`agents.stage1.PartitionState.rebuild_clients`), so a batch writes O(windows), not O(clients).
+    #: (:meth:`agents.stage1.partition_state.PartitionState.rebuild_clients`), so a batch writes O(windows), not
+    #: O(clients).
     first_offset: int = -1
     #: Keyed metrics: the most distinct keys any one source partition's partial of this window held (a stage-1
     #: partial's own key count once handed over; the maximum over partitions once merged). The statistic of the
@@ -238,8 +257,6 @@ class Partial(ABC):
     def from_bytes(cls, data: bytes) -> Partial:
         """Inverse of :meth:`to_bytes`, a partial of the type of its kind (:class:`Conflicted` for counts of
         :data:`CONFLICT_SHAPE`); raises :class:`StateError` on anything malformed."""
-        from agents.handlers.registry import PARTIAL_TYPES  # the handlers name their partial types: they import us
-
         try:
             if data[:4] != _MAGIC:
                 raise StateError("partial: bad magic")
@@ -266,7 +283,7 @@ class Partial(ABC):
                 {str(k): [int(v[0]), int(v[1])] for k, v in header["keyed"].items()},
                 {int(c): int(v) for c, v in header["cells"]},
             )
-            layout = Conflicted if sections.counts.shape == CONFLICT_SHAPE else PARTIAL_TYPES[kind]
+            layout = Conflicted if sections.counts.shape == CONFLICT_SHAPE else Partial.layout_of(kind)
             out = layout(
                 metric=str(header["metric"]),
                 kind=kind,
@@ -301,7 +318,7 @@ class Partial(ABC):
 class Conflicted(Partial):
     """Stage 2's pending counts of a window whose partials cannot be merged (two spec versions): no counts, dense
     ``counts`` of :data:`CONFLICT_SHAPE` under the window's kind, so nothing of either is ever released
-    (:func:`agents.stage2.conflicted`)."""
+    (:func:`agents.stage2.releaser.conflicted`)."""
 
     @classmethod
     def of(cls, partial: Partial) -> Conflicted:

@@ -15,7 +15,7 @@ GRID = 1024
 
 
 @dataclass
-class CellCounts(Partial):
+class CellCounts(Partial, kinds=("regression",)):
     """A partial of histogram cells."""
 
     #: Packed cell index ``ix·GRID + iy`` -> count.

@@ -13,7 +13,7 @@ from agents.partials.base import Partial, Sections, Shape, zeros
 
 
 @dataclass
-class CohortCounts(Partial):
+class CohortCounts(Partial, kinds=("rappor",)):
     """A partial of Bloom-bit sums per cohort."""
 
     #: Bit sums (m, k).

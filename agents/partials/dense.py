@@ -14,7 +14,7 @@ from agents.partials.base import Partial, Sections, Shape, zeros
 
 
 @dataclass
-class DenseCounts(Partial):
+class DenseCounts(Partial, kinds=("bool", "categorical")):
     """A partial of one dense count vector."""
 
     #: bool (2,), categorical (k,).

@@ -14,7 +14,7 @@ from agents.partials.base import Partial, Sections, zeros
 
 
 @dataclass
-class KeyedCounts(Partial):
+class KeyedCounts(Partial, kinds=("keyed",)):
     """A partial of counts per key."""
 
     #: key -> [reports, value-true reports].

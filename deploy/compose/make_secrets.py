@@ -15,7 +15,7 @@ file                                  owner  what
 ``worker-operator-token``             ptel   the bearer token of the worker's ``/metrics`` (``--operator-token-file``)
 ``gateway-operator-token``            ptel   the bearer token of the gateway's operator listener (``/metrics``)
 ``ledger.key``                        ptel   the workers' privacy-ledger key (``PTEL_LEDGER_KEY_FILE``): one file for
-                                             every worker of the group (``agents/ledger_seal.py``)
+                                             every worker of the group (``agents/stage2/ledger_seal.py``)
 ``gateway.keys``                      ptel   the gateway's key file (``ptel gateway-keys``)
 ``gateway.pem``, ``gateway.key``      ptel   the gateway's HTTPS certificate (``localhost``, ``gateway-secured``)
 ====================================  =====  =======================================================================
@@ -154,7 +154,7 @@ ADDED_LATER = ("worker-operator-token", "gateway-operator-token", "ledger.key")
 
 def _add_missing(folder: Path) -> bool:
     """Write those of :data:`ADDED_LATER` that ``folder`` lacks; whether any was written."""
-    from agents.ledger_seal import LedgerSecret  # the project image's own key file format
+    from agents.stage2.ledger_seal import LedgerSecret  # the project image's own key file format
 
     made = False
     for name in ADDED_LATER:

@@ -38,10 +38,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tqdm import tqdm
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from ptel.commands.demo_gateway import DemoGateway
 from ptel.commands.demo_gateway import add_arguments as add_gateway_arguments

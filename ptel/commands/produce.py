@@ -43,7 +43,7 @@ from typing import Any
 from tqdm import tqdm
 
 from agents.errors import AgentError
-from agents.topics import ensure_plans, reports_plan
+from agents.kafka_io.topics import ensure_plans, reports_plan
 from kafka_settings.connection import KafkaConnection
 from producers.client_secret import ClientSecret, ClientSecretError
 from producers.contribution import ContributionStateError

@@ -18,14 +18,14 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from agents.app import build_worker, default_group
 from agents.errors import AgentError, LedgerError
-from agents.ledger_seal import LedgerSecret, default_key_path
-from agents.observability import WorkerObserver, serve
-from agents.recovery import retry_retriable
-from agents.topics import WorkerTopics, denied_access, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.recovery import retry_retriable
+from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_topics
+from agents.runtime.composition import build_worker, default_group
+from agents.runtime.observability import WorkerObserver, serve
+from agents.runtime.worker import WorkerSettings
+from agents.stage2.ledger_seal import LedgerSecret, default_key_path
+from agents.windowing.watermarks import IdlePolicy
 from ptel.commands.options import (
     add_bootstrap_argument,
     add_spec_argument,

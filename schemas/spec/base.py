@@ -43,7 +43,7 @@ _TOPIC_NAME = r"^[a-zA-Z0-9._\-]{1,249}$"
 Real = StrictFloat | StrictInt
 
 #: Bytes the keys of one keyed partial may take in its serialized form (a stage-1 state record, a hand-over
-#: entry): half of the agents' 16 MiB record limit (``agents.topics.MAX_RECORD_BYTES``), the rest left for
+#: entry): half of the agents' 16 MiB record limit (``agents.kafka_io.topics.MAX_RECORD_BYTES``), the rest left for
 #: the header, the key and the framing.
 KEYED_PARTIAL_KEY_BYTES = 8 << 20
 
@@ -296,6 +296,11 @@ class _MetricBase(_Frozen):
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
         """``(unit, ε or ρ, δ)`` of one window's central release (only for a :attr:`CENTRAL` kind)."""
         raise NotImplementedError(f"{type(self).__name__} has no central release")
+
+    def device_parameters(self) -> dict[str, Any]:
+        """What a device privatizes with beyond the metric's fields (``schemas.spec_document``): ``payload``, the
+        wire payload kind it sends, and the parameters the Python side resolves (e.g. RR's keep probability)."""
+        raise NotImplementedError(f"{type(self).__name__} names no device parameters")
 
     @property
     def fingerprint(self) -> int:

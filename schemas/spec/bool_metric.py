@@ -5,7 +5,7 @@ Sources cited in brackets ([RR]): docs/references.md.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     model_validator,
@@ -34,6 +34,7 @@ class BoolMetric(_MetricBase):
 
     def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
         return PayloadKind.BOOL
+
     prob: Real | None = None
     epsilon: Real | None = None
 
@@ -45,6 +46,10 @@ class BoolMetric(_MetricBase):
     def resolved_prob(self) -> float:
         """Probability of a truthful answer: ``prob``, or the largest p with ``ln(p / (1 - p)) <= ε``."""
         return _bool_prob(self.prob, self.epsilon)
+
+    def device_parameters(self) -> dict[str, Any]:
+        """A BOOL payload with RR's keep probability."""
+        return {"payload": "bool", "prob": self.resolved_prob()}
 
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client: ``reports · ln(p / (1 - p))`` (basic composition)."""

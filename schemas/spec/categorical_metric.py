@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -14,11 +14,14 @@ from pydantic import (
 
 from mechanisms.core.directed import mul_up
 from mechanisms.core.errors import ParameterError
+from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
 from mechanisms.local.protocol_choice import choose_protocol
 from mechanisms.local.randomized_response.randomizer import (
     make_randomized_response,
     randomized_response_epsilon,
+    randomized_response_prob,
 )
+from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
 from schemas.spec.base import (
@@ -119,6 +122,21 @@ class CategoricalMetric(_MetricBase):
         if self.bins is None:  # unreachable: the validator requires categories or bins
             raise RuntimeError("categorical metric without categories or bins")
         return self.bins.labels()
+
+    def device_parameters(self) -> dict[str, Any]:
+        """By the resolved protocol: k-RR's CATEGORY payload with its keep probability, OUE's UNARY payload with
+        its realized bit probabilities ``p``, ``q``, or OLH's LOCAL_HASH payload with ``g`` buckets and the inner
+        k-RR's keep probability."""
+        protocol, k = self.resolved_protocol(), self.k
+        if protocol == "krr":
+            eps = self.epsilon
+            prob = float(self.prob) if self.prob is not None else randomized_response_prob(float(eps), k)  # type: ignore[arg-type]
+            return {"payload": "category", "k": k, "prob": prob}
+        if protocol == "oue":
+            oue = make_optimized_unary_encoding(range(k), self.resolved_epsilon())
+            return {"payload": "unary", "k": k, "p": oue.p, "q": oue.q}
+        olh = make_optimized_local_hashing(range(k), self.resolved_epsilon())
+        return {"payload": "local_hash", "k": k, "g": olh.g, "prob": olh.prob}
 
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client: ``reports · ε`` (basic composition)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -124,6 +124,10 @@ class KeyedMetric(_MetricBase):
     release: ThresholdReleaseSpec
     #: The private test, before each window's release, that no partial was near :attr:`key_capacity`.
     capacity_test: CapacityTestSpec = CapacityTestSpec()
+
+    def device_parameters(self) -> dict[str, Any]:
+        """A KEYED payload with the value bit's RR keep probability."""
+        return {"payload": "keyed", "prob": self.value.resolved_prob()}
 
     def key_bound(self) -> int | None:
         """``keys_per_window``: distinct keys a client may send per window."""

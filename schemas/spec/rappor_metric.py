@@ -5,7 +5,7 @@ Sources cited in brackets ([RAPPOR]): docs/references.md.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -45,6 +45,7 @@ class RapporMetric(_MetricBase):
 
     def payload_bounds(self) -> tuple[int, int, int]:
         return self.bits, self.m, 0
+
     variant: Literal["standard", "one_time", "basic", "basic_one_time"] = "standard"
     k: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None  # num_bloombits
     h: Annotated[StrictInt, Field(ge=1, le=64)] = 2  # num_hashes
@@ -96,6 +97,10 @@ class RapporMetric(_MetricBase):
     def bits(self) -> int:
         """Bloom filter size k (for basic variants, the number of candidates)."""
         return self.k if self.k is not None else len(self.candidates)
+
+    def device_parameters(self) -> dict[str, Any]:
+        """A RAPPOR payload: the spec's own fields say everything (``k``, ``h``, ``m``, ``f``, ``p``, ``q``)."""
+        return {"payload": "rappor"}
 
     def horizon_epsilon(self, reports: int) -> float:
         """Local loss of ``reports`` reports of one client over the horizon, under :attr:`guarantee`.

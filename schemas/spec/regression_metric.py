@@ -78,6 +78,10 @@ class RegressionMetric(_MetricBase):
     #: even an empty one).
     point_count_test: PointCountTestSpec | None = None
 
+    def device_parameters(self) -> dict[str, Any]:
+        """A REGRESSION payload (the exact pair; the noise is central)."""
+        return {"payload": "regression"}
+
     def window_cost(self) -> tuple[Literal["epsilon", "rho"], float, float]:
         """``(unit, ε or ρ, 0)`` of one window's DP Theil-Sen release: its map at d_in = ``reports_per_window``, plus
         the point-count test's ε (as ``ρ = ε²/2`` under zCDP: pure ε-DP implies ε²/2-zCDP, Bun & Steinke 2016,

@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.stage1_records import Handover
-from agents.validation import REJECTION_REASONS
+from agents.stage1.records import Handover
+from agents.stage1.validation import REJECTION_REASONS
 from gateway.idempotency import TAG_HEADER, parse_tag_header
 from schemas.wire import Report, ReportBatch, WireError, decode
 

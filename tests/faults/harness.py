@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents.validation import REJECTION_REASONS
+from agents.stage1.validation import REJECTION_REASONS
 from ptel.kafka_broker import LocalKafka, free_port
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.topics import WorkerTopics
+from agents.kafka_io.topics import WorkerTopics
 from tests.faults.cluster import Cluster
 from tests.faults.harness import Produced, SupervisedWorker, check_invariant, make_spec, produce
 

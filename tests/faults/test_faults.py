@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from tests.faults.harness import Broker, Produced, SupervisedWorker, check_invariant, make_spec, produce
 from tests.kafka_helpers import create_topic
 

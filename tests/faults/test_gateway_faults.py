@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.forwarder import ForwarderSettings
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings

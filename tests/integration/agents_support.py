@@ -21,10 +21,10 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.app import build_worker
-from agents.stage1_records import Handover
-from agents.topics import WorkerTopics, ensure_topics
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.stage1.records import Handover
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from tests.kafka_helpers import delete_topics

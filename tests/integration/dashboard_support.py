@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from ptel.kafka_broker import free_port
 from schemas.spec import CollectionSpec
 from tests.integration.agents_support import (

@@ -11,10 +11,10 @@ import asyncio
 import time
 from pathlib import Path
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import delete_worker_topics, make_spec, send_all
 

@@ -18,11 +18,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from agents.app import build_worker
 from agents.errors import TopicError
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import delete_worker_topics, make_spec, read_topic, wait_for_window_start
 from tests.kafka_helpers import create_topic

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from schemas.wire import BoolPayload, KeyedPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import (
     WorkerProcess,

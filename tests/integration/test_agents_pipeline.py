@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from tests.integration.agents_support import (
@@ -171,4 +171,3 @@ async def test_end_to_end_accuracy_and_scale_out(kafka_bootstrap: str, tmp_path:
     # 66 intervals at 95%: 10 or more misses (coverage < 85%) has probability 0.002 (binomial tail); the
     # simulation and the privatization are seeded, so the run is reproducible
     assert total == 2 * (1 + 4 + 20 + 8) and covered / total >= 0.85, (covered, total)
-

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from agents.app import build_worker
-from agents.placement import Placement
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.stage1.placement import Placement
+from agents.windowing.watermarks import IdlePolicy
 from schemas.wire import BoolPayload, Report, encode_report
 from tests.integration.agents_support import delete_worker_topics, make_spec, read_topic, wait_for_window_start
 

@@ -1,4 +1,4 @@
-"""The worker rides out retriable failures in process and stops on fatal ones, naming them (agents.recovery).
+"""The worker rides out retriable failures in process and stops on fatal ones, naming them (agents.kafka_io.recovery).
 
 Against the session's broker (never stopped here: the broker restarts are in tests/faults). A retriable failure is
 made to happen at a chosen moment by failing the worker's pipeline with the error aiokafka raises for a broker that
@@ -18,8 +18,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import (
     delete_worker_topics,
@@ -90,7 +90,7 @@ async def test_a_worker_fenced_by_a_newer_instance_stops_naming_it(
     spec, _ = make_spec(tmp_path, METRICS, partitions=1, size_s=4, grace_s=1)
     settings = WorkerSettings(kafka_bootstrap, f"{spec.name}-g", IdlePolicy(idle_timeout_ms=1000, clock_skew_ms=500))
     fp = spec.metric("crashed").fingerprint
-    caplog.set_level(logging.ERROR, logger="agents.worker")
+    caplog.set_level(logging.ERROR, logger="agents.runtime.worker")
     worker, task = await start_worker(kafka_bootstrap, spec, settings)
     newer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{settings.group}.stage1.0")
     try:

@@ -6,7 +6,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
-from agents.changelog import ReplayError, read_range
+from agents.kafka_io.changelog import ReplayError, read_range
 from tests.conftest import TopicFactory
 
 

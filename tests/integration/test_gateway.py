@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from agents.app import build_worker
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from gateway.device_auth import ClientCertificateAuthenticator
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from producers.edge_client import EdgeClient
 from producers.gateway_sink import GatewaySink
 from tests.integration.agents_support import delete_worker_topics, make_spec

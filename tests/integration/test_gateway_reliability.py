@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 import yaml
 
-from agents.placement import Placement
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.stage1.placement import Placement
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
 from ptel.kafka_broker import free_port
 from tests.integration.agents_support import ROOT, make_spec

@@ -27,9 +27,9 @@ import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents.app import default_group
+from agents.kafka_io.topics import WorkerTopics, ensure_topics, ledger_topic
 from agents.monitor.app import default_app_id
-from agents.topics import WorkerTopics, ensure_topics, ledger_topic
+from agents.runtime.composition import default_group
 from ptel.kafka_broker import free_port
 from schemas.spec import CollectionSpec, load_spec
 from tests.integration.acls import Acl, create_acls, delete_acls

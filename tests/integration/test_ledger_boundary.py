@@ -19,13 +19,13 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.changelog import read_to_end
-from agents.ledger_seal import LedgerSeal, LedgerSecret
-from agents.observability import WorkerObserver
-from agents.stage2 import NOISE_KEY, OWNER_KEY
-from agents.topics import legacy_ledger_topic
-from agents.watermarks import IdlePolicy
-from agents.worker import Worker, WorkerSettings
+from agents.kafka_io.changelog import read_to_end
+from agents.kafka_io.topics import legacy_ledger_topic
+from agents.runtime.observability import WorkerObserver
+from agents.runtime.worker import Worker, WorkerSettings
+from agents.stage2.ledger_seal import LedgerSeal, LedgerSecret
+from agents.stage2.releaser import NOISE_KEY, OWNER_KEY
+from agents.windowing.watermarks import IdlePolicy
 from schemas.spec import CollectionSpec
 from tests.integration.agents_support import make_spec, start_worker
 from tests.kafka_helpers import create_topic

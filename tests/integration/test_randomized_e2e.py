@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agents.topics import RELEASES_PARTITIONS, WorkerTopics, ensure_topics
+from agents.kafka_io.topics import RELEASES_PARTITIONS, WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient

@@ -25,7 +25,7 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
 from ptel.kafka_broker import free_port
 from schemas.wire import BoolPayload, Report, encode_report

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.worker_settings import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from gateway.keys import GatewayKeys
 from ptel.kafka_broker import free_port
 from schemas.releases import Release

@@ -16,11 +16,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.app import build_worker
-from agents.observability import WorkerObserver, serve
-from agents.topics import WorkerTopics, ensure_topics
-from agents.watermarks import IdlePolicy
-from agents.worker import WorkerSettings
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.runtime.composition import build_worker
+from agents.runtime.observability import WorkerObserver, serve
+from agents.runtime.worker import WorkerSettings
+from agents.windowing.watermarks import IdlePolicy
 from ptel.kafka_broker import LocalKafka, free_port
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import make_spec, send_all, wait_for_window_start

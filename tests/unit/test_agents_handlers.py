@@ -38,3 +38,23 @@ def test_no_agents_module_outside_the_handlers_names_a_kind() -> None:
         named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not named & kind_names, (str(rel), sorted(named & kind_names))
+
+
+def test_the_olh_range_counted_with_is_the_one_the_validator_checks() -> None:
+    """The categorical handler resolves an OLH metric's hash range from the metric itself (no signature carries it):
+    it must be the ``g`` the validator checks report values against, over a range of ε (and k-RR/OUE have none)."""
+    from agents.handlers.categorical import olh_range
+    from schemas.conformance import olh_ranges, resolve_protocols
+    from schemas.spec import CategoricalMetric, parse_spec
+
+    metrics = [
+        {"name": f"olh{i}", "kind": "categorical", "categories": ["x", "y", "z"], "protocol": "olh", "epsilon": eps}
+        for i, eps in enumerate([0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0])
+    ] + [{"name": "oue", "kind": "categorical", "categories": ["a", "b"], "protocol": "oue", "epsilon": 1.0}]
+    spec = parse_spec({"name": "unit", "window": {"size_s": 10, "grace_s": 2, "retention_s": 30}, "metrics": metrics})
+    ranges = olh_ranges(spec, resolve_protocols(spec))
+    assert set(ranges) == {m["name"] for m in metrics[:-1]}
+    for metric in spec.metrics:
+        if metric.name in ranges:
+            assert isinstance(metric, CategoricalMetric) and olh_range(metric) == ranges[metric.name]
+    assert len(set(ranges.values())) > 3  # the ε above give different ranges: a constant would fail

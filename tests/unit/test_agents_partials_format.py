@@ -22,7 +22,7 @@ from agents.partials import (
     merge,
     same_counts,
 )
-from agents.stage2 import conflicted
+from agents.stage2.releaser import conflicted
 from schemas.kinds import METRIC_KINDS, MetricKind
 
 #: ``Partial.to_bytes()`` of :func:`_partials`, written by the single ``Partial`` class (commit 1dd7c34).
@@ -150,7 +150,7 @@ def _partials() -> dict[str, Partial]:
     r.add_rappor(np.array([2, 0, 2, 2]), bits)
     out["rappor"] = r
     k = KeyedCounts.empty("errors", Shape("keyed"), 30_000)
-    k.add_keyed(["b", "a", "\u00e9\"\\\x01", "b"], [1, 0, 1, 1])
+    k.add_keyed(["b", "a", '\u00e9"\\\x01', "b"], [1, 0, 1, 1])
     k.max_partition_keys, k.over_bound = 3, 1
     out["keyed"] = k
     g = CellCounts.empty("lat", REGRESSION, 40_000)
@@ -221,6 +221,16 @@ def test_every_kind_has_a_partial_type_of_its_handler() -> None:
     assert tuple(PARTIAL_TYPES) == METRIC_KINDS
     for kind, handler in HANDLERS.items():
         assert PARTIAL_TYPES[kind] is handler.partial_type and issubclass(handler.partial_type, Partial)
+        # the layout a state record of the kind is restored as (declared by the layouts, not the handlers)
+        assert Partial.layout_of(kind) is handler.partial_type
+
+
+def test_a_kind_declared_by_two_layouts_is_refused() -> None:
+    from agents.partials import DenseCounts
+
+    with pytest.raises(TypeError, match="already has layout DenseCounts"):
+        type("Twice", (Partial,), {}, kinds=("bool",))
+    assert Partial.layout_of("bool") is DenseCounts
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The stage-1 pipeline without a broker, through its public interface (``add``, ``submit``, ``advance_idle``,
 ``drain``, ``remove``, ``failure``): a fake transactional producer at the seam.
 
-Guarantees under test (see :mod:`agents.stage1_pipeline` and docs/agents.md, "The stage-1 pipeline"): per
+Guarantees under test (see :mod:`agents.runtime.stage1_pipeline` and docs/agents.md, "The stage-1 pipeline"): per
 partition the CPU work of batches runs in offset order, transactions commit one at a time in the same order, at
 most ``PIPELINE_DEPTH`` batches are in flight, nothing commits after a transaction or a CPU step has failed (or a
 predecessor was cancelled), revocation commits every dispatched batch before the producer stops, and what was
@@ -27,17 +27,17 @@ import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from agents.errors import AgentError
-from agents.kinds import Aggregator
+from agents.kafka_io.topics import WorkerTopics
 from agents.partials import DenseCounts
-from agents.stage1 import PartitionState, PreparedBatch
-from agents.stage1_pipeline import PIPELINE_DEPTH, Stage1Pipeline, now_ms
-from agents.stage1_records import Handover, SourceRecord, watermark_key
-from agents.topics import WorkerTopics
-from agents.validation import Validator
-from agents.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
-from agents.windows import WindowSpec
-from agents.worker import WorkerSettings
-from agents.worker_stats import WorkerStats
+from agents.runtime.stage1_pipeline import PIPELINE_DEPTH, Stage1Pipeline, now_ms
+from agents.runtime.worker import WorkerSettings
+from agents.runtime.worker_stats import WorkerStats
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState, PreparedBatch
+from agents.stage1.records import Handover, SourceRecord, watermark_key
+from agents.stage1.validation import Validator
+from agents.windowing.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
+from agents.windowing.windows import WindowSpec
 from schemas.conformance import resolve_protocols
 from tests.unit.test_agents_worker import SPEC, _bool
 
@@ -53,7 +53,7 @@ HANG_S = 5.0
 TOPICS = WorkerTopics.for_spec(SPEC, "unit")
 WINDOW = WindowSpec(SPEC.window.size_s, SPEC.window.grace_s)
 VALIDATOR = Validator(SPEC, resolve_protocols(SPEC), {})
-AGGREGATOR = Aggregator(SPEC, {})
+AGGREGATOR = Aggregator(SPEC)
 IDLE = IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000)
 
 

@@ -1,4 +1,4 @@
-"""Which failures the worker rides out (agents.recovery): the classification and the backoff."""
+"""Which failures the worker rides out (agents.kafka_io.recovery): the classification and the backoff."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 import pytest
 from aiokafka import errors as kafka_errors
 
-from agents.changelog import ReplayError
 from agents.errors import BrokerError, StateError, TopicError
-from agents.recovery import Backoff, RecoveryError, fatal_reason, retry_retriable
+from agents.kafka_io.changelog import ReplayError
+from agents.kafka_io.recovery import Backoff, RecoveryError, fatal_reason, retry_retriable
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from agents.errors import StateError
-from agents.kinds import Aggregator, local_measurement, shape_of
 from agents.ledger import MetricLedger
 from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, Partial, merge
-from agents.release import build_release
-from agents.stage1_records import Handover
-from agents.stage2 import ReleaserState
+from agents.stage1.aggregator import Aggregator, local_measurement, shape_of
+from agents.stage1.records import Handover
+from agents.stage2.release import build_release
+from agents.stage2.releaser import ReleaserState
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.encoder import encode_batch_packed
 from schemas.conformance import resolve_protocols
@@ -131,7 +131,6 @@ def test_categorical_release_covers_truth(name: str) -> None:
     truth = np.searchsorted(np.cumsum(probs), rng.uniform(n), side="right").clip(0, k - 1)
     m = local_measurement(metric, PROTOCOLS[name])
     p = DenseCounts.empty(name, shape_of(metric), 0)
-    agg = Aggregator(SPEC, olh_range={"olh": getattr(m, "g", 0)})
     if PROTOCOLS[name] == "krr":
         p.add_categories(m.randomize_indices(truth, rng=rng))
     elif PROTOCOLS[name] == "oue":
@@ -143,7 +142,7 @@ def test_categorical_release_covers_truth(name: str) -> None:
         from mechanisms.local.local_hashing.estimator import olh_support_counts
 
         seeds, ys = m.randomize_indices(truth, rng=rng)
-        p.add_support_counts(olh_support_counts(seeds, ys, k, agg.olh_range["olh"]), n)
+        p.add_support_counts(olh_support_counts(seeds, ys, k, m.g), n)
     rel = _release(p)
     counts = np.bincount(truth, minlength=k)
     covered = _covers(rel, {lab: float(c) for lab, c in zip(metric.labels, counts, strict=True)})
@@ -318,8 +317,8 @@ def _keyed_window(start: int) -> Partial:
 def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
     """A release retried after an aborted transaction redraws the same noise (DerivedRandom under the stage's
     secret key), so the aborted copy a read_uncommitted consumer may have seen reveals nothing new."""
-    from agents.app import release_builder
-    from agents.stage2 import NOISE_KEY
+    from agents.runtime.composition import release_builder
+    from agents.stage2.releaser import NOISE_KEY
 
     build = release_builder(SPEC, PROTOCOLS)
     st = _stage2(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
@@ -351,7 +350,7 @@ def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
 
 
 def test_seeded_noise_is_marked_insecure() -> None:
-    from agents.app import release_builder
+    from agents.runtime.composition import release_builder
 
     seeded = release_builder(SPEC, PROTOCOLS, insecure_noise_seed="t")
     rel = seeded(_keyed_window(0), _ledger("errors"))
@@ -444,12 +443,12 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
 
 
 def test_unexpected_error_in_one_release_becomes_a_refused_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.release_fields
+    import agents.handlers.release_fields
 
     def broken(*args: object, **kwargs: object) -> None:
         raise IndexError("index 3 is out of bounds")
 
-    monkeypatch.setattr(agents.release_fields, "estimate_counts", broken)
+    monkeypatch.setattr(agents.handlers.release_fields, "estimate_counts", broken)
     p = DenseCounts.empty("theme", shape_of(SPEC.metric("theme")), 0)
     p.add_categories([0, 1])
     rel = _release(p)

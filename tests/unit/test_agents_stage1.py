@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.kinds import Aggregator, shape_mismatch
 from agents.partials import CohortCounts, DenseCounts, KeyedCounts, Partial, same_counts
-from agents.stage1 import PartitionState
-from agents.stage1_records import Handover, SourceRecord
-from agents.validation import REJECTION_REASONS, Accepted, Rejection, Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
+from agents.stage1.aggregator import Aggregator, shape_mismatch
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.records import Handover, SourceRecord
+from agents.stage1.validation import REJECTION_REASONS, Accepted, Rejection, Validator
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from schemas.conformance import resolve_protocols
 from schemas.spec import parse_spec
 from schemas.wire import (
@@ -549,7 +549,7 @@ def test_key_capacity_restore_and_replay_rebuild_the_same_partial() -> None:
 
 @pytest.mark.parametrize("max_key_bytes", [8, 64, 255])
 def test_a_full_partial_of_worst_case_keys_fits_a_state_record(max_key_bytes: int) -> None:
-    from agents.topics import MAX_RECORD_BYTES
+    from agents.kafka_io.topics import MAX_RECORD_BYTES
     from schemas.spec import KEYED_PARTIAL_KEY_BYTES, default_max_keys_per_partition
 
     cap = default_max_keys_per_partition(max_key_bytes)

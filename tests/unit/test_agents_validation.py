@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.validation import MetricRules, _check_columns, _columns_of
+from agents.stage1.validation import MetricRules, _check_columns, _columns_of
 from schemas.conformance import _check_payload
 from schemas.spec import parse_spec
 from schemas.wire import (

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.errors import AgentError, ConfigurationError, StateError
-from agents.watermarks import REPLICA_LAG_TIME_MAX_MS, IdlePolicy, ReleaseFrontier, advance, closed_before
-from agents.windows import WindowSpec
+from agents.windowing.watermarks import REPLICA_LAG_TIME_MAX_MS, IdlePolicy, ReleaseFrontier, advance, closed_before
+from agents.windowing.windows import WindowSpec
 
 TS = st.integers(min_value=-(10**13), max_value=10**13)
 

@@ -12,23 +12,23 @@ import numpy as np
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
-from agents.changelog import ReplayError, check_range_retained
 from agents.errors import AgentError, ConfigurationError, StateError
-from agents.kinds import Aggregator
-from agents.ledger_seal import HEAD_KEY
-from agents.stage1 import PartitionState
-from agents.stage1_pipeline import screen_timestamps
-from agents.stage1_records import DeadLetter, Record
-from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY, ReleaserState
-from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics
-from agents.watermarks import (
+from agents.kafka_io.changelog import ReplayError, check_range_retained
+from agents.kafka_io.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics
+from agents.runtime.stage1_pipeline import screen_timestamps
+from agents.runtime.worker import Worker, WorkerSettings
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.records import DeadLetter, Record
+from agents.stage2.ledger_seal import HEAD_KEY
+from agents.stage2.releaser import NOISE_KEY, ORIGIN_KEY, OWNER_KEY, ReleaserState
+from agents.windowing.watermarks import (
     FUTURE_TOLERANCE_MS,
     LOG_APPEND_TIME,
     TIMESTAMP_REASONS,
     caught_up_at_fetch,
     untrusted_timestamp,
 )
-from agents.worker import Worker, WorkerSettings
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec
@@ -92,7 +92,7 @@ def test_untrusted_timestamp_rules() -> None:
 def _screen(
     worker: Worker, st: PartitionState, records: list[ConsumerRecord[Any, Any]]
 ) -> tuple[Sequence[Record], list[DeadLetter]]:
-    """The worker's timestamp screen of ``records`` (see :func:`agents.stage1_pipeline.screen_timestamps`)."""
+    """The worker's timestamp screen of ``records`` (see :func:`agents.runtime.stage1_pipeline.screen_timestamps`)."""
     return screen_timestamps(st, records, worker.validator, worker.settings.future_tolerance_ms)
 
 
@@ -224,8 +224,8 @@ async def test_assigning_stage2_writes_a_fresh_noise_key(worker: Worker, monkeyp
     async def seek(*_: Any) -> int:
         return 0
 
-    monkeypatch.setattr("agents.worker.start_transactional_producer", start)
-    monkeypatch.setattr("agents.worker.read_to_end", read)
+    monkeypatch.setattr("agents.runtime.worker.start_transactional_producer", start)
+    monkeypatch.setattr("agents.runtime.worker.read_to_end", read)
     monkeypatch.setattr(worker, "_seek_committed", seek)
     tp = TopicPartition(worker.topics.partials, 0)
     await worker._assign_stage2(tp)
@@ -270,10 +270,10 @@ def test_releases_topic_takes_records_as_large_as_the_producer_sends() -> None:
 
 
 def test_a_release_too_large_for_the_topic_is_refused() -> None:
-    from agents.app import release_builder
     from agents.ledger import MetricLedger
     from agents.partials import DenseCounts
-    from agents.stage1_records import Handover
+    from agents.runtime.composition import release_builder
+    from agents.stage1.records import Handover
 
     build = release_builder(SPEC, resolve_protocols(SPEC))
 
@@ -311,8 +311,8 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
 
 
 def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_its_size() -> None:
-    from agents.dead_letters import DEAD_LETTER_OVERHEAD, dead_letter_record
-    from agents.stage1_records import SourceRecord
+    from agents.kafka_io.dead_letters import DEAD_LETTER_OVERHEAD, dead_letter_record
+    from agents.stage1.records import SourceRecord
 
     big = DeadLetter(SourceRecord(41, 1_000, b"k", bytes(2_000_000)), "wire.bad_version", "version 0", 1)
     value, headers = dead_letter_record(big, "reports", 3, 1_048_588)
@@ -329,7 +329,7 @@ def test_a_dead_letter_too_large_for_its_topic_is_truncated_with_its_size() -> N
 async def test_a_refused_delivery_fails_the_transaction() -> None:
     from aiokafka.errors import MessageSizeTooLargeError
 
-    from agents.changelog import delivered
+    from agents.kafka_io.changelog import delivered
 
     loop = asyncio.get_running_loop()
     ok, refused = loop.create_future(), loop.create_future()
@@ -392,8 +392,8 @@ async def test_assignment_holds_new_partitions_until_they_are_positioned(
 def test_the_concurrent_transactions_backoff_is_set_by_build_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     import aiokafka.producer.sender as aiokafka_sender
 
-    from agents.app import build_worker
-    from agents.changelog import CONCURRENT_TRANSACTIONS_BACKOFF_S
+    from agents.kafka_io.changelog import CONCURRENT_TRANSACTIONS_BACKOFF_S
+    from agents.runtime.composition import build_worker
 
     monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)  # aiokafka's own
     worker = build_worker(SPEC, WorkerSettings("127.0.0.1:1", "unit"))
@@ -406,7 +406,7 @@ def test_the_concurrent_transactions_backoff_is_set_by_build_worker(monkeypatch:
 async def test_starting_a_transactional_producer_leaves_the_backoff_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     import aiokafka.producer.sender as aiokafka_sender
 
-    from agents.changelog import start_transactional_producer
+    from agents.kafka_io.changelog import start_transactional_producer
 
     class _Producer:
         def __init__(self, **_: object) -> None:
@@ -415,7 +415,7 @@ async def test_starting_a_transactional_producer_leaves_the_backoff_alone(monkey
         async def start(self) -> None:
             pass
 
-    monkeypatch.setattr("agents.changelog.AIOKafkaProducer", _Producer)
+    monkeypatch.setattr("agents.kafka_io.changelog.AIOKafkaProducer", _Producer)
     monkeypatch.setattr(aiokafka_sender, "BACKOFF_OVERRIDE", 0.02)
     await start_transactional_producer("127.0.0.1:1", "unit.stage1.0")
     assert aiokafka_sender.BACKOFF_OVERRIDE == 0.02

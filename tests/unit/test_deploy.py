@@ -32,7 +32,7 @@ from prometheus_client import generate_latest
 
 from agents.ledger import MetricLedger
 from agents.monitor.prometheus import MonitorMetrics
-from agents.observability import budget_schedule
+from agents.runtime.observability import budget_schedule
 from gateway.metrics import GatewayMetrics
 from mechanisms.core.framework import MAX_DIVERGENCE
 from ptel.cli import build_parser
@@ -456,7 +456,7 @@ def _exported_names() -> set[str]:
         for family in registry.collect():
             suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
             names |= {family.name + s for s in suffixes}
-    source = (ROOT / "agents" / "observability.py").read_text()
+    source = (ROOT / "agents" / "runtime" / "observability.py").read_text()
     for name in re.findall(r'"(ptel_worker_[a-z0-9_]+)"', source):
         names.add(name)
     for name in re.findall(r'CounterMetricFamily\(\s*"(ptel_worker_[a-z0-9_]+)"', source):

@@ -177,7 +177,7 @@ def test_make_secrets_writes_the_workers_ledger_key_once(tmp_path: Path) -> None
     """``ledger.key`` is a key the worker loads (its own format, owner-only); a second run keeps it byte for byte (a
     new one would make the workers refuse their ledger); a folder made before it existed gets it and the tokens,
     and keeps everything else."""
-    from agents.ledger_seal import LedgerSecret
+    from agents.stage2.ledger_seal import LedgerSecret
 
     module = _make_secrets_module()
     folder = tmp_path / "secrets"

@@ -12,19 +12,18 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from agents import release_fields
 from agents.exclusions import PUBLISHED_REASONS, published_exclusions
-from agents.kinds import Aggregator
+from agents.handlers import release_fields
 from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
-from agents.release import build_release
-from agents.stage1 import PartitionState
-from agents.stage1_records import SourceRecord
-from agents.validation import Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.records import SourceRecord
+from agents.stage2.release import build_release
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from mechanisms.core.rng import SeededRandom
-from schemas.conformance import resolve_protocols
+from schemas.conformance import Validator, resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, KeyedColumns, Report, ReportBatch, encode_batch, encode_report

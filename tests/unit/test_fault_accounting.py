@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agents.partials.dense import DenseCounts
-from agents.stage1_records import Handover
+from agents.stage1.records import Handover
 from schemas.wire import BoolPayload, Report, ReportBatch, encode_batch, encode_report
 from tests.faults.accounting import Excluded, counted_cells, excluded_cells, ledger_mismatches
 

@@ -3,7 +3,7 @@ answer only with the operator token or on a loopback listener without one (issue
 
 The route lists come from the servers themselves -- the aiohttp router of the worker's app, the Faust web views of
 the monitor's app after its web server registered its own blueprints -- so a route added to either without a class
-fails here (and the servers refuse to build with one: :meth:`agents.http_surface.RouteTable.check`).
+fails here (and the servers refuse to build with one: :meth:`agents.runtime.http_surface.RouteTable.check`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.app import build_worker
 from agents.errors import ConfigurationError
-from agents.http_surface import OperatorAccess, RouteTable, is_loopback
 from agents.monitor.app import MonitorSettings
 from agents.monitor.service import build_monitor
 from agents.monitor.views import ROUTES as MONITOR_ROUTES
-from agents.observability import ROUTES as WORKER_ROUTES
-from agents.observability import WorkerObserver, build_app, registered_paths
-from agents.worker import WorkerSettings
+from agents.runtime.composition import build_worker
+from agents.runtime.http_surface import OperatorAccess, RouteTable, is_loopback
+from agents.runtime.observability import ROUTES as WORKER_ROUTES
+from agents.runtime.observability import WorkerObserver, build_app, registered_paths
+from agents.runtime.worker import WorkerSettings
 from schemas.spec import parse_spec
 
 TOKEN = "o" * 24

@@ -39,7 +39,7 @@ def test_the_demo_spec_names_and_passes_its_schema() -> None:
 def test_a_release_record_passes_the_release_schema() -> None:
     from agents.ledger import MetricLedger
     from agents.partials import DenseCounts
-    from agents.release import build_release
+    from agents.stage2.release import build_release
     from schemas.conformance import resolve_protocols
 
     spec = load_spec(DEMO)

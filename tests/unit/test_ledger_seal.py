@@ -1,4 +1,4 @@
-"""The sealed privacy ledger (agents.ledger_seal): every way to change it without the workers' key is refused."""
+"""The sealed privacy ledger (agents.stage2.ledger_seal): every way to change it without the workers' key is refused."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from aiokafka.errors import GroupAuthorizationFailedError, IllegalOperation, TopicAuthorizationFailedError
 
 from agents.errors import LedgerError, TopicError
-from agents.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret
-from agents.stage2 import NOISE_KEY, ORIGIN_KEY, OWNER_KEY
-from agents.topics import WorkerTopics, denied_access, ledger_topic
+from agents.kafka_io.topics import WorkerTopics, denied_access, ledger_topic
+from agents.stage2.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret
+from agents.stage2.releaser import NOISE_KEY, ORIGIN_KEY, OWNER_KEY
 from schemas.spec import parse_spec
 
 TOPIC = "privacy-ledger.r"

@@ -25,13 +25,15 @@ def _restore_root() -> Iterator[None]:
 def test_json_lines_carry_level_logger_time_and_traceback() -> None:
     out = io.StringIO()
     configure("INFO", "json", out)
-    logging.getLogger("agents.worker").info("took partition %d", 3)
+    logging.getLogger("agents.runtime.worker").info("took partition %d", 3)
     try:
         raise ValueError("boom")
     except ValueError:
-        logging.getLogger("agents.worker").exception("failed")
+        logging.getLogger("agents.runtime.worker").exception("failed")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
-    assert first["event"] == "took partition 3" and first["level"] == "info" and first["logger"] == "agents.worker"
+    assert (
+        first["event"] == "took partition 3" and first["level"] == "info" and first["logger"] == "agents.runtime.worker"
+    )
     assert first["timestamp"].endswith("Z")
     assert second["level"] == "error" and "ValueError: boom" in second["exception"]
 
@@ -51,7 +53,7 @@ def test_identical_errors_are_rate_limited_with_a_count() -> None:
     out = io.StringIO()
     handler = configure("WARNING", "text", out)
     handler.filters = [f for f in handler.filters if not isinstance(f, RepeatLimiter)] + [limiter]
-    log = logging.getLogger("agents.worker")
+    log = logging.getLogger("agents.runtime.worker")
     for i in range(6042):
         now[0] = i * 80 / 6042  # an 80-second outage, one error every 13 ms
         log.error("broker unreachable: %s", "127.0.0.1:9092")

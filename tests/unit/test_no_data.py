@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.kinds import shape_of
 from agents.ledger import MetricLedger
 from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, Partial
-from agents.release import build_release
+from agents.stage1.aggregator import shape_of
+from agents.stage2.release import build_release
 from mechanisms.core.rng import SeededRandom
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from aiokafka.partitioner import DefaultPartitioner
 
-from agents.placement import Placement
-from agents.validation import Accepted
+from agents.stage1.placement import Placement
+from agents.stage1.validation import Accepted
 from schemas.spec import parse_spec
 from schemas.wire import BoolColumns, partition_key
 

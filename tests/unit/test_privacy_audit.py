@@ -3,11 +3,12 @@ scenario checked against its claim *and* against its known-bad variant.
 
 Each scenario builds two neighbouring datasets -- one client (the target) added or removed, or its values changed,
 chosen adversarially -- encodes them with the producers' own privatizers and wire encoder, runs them through the real
-:class:`agents.stage1.PartitionState` and :class:`agents.stage2.ReleaserState` with the real release builder
-(:func:`agents.app.release_builder`, CSPRNG noise under a fresh secret key per trial: :mod:`tests.privacy_harness`),
-and looks only at what an analyst observes: the release records, their presence and their ledger summaries (and, for
-the local kinds, the target's own reports, which readers of the reports topic see; the releases are post-processing
-of them). The RAPPOR and spec-change scenarios privatize all clients of a side in one vectorized call.
+:class:`agents.stage1.partition_state.PartitionState` and :class:`agents.stage2.releaser.ReleaserState` with the real
+release builder (:func:`agents.runtime.composition.release_builder`, CSPRNG noise under a fresh secret key per trial:
+:mod:`tests.privacy_harness`), and looks only at what an analyst observes: the release records, their presence and their
+ledger summaries (and, for the local kinds, the target's own reports, which readers of the reports topic see; the
+releases are post-processing of them). The RAPPOR and spec-change scenarios privatize all clients of a side in one
+vectorized call.
 
 For a fixed distinguishing event ``E`` the audit estimates ``P(E)`` on both neighbours over ``n`` trials each and
 computes a statistical lower bound on the privacy loss, in both directions,
@@ -34,13 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-import agents.app
 import agents.handlers.keyed
+import agents.runtime.composition
 import tests.privacy_harness
-from agents.kinds import Aggregator
 from agents.partials import KeyedCounts
-from agents.stage1_records import Handover
-from agents.stage2 import ReleaserState
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.records import Handover
+from agents.stage2.releaser import ReleaserState
 from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.core.rng import DerivedRandom
 from producers.client_secret import ClientSecret
@@ -293,7 +294,9 @@ def test_a_retried_or_restarted_stage2_adds_nothing() -> None:
 def test_the_audit_detects_fresh_noise_on_re_release(mutate: pytest.MonkeyPatch) -> None:
     """No outbox (a retry rebuilds the release) and fresh noise for each build."""
     mutate.setattr(tests.privacy_harness, "STAGED", False)
-    mutate.setattr(agents.app, "DerivedRandom", lambda key, context: DerivedRandom(os.urandom(32), context))
+    mutate.setattr(
+        agents.runtime.composition, "DerivedRandom", lambda key, context: DerivedRandom(os.urandom(32), context)
+    )
     refuted(retries(scaled(600)))
 
 
@@ -356,7 +359,7 @@ def test_the_audit_detects_a_rebuilt_release_with_noise_bound_to_the_window(muta
     """No outbox (the adopting group rebuilds the window from its own counts), noise bound to the window only
     (96f2fc1): the two copies differ by the counts' exact difference."""
     mutate.setattr(tests.privacy_harness, "STAGED", False)
-    mutate.setattr(agents.app, "noise_commitment", lambda spec, merged: "")
+    mutate.setattr(agents.runtime.composition, "noise_commitment", lambda spec, merged: "")
     refuted(other_counts(scaled(200)))
 
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from agents.app import release_builder
 from agents.errors import LedgerError
-from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import KeyedCounts, Partial
-from agents.stage1_records import Handover
-from agents.stage2 import OWNER_KEY, ReleaserState, is_dataset_key
-from agents.worker import Worker, WorkerSettings
+from agents.runtime.composition import release_builder
+from agents.runtime.worker import Worker, WorkerSettings
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.records import Handover
+from agents.stage2.releaser import OWNER_KEY, ReleaserState, is_dataset_key
 from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, RapporMetric, SpecError, parse_spec
@@ -188,8 +188,10 @@ def test_rappor_is_charged_per_client_only_with_fresh_reports_and_memoized_varia
     doc: dict[str, object] = {
         "name": "rappor",
         "window": {"size_s": 10, "grace_s": 2, "retention_s": 100},
-        "metrics": [{**home, "f": 0}, {"name": "one", "kind": "rappor", "variant": "basic", "h": 1, "f": 0,
-                                       "candidates": ["a", "b", "c"]}],
+        "metrics": [
+            {**home, "f": 0},
+            {"name": "one", "kind": "rappor", "variant": "basic", "h": 1, "f": 0, "candidates": ["a", "b", "c"]},
+        ],
     }
     spec = parse_spec(doc)
     fresh, basic = spec.metric("home"), spec.metric("one")

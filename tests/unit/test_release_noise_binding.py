@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from agents.app import noise_commitment, release_builder
-from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
 from agents.partials import KeyedCounts
+from agents.runtime.composition import noise_commitment, release_builder
+from agents.stage1.aggregator import Aggregator
 from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -77,7 +77,7 @@ def test_every_visible_copy_of_a_release_is_the_recorded_bytes() -> None:
     """The worker's stage 2 releases through the dataset's outbox: built and recorded by one transaction, emitted by
     the next. An emission that aborts (a ``read_uncommitted`` reader saw it), then a group that adopts the ledger
     with other counts of the window: it emits the recorded bytes, and builds nothing of that window again."""
-    from agents.stage1_records import Handover
+    from agents.stage1.records import Handover
     from tests.privacy_harness import T0_S, stage2
 
     spec, start = _spec(), T0_S * 1000

@@ -2,25 +2,25 @@
 
 The idle rule restarts its timer with each record, so on 96f2fc1 a target record at ``T0 + 11.9 s`` (inside the grace
 of window ``[T0, T0 + 10 s)``) moved that window's release by about 4 s. Stage 2 now holds every window until its end
-plus a constant of the settings (:meth:`agents.worker.WorkerSettings.release_hold_ms`), by which time the idle rule
-has closed it whoever reported: the release time is the same with and without the target. The simulation drives the
-real :class:`agents.stage1.PartitionState` idle rule and :class:`agents.stage2.ReleaserState`, wall clock = broker
-clock, one poll every 100 ms.
+plus a constant of the settings (:meth:`agents.runtime.worker.WorkerSettings.release_hold_ms`), by which time the idle
+rule has closed it whoever reported: the release time is the same with and without the target. The simulation drives the
+real :class:`agents.stage1.partition_state.PartitionState` idle rule and :class:`agents.stage2.releaser.ReleaserState`,
+wall clock = broker clock, one poll every 100 ms.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from agents.app import release_builder
-from agents.kinds import Aggregator
 from agents.ledger import MetricLedger
-from agents.stage1 import PartitionState
-from agents.stage2 import ReleaserState
-from agents.validation import Validator
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
-from agents.worker import WorkerSettings
+from agents.runtime.composition import release_builder
+from agents.runtime.worker import WorkerSettings
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.validation import Validator
+from agents.stage2.releaser import ReleaserState
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from producers.client_secret import ClientSecret
 from schemas.conformance import resolve_protocols
 from tests.privacy_harness import KEYED, SIZE_S, T0_S, make_spec, records

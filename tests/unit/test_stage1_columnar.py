@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.kinds import Aggregator
-from agents.placement import Placement
-from agents.stage1 import PartitionState
-from agents.stage1_records import SourceRecord
-from agents.watermarks import IdlePolicy
-from agents.windows import WindowSpec
-from schemas.conformance import Validator, olh_ranges, resolve_protocols
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.placement import Placement
+from agents.stage1.records import SourceRecord
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
+from schemas.conformance import Validator
 from schemas.spec import parse_spec
 from schemas.wire import (
     BoolPayload,
@@ -175,7 +175,7 @@ def _states() -> tuple[PartitionState, PartitionState]:
             0,
             WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
             Validator.for_spec(SPEC),
-            Aggregator(SPEC, olh_ranges(SPEC, resolve_protocols(SPEC))),
+            Aggregator(SPEC),
             IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
             Placement(3),
         )

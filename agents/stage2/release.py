@@ -36,11 +36,11 @@ from typing import Literal
 from agents.errors import BudgetError, ReleaseError
 from agents.handlers.base import ReleaseJob
 from agents.handlers.registry import HANDLERS, handler_of
-from agents.kinds import shape_mismatch
+from agents.handlers.release_fields import WindowFields
 from agents.ledger import MetricLedger
 from agents.partials import Partial
-from agents.release_fields import WindowFields
-from agents.validation import Protocol
+from agents.stage1.aggregator import shape_mismatch
+from agents.stage1.validation import Protocol
 from mechanisms.core.errors import MechanismError
 from mechanisms.core.rng import RandomSource
 from schemas.releases import PrivacySpent, Release, release_key

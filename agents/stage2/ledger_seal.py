@@ -49,7 +49,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from agents.errors import LedgerError
-from agents.stage2 import NOISE_KEY, is_dataset_key
+from agents.stage2.releaser import NOISE_KEY, is_dataset_key
 
 #: The head record's key in the ledger topic.
 HEAD_KEY = b"head"

@@ -34,13 +34,13 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   ==========================================  ========  ===============================================================
 
   The exact dead-letter counts are operator data (see ``docs/privacy.md``): ``/metrics`` is an *operator* route
-  (:data:`ROUTES`, :mod:`agents.http_surface`): it needs the operator token (``Authorization: Bearer``) when one is
-  configured, and without one it answers on a loopback listener only.
+  (:data:`ROUTES`, :mod:`agents.runtime.http_surface`): it needs the operator token (``Authorization: Bearer``) when one
+  is configured, and without one it answers on a loopback listener only.
 - ``GET /healthz`` -- 200 while the worker has not failed (liveness), else 503 with the error;
 - ``GET /readyz`` -- 200 when the worker has partitions assigned and a fetch response arrived within
   ``ready_after_s`` (the broker is reachable), else 503 with the reason: it turns false within that many seconds of
   losing the broker and true again with the first fetch after it returns. Also 503 while its stage 2 refuses the
-  privacy ledger (forged or altered records, a lost ledger, another group's ledger: :mod:`agents.ledger_seal`).
+  privacy ledger (forged or altered records, a lost ledger, another group's ledger: :mod:`agents.stage2.ledger_seal`).
 
 The server binds to loopback unless told otherwise (``ptel worker --metrics-bind``); it is off unless a port is
 given (``--metrics-port``).
@@ -59,8 +59,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agents.http_surface import OperatorAccess, RouteTable, is_loopback
-from agents.worker import Worker
+from agents.runtime.http_surface import OperatorAccess, RouteTable, is_loopback
+from agents.runtime.worker import Worker
 
 #: Reasons of ``ptel_worker_ledger_refused`` (:class:`agents.errors.LedgerError`'s kinds stage 2 can meet).
 LEDGER_REFUSALS = ("tampered", "lost", "legacy", "not_owner")
@@ -95,7 +95,7 @@ class Readiness:
 
 
 class WorkerObserver(Collector):
-    """Prometheus collector and health checks of one :class:`~agents.worker.Worker`."""
+    """Prometheus collector and health checks of one :class:`~agents.runtime.worker.Worker`."""
 
     def __init__(self, worker: Worker, ready_after_s: float = 10.0) -> None:
         if not (math.isfinite(ready_after_s) and ready_after_s > 0):
@@ -234,7 +234,7 @@ class WorkerObserver(Collector):
         return bytes(generate_latest(self.registry))
 
 
-#: Every route of the worker's server and who may read it (see :mod:`agents.http_surface`).
+#: Every route of the worker's server and who may read it (see :mod:`agents.runtime.http_surface`).
 ROUTES = RouteTable("worker", {"/metrics": "operator", "/healthz": "public", "/readyz": "public"})
 
 

@@ -1,4 +1,4 @@
-"""The running totals of one worker process (not persisted): what :mod:`agents.observability` exports."""
+"""The running totals of one worker process (not persisted): what :mod:`agents.runtime.observability` exports."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class WorkerStats:
     #: Transactions aborted and retried (a record the broker refused for its size) -- any other abort stops the worker.
     aborts: int = 0
     #: Recoveries from retriable failures (broker restart, leader or coordinator move): each closed the Kafka clients
-    #: and started them again from the committed offsets (:meth:`agents.worker.Worker.run`).
+    #: and started them again from the committed offsets (:meth:`agents.runtime.worker.Worker.run`).
     recoveries: int = 0
     #: Reports re-admitted to the open windows' client maps by the replays after an assignment.
     reports_replayed: int = 0

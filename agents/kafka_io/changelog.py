@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, OffsetOutOfRangeError
 
 from agents.errors import BrokerError, StateError
-from agents.recovery import stop_client
-from agents.topics import MAX_RECORD_BYTES
+from agents.kafka_io.recovery import stop_client
+from agents.kafka_io.topics import MAX_RECORD_BYTES
 from kafka_settings.connection import Connection, client_kwargs
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ async def start_transactional_producer(
     """A started producer for ``transactional_id``; starting it fences (and aborts) any previous holder.
 
     Back-to-back transactions retry their first ``AddPartitionsToTxn`` quickly once the process has called
-    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.app.build_worker` does).
+    :func:`shorten_concurrent_transactions_backoff` (:func:`agents.runtime.composition.build_worker` does).
     """
     producer = AIOKafkaProducer(
         **client_kwargs(bootstrap),
@@ -186,7 +186,8 @@ async def send_in_transaction(
     0.14 keeps that error on the transaction (its "transaction end" future) and the next ``send`` raises
     ``IllegalOperation("Can't send messages while not in transaction")`` -- or, when the refusal lands between its
     check and the append, a bare ``AssertionError`` of its transaction manager -- neither naming an ACL. The refusal
-    is raised instead (from that error), so that the worker names the missing ACL (:func:`agents.topics.denied_access`).
+    is raised instead (from that error), so that the worker names the missing ACL
+    (:func:`agents.kafka_io.topics.denied_access`).
     Any other failure, and these two without a refused transaction, are raised as they are."""
     try:
         sent: asyncio.Future[Any] = await producer.send(topic, value, key=key, partition=partition, **kw)

@@ -3,8 +3,8 @@
 Source and outputs come from the spec (``spec.topics``); the internal topics are named after the worker
 group so that two deployments on one cluster never share counts -- except the privacy ledger, which is named
 after the reports topic: it belongs to the data, so every group and spec reading those reports shares it (one
-record per window, one budget, one noise key; see :mod:`agents.stage2`). Its name *ends* with the reports topic's
-(``privacy-ledger.<reports>``), so a prefixed ACL on the reports topic -- as a device producer might be given --
+record per window, one budget, one noise key; see :mod:`agents.stage2.releaser`). Its name *ends* with the reports
+topic's (``privacy-ledger.<reports>``), so a prefixed ACL on the reports topic -- as a device producer might be given --
 never reaches it; a group whose internal topics would fall under that prefix is refused at start
 (:meth:`WorkerTopics.for_spec`). Versions before 2026-11-25 named it ``<reports>.privacy-ledger``
 (:func:`legacy_ledger_topic`; ``ptel worker --migrate-ledger`` moves it, see docs/operations.md):
@@ -54,11 +54,11 @@ from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from schemas.spec import CollectionSpec
 
 #: ``max.message.bytes`` of the topics whose records can be large (state, partials, releases): 16 MiB, the
-#: producers' ``max_request_size`` too (:func:`agents.changelog.start_transactional_producer`). The broker's
+#: producers' ``max_request_size`` too (:func:`agents.kafka_io.changelog.start_transactional_producer`). The broker's
 #: default (~1 MB) is too small for a window's counts or a release with many keys / RAPPOR candidates.
 MAX_RECORD_BYTES = 16 << 20
 #: Largest release record stage 2 publishes (value bytes): the record limit less room for the key, headers
-#: and batch framing. A larger release becomes a refused record (:func:`agents.release.too_large`).
+#: and batch framing. A larger release becomes a refused record (:func:`agents.stage2.release.too_large`).
 MAX_RELEASE_BYTES = MAX_RECORD_BYTES - (64 << 10)
 #: Partitions of the releases topic: one writer (stage 2), one ordered log.
 RELEASES_PARTITIONS = 1
@@ -209,7 +209,7 @@ def output_plans(dead_letter: str, releases: str, partitions: int) -> list[Topic
     return [
         # a dead letter carries the original bytes of any record the reports topic took (a compressed batch can hold
         # a record far above the reports topic's own limit): room for them, compressed on the broker; a topic made
-        # elsewhere with less room gets truncated dead letters (agents.dead_letters), never lost ones
+        # elsewhere with less room gets truncated dead letters (agents.kafka_io.dead_letters), never lost ones
         TopicPlan(dead_letter, partitions, {**big, "compression.type": "gzip"}, {}),
         TopicPlan(releases, RELEASES_PARTITIONS, big, {}, {"max.message.bytes": MAX_RECORD_BYTES}),
     ]
@@ -294,7 +294,7 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
     for p in plans:
         if not counts.get(p.name):
             # a broker that has not learned the topic yet (a fresh cluster's metadata still spreading, a broker just
-            # restarted) describes it with no partitions: not a mismatch, retriable (agents.recovery)
+            # restarted) describes it with no partitions: not a mismatch, retriable (agents.kafka_io.recovery)
             raise BrokerError(f"topic {p.name} has no partitions in the broker's metadata yet")
         if counts.get(p.name) != p.partitions:
             raise TopicError(f"topic {p.name} has {counts.get(p.name)} partitions, the spec needs {p.partitions}")
@@ -306,7 +306,7 @@ async def _check(admin: AIOKafkaAdminClient, plans: list[TopicPlan]) -> None:
         unknown = [key for key in (*p.required, *p.minimum) if actual.get(p.name, {}).get(key) is None]
         if unknown:
             # a broker that has not learned the new topic yet answers without its configs (a fresh cluster's
-            # metadata still spreading): retriable, not a wrong config (agents.recovery)
+            # metadata still spreading): retriable, not a wrong config (agents.kafka_io.recovery)
             raise BrokerError(f"topic {p.name}: the broker does not know its {', '.join(unknown)} yet")
         for key, want in p.required.items():
             got = actual.get(p.name, {}).get(key)

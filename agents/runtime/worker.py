@@ -6,7 +6,7 @@ or ``async with worker: await worker.run()``. On partition assignment the worker
 partition's transactional producer -- which fences a previous owner and aborts its open transaction --
 then restores the partition's state from its state topic (read committed) and seeks to the committed
 offset; on revocation it drops both. Any failure inside a transaction aborts it; a retriable one (a broker
-restart, a leader or coordinator move) is recovered from in process as a restart would (:mod:`agents.recovery`),
+restart, a leader or coordinator move) is recovered from in process like a restart (:mod:`agents.kafka_io.recovery`),
 a fatal one stops the worker with the error: a restart resumes from the last committed transaction.
 """
 
@@ -22,34 +22,40 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 
-from agents.changelog import delivered, read_range, read_to_end, send_in_transaction, start_transactional_producer
 from agents.errors import AgentError, ConfigurationError, LedgerError
-from agents.kinds import Aggregator
+from agents.kafka_io.changelog import (
+    delivered,
+    read_range,
+    read_to_end,
+    send_in_transaction,
+    start_transactional_producer,
+)
+from agents.kafka_io.recovery import ride_out
+from agents.kafka_io.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.ledger import MetricLedger
-from agents.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
-from agents.lost_ledger import lost_ledger
 from agents.partials import Partial
-from agents.placement import Placement
-from agents.recovery import ride_out
-from agents.stage1 import PartitionState
-from agents.stage1_pipeline import Stage1Pipeline, now_ms
-from agents.stage1_records import Handover, SourceRecord
-from agents.stage2 import ReleaserState, is_dataset_key, ledger_owner
-from agents.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
-from agents.validation import Protocol, Validator
-from agents.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
-from agents.windows import WindowSpec
-from agents.worker_settings import WorkerSettings as WorkerSettings
-from agents.worker_stats import WorkerStats
+from agents.runtime.rebalance import RebalanceCallbacks
+from agents.runtime.stage1_pipeline import Stage1Pipeline, now_ms
+from agents.runtime.worker_settings import WorkerSettings as WorkerSettings
+from agents.runtime.worker_stats import WorkerStats
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.partition_state import PartitionState
+from agents.stage1.placement import Placement
+from agents.stage1.records import Handover, SourceRecord
+from agents.stage1.validation import Protocol, Validator
+from agents.stage2.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
+from agents.stage2.lost_ledger import lost_ledger
+from agents.stage2.releaser import ReleaserState, is_dataset_key, ledger_owner
+from agents.windowing.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
+from agents.windowing.windows import WindowSpec
 from kafka_settings.connection import client_kwargs
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
 
 log = logging.getLogger(__name__)
 
-#: ``(merged partial, ledger) -> release`` (see :func:`agents.release.build_release`).
+#: ``(merged partial, ledger) -> release`` (see :func:`agents.stage2.release.build_release`).
 Builder = Callable[[Partial, MetricLedger], Release]
 
 
@@ -80,7 +86,7 @@ class Worker:
         self.topics = WorkerTopics.for_spec(spec, settings.group)
         self.window = WindowSpec(spec.window.size_s, spec.window.grace_s)
         self.validator = Validator(spec, protocols, olh_range)
-        self.aggregator = Aggregator(spec, olh_range)
+        self.aggregator = Aggregator(spec)
         self.placement = Placement(spec.topics.partitions)
         self.builder = builder
         self.on_release = on_release
@@ -110,7 +116,7 @@ class Worker:
         self._stop_event = asyncio.Event()
         #: Set by :meth:`stop` and :meth:`close` only (``_stopping`` also by a failure, which may be recovered from).
         self.stop_requested = False
-        #: Seals the dataset's ledger (:mod:`agents.ledger_seal`).
+        #: Seals the dataset's ledger (:mod:`agents.stage2.ledger_seal`).
         self._seal_secret = settings.ledger_secret or LedgerSecret.from_file(default_key_path())
         #: The source partitions' batches from fetch to commit; it keeps the worker's failure (nothing commits after
         #: one) and stops the worker with it. A new one after each recovery (:meth:`run`).
@@ -148,8 +154,8 @@ class Worker:
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Join the group (topics must exist: :func:`agents.topics.ensure_topics`). Idempotent; a start that fails
-        leaves nothing behind (retry it)."""
+        """Join the group (topics must exist: :func:`agents.kafka_io.topics.ensure_topics`). Idempotent; a start that
+        fails leaves nothing behind (retry it)."""
         if self._consumer is not None:
             return
         # a pre-existing dead-letter topic may take less than the worker's producers send: dead letters that would
@@ -176,15 +182,16 @@ class Worker:
             min(MAX_RECORD_BYTES, int(limit)) if limit and limit.isdigit() else MAX_RECORD_BYTES
         )
         self._consumer = consumer
-        consumer.subscribe([self.topics.reports, self.topics.partials], listener=_Listener(self))
+        rebalance = RebalanceCallbacks(self._revoke, self._assign)
+        consumer.subscribe([self.topics.reports, self.topics.partials], listener=rebalance)
 
     async def run(self) -> None:
         """Process until :meth:`stop`, riding out retriable failures; re-raises a fatal error that stopped the worker.
 
-        A retriable failure (:func:`agents.recovery.fatal_reason` is ``None``: a broker restart, a leader or
+        A retriable failure (:func:`agents.kafka_io.recovery.fatal_reason` is ``None``: a broker restart, a leader or
         coordinator move, a request timeout) aborts what is open and is recovered from in process exactly as a
-        restart would recover (:func:`agents.recovery.ride_out`): the Kafka clients are closed, and after a backoff
-        started again -- the new transactional producers fence the old ones (their open transactions abort), the
+        restart would recover (:func:`agents.kafka_io.recovery.ride_out`): the Kafka clients are closed, and after a
+        backoff started again -- the new transactional producers fence the old ones (their open transactions abort), the
         state topics are read back and every partition is re-fetched from its committed offset. A fatal failure is
         named in one log line and re-raised, and so is a retriable one that has not cleared after
         :attr:`WorkerSettings.recovery_deadline_s` of attempts.
@@ -228,11 +235,11 @@ class Worker:
     async def run_once(self) -> None:
         """Process until :meth:`stop` or the first failure, which is re-raised.
 
-        Stage 1 is a pipeline (:class:`agents.stage1_pipeline.Stage1Pipeline`): the loop submits each partition's
-        batch and fetches the next batch at once -- parsing fetched records on the event loop while the threads
-        count the previous ones, and earlier batches' transactions commit. Per partition the CPU work of batches
+        Stage 1 is a pipeline (:class:`agents.runtime.stage1_pipeline.Stage1Pipeline`): the loop submits each
+        partition's batch and fetches the next batch at once -- parsing fetched records on the event loop while the
+        threads count the previous ones, and earlier batches' transactions commit. Per partition the CPU work of batches
         runs in offset order, transactions commit one at a time in the same order, none commits after any failure
-        of the worker, and at most :data:`~agents.stage1_pipeline.PIPELINE_DEPTH` batches are in flight.
+        of the worker, and at most :data:`~agents.runtime.stage1_pipeline.PIPELINE_DEPTH` batches are in flight.
         """
         if self._consumer is None:
             raise AgentError("Worker.run() before start()")
@@ -468,7 +475,7 @@ class Worker:
         self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]
     ) -> list[asyncio.Future[Any]]:
         """Queue stage 2's changed state records, each to its topic (the group's state or the dataset's ledger);
-        their delivery futures (await them before the commit: :func:`agents.changelog.delivered`)."""
+        their delivery futures (await them before the commit: :func:`agents.kafka_io.changelog.delivered`)."""
         sent = []
         for key, value in changes:
             topic = self.topics.ledger if is_dataset_key(key) or key == HEAD_KEY else self.topics.stage2_state
@@ -549,7 +556,7 @@ class Worker:
             if self.on_release is not None:
                 self.on_release(rel)
 
-    # -- read-only views for operators (agents.observability) --
+    # -- read-only views for operators (agents.runtime.observability) --
 
     @property
     def failure(self) -> BaseException | None:
@@ -584,13 +591,3 @@ class Worker:
         known = [t for t in times if t is not None]
         return max(known) if known else 0
 
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.worker._revoke(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.worker._assign(set(assigned))

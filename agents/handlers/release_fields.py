@@ -1,5 +1,5 @@
 """What every release record of one (metric, window) carries, and the estimate records of a release: shared by
-:mod:`agents.release` and the kinds' release builders (:mod:`agents.handlers`)."""
+:mod:`agents.stage2.release` and the kinds' release builders (:mod:`agents.handlers`)."""
 
 from __future__ import annotations
 

@@ -68,11 +68,10 @@ class Aggregator:
     """Turns accepted reports into counts, metric by metric (each through its kind's handler, looked up once per
     group of reports)."""
 
-    def __init__(self, spec: CollectionSpec, olh_range: dict[str, int] | None = None) -> None:
+    def __init__(self, spec: CollectionSpec) -> None:
         self.metrics: dict[str, AnyMetric] = {m.name: m for m in spec.metrics}
         self.handlers: dict[str, KindHandler[Any, Any]] = {name: handler_of(m) for name, m in self.metrics.items()}
         self.shapes = {name: self.handlers[name].shape(m) for name, m in self.metrics.items()}
-        self.olh_range = dict(olh_range or {})
 
     def empty(self, metric: str, window_start_ms: int) -> Partial:
         """A zero partial of ``metric`` for the window starting at ``window_start_ms``."""
@@ -107,7 +106,7 @@ class Aggregator:
         if payload not in handler.column_types:
             raise ConfigurationError(f"kind of {metric.name}", metric.kind, f"does not take {payload.__name__} reports")
         pseudonyms = concat([a.pseudonyms for a in accepted]).astype(np.uint64, copy=False)
-        return handler.count(handler.own(partial), metric, accepted, pseudonyms, self.olh_range.get(metric.name))
+        return handler.count(handler.own(partial), metric, accepted, pseudonyms)
 
 
 def columns_fit(rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] | None:

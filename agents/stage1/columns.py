@@ -1,11 +1,12 @@
 """The records of a stage-1 batch decoded as columns and checked against the spec and the placement rule all at
-once (:func:`decode_columns`), for :meth:`agents.stage1.PartitionState.prepare`.
+once (:func:`decode_columns`), for :meth:`agents.stage1.partition_state.PartitionState.prepare`.
 
 The records are parsed by :func:`schemas.wire.columns.decode_records` (one numpy table per header, length and
-batch count) and each table is checked with its kind's vectorized spec check (:func:`agents.kinds.columns_fit`);
-the tables of one metric -- its single reports and its batches, or its keyed reports of several key lengths --
-are then merged into one table in record order (:func:`schemas.wire.columns.merge_tables`), so that consecutive
-records of a metric are cut into few chunks however their kinds of message interleave.
+batch count) and each table is checked with its kind's vectorized spec check
+(:func:`agents.stage1.aggregator.columns_fit`); the tables of one metric -- its single reports and its batches, or its
+keyed reports of several key lengths -- are then merged into one table in record order
+(:func:`schemas.wire.columns.merge_tables`), so that consecutive records of a metric are cut into few chunks however
+their kinds of message interleave.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.kinds import columns_fit
-from agents.placement import Placement
-from agents.stage1_records import Record
-from agents.validation import Accepted, Validator
+from agents.stage1.aggregator import columns_fit
+from agents.stage1.placement import Placement
+from agents.stage1.records import Record
+from agents.stage1.validation import Accepted, Validator
 from schemas.wire.columns import RecordColumns, decode_records, merge_tables
 
 __all__ = ["decode_columns"]

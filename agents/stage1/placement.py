@@ -19,7 +19,7 @@ import numpy as np
 from aiokafka.partitioner import murmur2
 from numpy.typing import NDArray
 
-from agents.validation import Accepted
+from agents.stage1.validation import Accepted
 from schemas.wire import DEFAULT_SHARDS, partition_key
 from schemas.wire.registry import CODEC_OF_COLUMNS
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agents.errors import ConfigurationError, StateError
-from agents.windows import WindowSpec
+from agents.windowing.windows import WindowSpec
 
 #: Kafka ``timestamp_type`` of a record whose timestamp the broker assigned (0 is CreateTime: the client's).
 LOG_APPEND_TIME = 1

@@ -4,8 +4,8 @@ A fresh ledger means a new noise key, no spend and the cursors at a new origin: 
 before, the backlog's windows would be released again with fresh noise -- two independent noisy answers for one
 window, a loss no ledger charged -- and the budget spent so far forgotten. So an empty ledger starts a new dataset
 only when nothing says the dataset was released before: the older version's unsealed ledger
-(:func:`agents.topics.legacy_ledger_topic`), records in the group's stage-2 state topic (its first record is written
-after the ledger's), a committed offset of the group on the partials topic, or records in the releases topic.
+(:func:`agents.kafka_io.topics.legacy_ledger_topic`), records in the group's stage-2 state topic (its first record is
+written after the ledger's), a committed offset of the group on the partials topic, or records in the releases topic.
 Otherwise stage 2 fails closed (:class:`agents.errors.LedgerError`) until an operator restores the ledger or says
 ``--new-dataset`` (or ``--migrate-ledger`` for an older version's ledger).
 """
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.changelog import read_to_end
 from agents.errors import LedgerError
-from agents.stage2 import is_dataset_key
-from agents.topics import WorkerTopics, legacy_ledger_topic
+from agents.kafka_io.changelog import read_to_end
+from agents.kafka_io.topics import WorkerTopics, legacy_ledger_topic
+from agents.stage2.releaser import is_dataset_key
 from kafka_settings.connection import Connection
 
 log = logging.getLogger(__name__)

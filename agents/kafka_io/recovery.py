@@ -1,7 +1,7 @@
 """Which failures a worker rides out in process, and how long it waits between attempts.
 
 A worker is crash-only inside: any failure of a batch, a transaction or an assignment aborts what is open and
-stops its Kafka clients; what a restart finds is the last committed transaction (:mod:`agents.stage1_pipeline`).
+stops its Kafka clients; what a restart finds is the last committed transaction (:mod:`agents.runtime.stage1_pipeline`).
 A *retriable* failure -- the broker restarting, a partition leader or the transaction coordinator moving, a request
 timing out -- is therefore recovered from inside the process by doing exactly what a restart would do: close the
 consumer and the transactional producers, wait (:class:`Backoff`), start them again (which fences the old

@@ -1,9 +1,9 @@
 """Stage 1, one source partition: validate, window, bound, aggregate, watermark, close -- without Kafka.
 
 :class:`PartitionState` is everything stage 1 knows about one source partition ``p``; the Kafka driver
-(:mod:`agents.stage1_pipeline`) feeds it batches of :class:`~agents.stage1_records.Record` and writes what it
+(:mod:`agents.runtime.stage1_pipeline`) feeds it batches of :class:`~agents.stage1.records.Record` and writes what it
 returns -- dead letters, changed state records, the hand-over of closed windows
-(:mod:`agents.stage1_records`) -- in one transaction with the offset.
+(:mod:`agents.stage1.records`) -- in one transaction with the offset.
 
 State records (compacted topic ``<group>.stage1-state``, partition ``p``):
 
@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.batch_layout import (
+from agents.partials import Partial
+from agents.stage1.aggregator import Aggregator, concat
+from agents.stage1.batch_layout import (
     NO_MARK,
     BrokerTimes,
     ReportsChunk,
@@ -37,14 +39,12 @@ from agents.batch_layout import (
     records_at,
     refused_by_record,
 )
-from agents.kinds import Aggregator, concat
-from agents.partials import Partial
-from agents.placement import Placement
-from agents.stage1_columns import decode_columns
-from agents.stage1_records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
-from agents.validation import Accepted, Rejection, Validator
-from agents.watermarks import IdlePolicy, advance
-from agents.windows import WindowSpec
+from agents.stage1.columns import decode_columns
+from agents.stage1.placement import Placement
+from agents.stage1.records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
+from agents.stage1.validation import Accepted, Rejection, Validator
+from agents.windowing.watermarks import IdlePolicy, advance
+from agents.windowing.windows import WindowSpec
 from schemas.wire.columns import RecordColumns
 
 
@@ -144,9 +144,9 @@ class PartitionState:
         partition's ``prepare`` with another's ``aggregate``).
 
         The batch is laid out as columns: its records -- single reports and batch messages -- are decoded and
-        checked together (:func:`agents.stage1_columns.decode_columns`), every record's window, mark, lateness
-        and floor come from one pass over the broker times (:func:`agents.batch_layout.broker_times`), and the
-        records that need no further decision are cut into chunks (:func:`agents.batch_layout.chunk_runs`). Only
+        checked together (:func:`agents.stage1.columns.decode_columns`), every record's window, mark, lateness
+        and floor come from one pass over the broker times (:func:`agents.stage1.batch_layout.broker_times`), and the
+        records that need no further decision are cut into chunks (:func:`agents.stage1.batch_layout.chunk_runs`). Only
         the other records -- records the columns do not cover, batches with rows of another partition, and
         records refused here -- are taken one by one, in record order. Both give the verdicts, the
         dead letters (in record order) and the groups of deciding record by record.

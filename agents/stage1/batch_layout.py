@@ -1,12 +1,12 @@
 """Where each record of a stage-1 batch goes, computed for the whole batch at once (numpy, no loop per record).
 
 Stage 1 windows a record by its broker time ``ts`` (LogAppendTime) against the partition's watermark ``w``, the
-running maximum of the broker times seen (:func:`agents.watermarks.advance`). With window length ``S`` and grace
-``G`` (:class:`agents.windows.WindowSpec`), record ``i`` of a batch has
+running maximum of the broker times seen (:func:`agents.windowing.watermarks.advance`). With window length ``S`` and
+grace ``G`` (:class:`agents.windowing.windows.WindowSpec`), record ``i`` of a batch has
 
 - its broker window ``start_i = ⌊ts_i / S⌋·S``;
 - the first window still open just before it, ``cb_i = max(cb₀, c(max(w₀, ts_0, …, ts_{i-1})))`` with
-  ``c(w) = ⌊(w − S − G) / S⌋·S + S`` (:meth:`~agents.windows.WindowSpec.closed_before`, monotone in ``w``, so
+  ``c(w) = ⌊(w − S − G) / S⌋·S + S`` (:meth:`~agents.windowing.windows.WindowSpec.closed_before`, monotone in ``w``, so
   the running maximum of the marks is the mark of the running maximum), ``cb₀`` and ``w₀`` the partition's mark
   and watermark before the batch (``None``: none yet);
 - ``late_i``: ``start_i < cb_i`` (its window closed before it arrived);
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.stage1_records import Record
-from agents.validation import Accepted
-from agents.windows import WindowSpec
+from agents.stage1.records import Record
+from agents.stage1.validation import Accepted
+from agents.windowing.windows import WindowSpec
 from schemas.wire.columns import take_columns
 
 __all__ = [

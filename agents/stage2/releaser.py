@@ -1,7 +1,7 @@
 """Stage 2: merge every partition's partial counts per (metric, window) and release every window once.
 
-:class:`ReleaserState` is pure state (no Kafka): the Kafka driver (:mod:`agents.worker`) feeds it stage-1
-hand-overs, and it releases -- with the pure function :func:`agents.release.build_release` -- **every**
+:class:`ReleaserState` is pure state (no Kafka): the Kafka driver (:mod:`agents.runtime.worker`) feeds it stage-1
+hand-overs, and it releases -- with the pure function :func:`agents.stage2.release.build_release` -- **every**
 (metric, window) from the dataset's origin up to the release frontier, in order, whether or not any report
 arrived (an empty window gets a record from zero counts). So the set of release records, and the ledger's
 charges, depend on time alone, never on whether somebody reported: a record's presence reveals nothing.
@@ -16,7 +16,7 @@ got --
 
 *The dataset's* (compacted topic ``privacy-ledger.<reports topic>``, one partition, shared by every group and
 spec that reads the reports topic; sealed by the worker under the group's ledger key, the noise key encrypted:
-:mod:`agents.ledger_seal`): what has been released of these reports and what it cost --
+:mod:`agents.stage2.ledger_seal`): what has been released of these reports and what it cost --
 
 - ``b"origin"`` -> JSON ``{"origin_ms", "created_ms"}``: the first window any metric of the dataset releases,
   fixed when the dataset's ledger is created (``backlog_windows`` windows before the window of that moment);
@@ -25,13 +25,13 @@ spec that reads the reports topic; sealed by the worker under the group's ledger
 - ``b"ledger/<metric>"`` -> the metric's privacy ledger (:class:`agents.ledger.MetricLedger`);
 - ``b"noise-key"`` -> 32 secret bytes from ``os.urandom``: each release's central noise is drawn from
   :class:`mechanisms.rng.DerivedRandom` under this key, the release key ``"<metric>|<start>"`` and a commitment to
-  the window's exact counts and the metric's parameters (:func:`agents.app.noise_commitment`), so a release
-  retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
+  the window's exact counts and the metric's parameters (:func:`agents.runtime.composition.noise_commitment`), so a
+  release retried after an aborted transaction is byte-identical to the aborted copy (which a ``read_uncommitted``
   consumer may have seen), and other counts of the window never get the same noise;
 - ``b"outbox/<metric>/<start>"`` -> a release record built and charged but not yet emitted (tombstoned by the
   transaction that emits it): see :meth:`ReleaserState.release`;
 - ``b"owner"`` -> JSON ``{"group"}``: the one worker group allowed to release from these reports (see
-  :mod:`agents.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
+  :mod:`agents.runtime.worker`: another group's stage 2 refuses to run unless told to adopt the ledger).
 
 Fresh dataset records (a new noise key, origin, owner) are written by the next transaction and used only after
 it: no release is built while they are unwritten, so an aborted transaction never loses a key noise was drawn
@@ -49,15 +49,16 @@ from dataclasses import dataclass
 from agents.errors import StateError
 from agents.ledger import MetricLedger
 from agents.partials import Conflicted, Partial, merge
-from agents.release import too_large
-from agents.stage1_records import Handover
-from agents.watermarks import ReleaseFrontier
+from agents.stage1.records import Handover
+from agents.stage2.release import too_large
+from agents.windowing.watermarks import ReleaseFrontier
 from mechanisms.core.rng import DERIVED_KEY_BYTES
 from schemas.releases import Release, release_key
 
-#: ``(merged partial, ledger) -> release``; charges the ledger (see :func:`agents.release.build_release`).
+#: ``(merged partial, ledger) -> release``; charges the ledger (see :func:`agents.stage2.release.build_release`).
 ReleaseBuilder = Callable[[Partial, MetricLedger], Release]
-#: ``(metric, window start) -> a zero partial`` of the metric's count shape (:meth:`agents.kinds.Aggregator.empty`).
+#: ``(metric, window start) -> a zero partial`` of the metric's count shape
+#: (:meth:`agents.stage1.aggregator.Aggregator.empty`).
 EmptyPartial = Callable[[str, int], Partial]
 
 FRONTIER_KEY = b"frontier"
@@ -159,7 +160,7 @@ class ReleaserState:
         self.clock = clock
         #: A window ``[s, e)`` is released no earlier than wall time ``e + hold_ms`` (:meth:`release_time`), and once
         #: complete on every partition. The worker holds it for the grace, the idle timeout, the clock skew and a poll
-        #: (:meth:`agents.worker.WorkerSettings.release_hold_ms`): by then every partition closed it in normal
+        #: (:meth:`agents.runtime.worker.WorkerSettings.release_hold_ms`): by then every partition closed it in normal
         #: operation, whoever reported when, so the release time is the window's end plus a constant of the
         #: settings -- not a function of arrivals (the idle timer restarts with each record: issue 22, finding 6).
         #: ``None``: no wall-clock gate, windows are released once complete (tests of the merge logic alone).
@@ -262,7 +263,7 @@ class ReleaserState:
         """Build the release of every due window (:meth:`due`), advance the cursors, drop stale partials.
 
         A window with no pending partial is released from zero counts. A release whose record would exceed
-        ``max_bytes`` is replaced by its refused record (:func:`agents.release.too_large`): a crash there would
+        ``max_bytes`` is replaced by its refused record (:func:`agents.stage2.release.too_large`): a crash there would
         repeat on every restart. Every record names :attr:`group`.
 
         Builds nothing while a fresh dataset record (noise key, origin, owner) is unwritten: the windows wait for

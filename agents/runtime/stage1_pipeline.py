@@ -2,7 +2,8 @@
 overlapping the fetch loop -- exactly once, in offset order (see docs/agents.md, "The stage-1 pipeline").
 
 :class:`Stage1Pipeline` holds, per source partition it was given (:meth:`~Stage1Pipeline.add`), the partition's
-:class:`~agents.stage1.PartitionState`, its transactional producer and the chain of its batches. Its invariants:
+:class:`~agents.stage1.partition_state.PartitionState`, its transactional producer and the chain of its batches. Its
+invariants:
 
 - **CPU work in offset order**: a partition's batch starts its CPU work only after the batch before it has ended
   its own (the state changes in the order of the source log).
@@ -39,15 +40,15 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 
-from agents.changelog import delivered, send_in_transaction
-from agents.dead_letters import dead_letter_record
 from agents.errors import AgentError
-from agents.stage1 import BatchResult, PartitionState
-from agents.stage1_records import DeadLetter, Handover, Record
-from agents.topics import MAX_RECORD_BYTES, WorkerTopics
-from agents.validation import Validator
-from agents.watermarks import LOG_APPEND_TIME, untrusted_timestamp
-from agents.worker_stats import WorkerStats
+from agents.kafka_io.changelog import delivered, send_in_transaction
+from agents.kafka_io.dead_letters import dead_letter_record
+from agents.kafka_io.topics import MAX_RECORD_BYTES, WorkerTopics
+from agents.runtime.worker_stats import WorkerStats
+from agents.stage1.partition_state import BatchResult, PartitionState
+from agents.stage1.records import DeadLetter, Handover, Record
+from agents.stage1.validation import Validator
+from agents.windowing.watermarks import LOG_APPEND_TIME, untrusted_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -380,8 +381,8 @@ class Stage1Pipeline:
 
     async def _commit(self, slot: _Slot, work: _Commit) -> None:
         """One transaction: dead letters, state, hand-over, source offset. Every delivery is awaited before the
-        commit (:func:`agents.changelog.delivered`): a refused record aborts the transaction instead of being lost
-        with its source offset committed. A dead letter the broker refuses for its size is retried once, truncated
+        commit (:func:`agents.kafka_io.changelog.delivered`): a refused record aborts the transaction instead of being
+        lost with its source offset committed. A dead letter the broker refuses for its size is retried once, truncated
         to its headers; any other failure stops the worker."""
         try:
             await self._transaction(slot, work, self.dead_letter_limit)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agents.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS
-from agents.ledger_seal import LedgerSecret
-from agents.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy
-from agents.windows import WindowSpec
+from agents.kafka_io.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS
+from agents.stage2.ledger_seal import LedgerSecret
+from agents.windowing.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy
+from agents.windowing.windows import WindowSpec
 from kafka_settings.connection import Connection, KafkaConnection
 
 __all__ = ["WorkerSettings"]
@@ -25,38 +25,43 @@ class WorkerSettings:
     #: Records per fetch (``getmany``'s ``max_records``), all partitions together: a batch's CPU work.
     max_batch: int = 2_000
     #: Records per stage-1 transaction at most: batches of a partition that finish while its transaction commits
-    #: join the next one up to this many (group commit, see :mod:`agents.stage1_pipeline`); ``max_batch``: one
+    #: join the next one up to this many (group commit, see :mod:`agents.runtime.stage1_pipeline`); ``max_batch``: one
     #: transaction per batch.
     max_transaction_records: int = 200_000
     poll_timeout_ms: int = 100
     session_timeout_ms: int = 10_000
     #: Threads for stage-1 numpy work (bound, count), shared by the worker's partitions (decoding runs on the event
-    #: loop: see :mod:`agents.stage1_pipeline`). Two overlap numpy kernels (which release the GIL); one per partition
-    #: would keep the event loop -- fetching, committing the transactions -- waiting for the GIL behind all of them.
+    #: loop: see :mod:`agents.runtime.stage1_pipeline`). Two overlap numpy kernels (which release the GIL); one per
+    #: partition would keep the event loop -- fetching, committing the transactions -- waiting for the GIL behind all of
+    #: them.
     stage1_threads: int = 2
-    #: Retry backoff of the transactional producers (see :data:`agents.changelog.TRANSACTIONAL_RETRY_BACKOFF_MS`).
+    #: Retry backoff of the transactional producers (see
+    #: :data:`agents.kafka_io.changelog.TRANSACTIONAL_RETRY_BACKOFF_MS`).
     retry_backoff_ms: int = TRANSACTIONAL_RETRY_BACKOFF_MS
     #: A record whose broker timestamp is further ahead of this worker's wall clock is dead-lettered
-    #: (``future_timestamp``) and never moves the watermark (see :func:`agents.watermarks.untrusted_timestamp`).
+    #: (``future_timestamp``) and never moves the watermark (see
+    #: :func:`agents.windowing.watermarks.untrusted_timestamp`).
     future_tolerance_ms: int = FUTURE_TOLERANCE_MS
     #: Take over the dataset's privacy ledger from the group that owns it (see :meth:`Worker._ledger_owner`).
     adopt_ledger: bool = False
-    #: The worker group's secret that seals the ledger (:mod:`agents.ledger_seal`); ``None``: the key file at
-    #: :func:`agents.ledger_seal.default_key_path`, created when absent. Every worker of a group needs the same.
+    #: The worker group's secret that seals the ledger (:mod:`agents.stage2.ledger_seal`); ``None``: the key file at
+    #: :func:`agents.stage2.ledger_seal.default_key_path`, created when absent. Every worker of a group needs the same.
     ledger_secret: LedgerSecret | None = field(default=None, repr=False)
-    #: Start a new dataset although the ledger is gone and the dataset was released before (:mod:`agents.lost_ledger`).
+    #: Start a new dataset although the ledger is gone and the dataset was released before
+    #: (:mod:`agents.stage2.lost_ledger`).
     new_dataset: bool = False
-    #: Move an unsealed ledger of an older version (:func:`agents.topics.legacy_ledger_topic`) into the sealed one.
+    #: Move an unsealed ledger of an older version (:func:`agents.kafka_io.topics.legacy_ledger_topic`) into the sealed
+    #: one.
     migrate_ledger: bool = False
     #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
     #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
     #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
     instance_id: str | None = None
     #: How far back a new dataset's first released window lies: reports that reached the broker up to this many
-    #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2`).
+    #: seconds before its first worker started are released (earlier ones are not: see :mod:`agents.stage2.releaser`).
     backlog_s: int = 60
     #: First wait (seconds) before recovering from a retriable failure; doubled per failed attempt up to 15 s
-    #: (:class:`agents.recovery.Backoff`).
+    #: (:class:`agents.kafka_io.recovery.Backoff`).
     recovery_backoff_s: float = 0.5
     #: A retriable failure that has not cleared after this many seconds of recovery attempts stops the worker.
     recovery_deadline_s: float = 900.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.stage1_records import DeadLetter
+from agents.stage1.records import DeadLetter
 
 #: Room left in a dead letter for its key, headers and the batch's framing (bytes).
 DEAD_LETTER_OVERHEAD = 16 << 10

@@ -1,9 +1,9 @@
 """Builds a worker from a spec (the composition root), with the process-wide client settings it needs; nothing
 else lives here.
 
-Topics are in :mod:`agents.topics`, per-partition logic in :mod:`agents.stage1`, merging and releasing
-in :mod:`agents.stage2` / :mod:`agents.release`, the Kafka loop in :mod:`agents.worker`, stage 1's batches
-and transactions in :mod:`agents.stage1_pipeline`.
+Topics are in :mod:`agents.kafka_io.topics`, per-partition logic in :mod:`agents.stage1.partition_state`, merging and
+releasing in :mod:`agents.stage2.releaser` / :mod:`agents.stage2.release`, the Kafka loop in
+:mod:`agents.runtime.worker`, stage 1's batches and transactions in :mod:`agents.runtime.stage1_pipeline`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from agents.changelog import shorten_concurrent_transactions_backoff
 from agents.errors import StateError
+from agents.kafka_io.changelog import shorten_concurrent_transactions_backoff
 from agents.ledger import MetricLedger
 from agents.partials import Partial
-from agents.release import build_release
-from agents.validation import Protocol
-from agents.worker import Worker, WorkerSettings
+from agents.runtime.worker import Worker, WorkerSettings
+from agents.stage1.validation import Protocol
+from agents.stage2.release import build_release
 from mechanisms.core.rng import DerivedRandom, RandomSource, SeededRandom
 from schemas.conformance import olh_ranges, resolve_protocols
 from schemas.releases import Release, release_key
@@ -32,15 +32,15 @@ def default_group(spec: CollectionSpec) -> str:
 def release_builder(
     spec: CollectionSpec, protocols: dict[str, Protocol], *, insecure_noise_seed: str | None = None
 ) -> Callable[[Partial, MetricLedger], Release]:
-    """The stage-2 release builder: :func:`agents.release.build_release` with each release's noise source.
+    """The stage-2 release builder: :func:`agents.stage2.release.build_release` with each release's noise source.
 
     Central noise is drawn from ``DerivedRandom(K, "<metric>|<window_start>|<commitment>")`` under the stage's
-    secret key ``K`` (:attr:`agents.stage2.ReleaserState.noise_key`, handed over on the ledger), with the commitment
-    :func:`noise_commitment` of the exact counts and the metric's parameters: a retried release of the same counts is
-    byte-identical to an aborted attempt, and a release of *other* counts of the same window (an aborted attempt seen
-    by a ``read_uncommitted`` reader, then a group that adopts the ledger with counts of its own) draws independent
-    noise -- never the same noise on two count vectors, whose difference would be exact (issue 22, finding 7).
-    ``insecure_noise_seed`` (tests only: it makes every noise draw
+    secret key ``K`` (:attr:`agents.stage2.releaser.ReleaserState.noise_key`, handed over on the ledger), with the
+    commitment :func:`noise_commitment` of the exact counts and the metric's parameters: a retried release of the same
+    counts is byte-identical to an aborted attempt, and a release of *other* counts of the same window (an aborted
+    attempt seen by a ``read_uncommitted`` reader, then a group that adopts the ledger with counts of its own) draws
+    independent noise -- never the same noise on two count vectors, whose difference would be exact (issue 22, finding
+    7). ``insecure_noise_seed`` (tests only: it makes every noise draw
     predictable, i.e. removes the privacy of keyed and regression releases, and such records say so in
     ``insecure_noise``) draws it from ``SeededRandom("<seed>|<metric>|<window_start>")`` instead.
     """
@@ -78,7 +78,7 @@ def build_worker(
     """A worker for ``spec`` (release noise: see :func:`release_builder`).
 
     Sets aiokafka's process-wide retry of ``AddPartitionsToTxn`` answered ``CONCURRENT_TRANSACTIONS`` to the
-    agents' (:func:`agents.changelog.shorten_concurrent_transactions_backoff`): back-to-back transactions of a
+    agents' (:func:`agents.kafka_io.changelog.shorten_concurrent_transactions_backoff`): back-to-back transactions of a
     partition no longer wait 20 ms each.
     """
     shorten_concurrent_transactions_backoff()
