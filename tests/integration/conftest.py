@@ -1,0 +1,29 @@
+"""Session-scoped brokers of the integration tests beyond the session's plain one (``tests/conftest.py``).
+
+``secured_broker``: ONE SASL_SSL / mutual-TLS broker (:mod:`tests.integration.secured_broker`) shared by every test
+that needs one (the secured pipeline and the secured gateway): its PKI and SCRAM user are made once, and each test
+uses topics of its own (unique names), so none needs a pristine broker. ``untrusted_pki``: a second CA that did not
+sign the broker's certificate, for the "untrusted CA" cases. Both are made on first use only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.secured_broker import Pki, SecuredBroker, make_pki, start_secured_broker
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
+    broker = start_secured_broker(tmp_path_factory.mktemp("secured-broker"))
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def untrusted_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("other-pki"), "not-the-brokers-ca")
