@@ -109,13 +109,15 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(
         got = {r.key: r.n for r in releases_of(records) if r.key in expected}
         assert got == expected  # exact counts, nothing lost, through SASL_SSL end to end
 
-        shown = _ptel("releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "2", env=env)
-        assert shown.returncode == 0, shown.stderr
-        mtls = _ptel(
-            "releases", "--spec", str(spec_path), "--bootstrap", broker.mtls, "--security-protocol", "SSL",
-            "--ssl-cafile", str(broker.pki.ca_pem), "--ssl-certfile", str(broker.pki.client_cert),
-            "--ssl-keyfile", str(broker.pki.client_key), "--idle", "2", env=env,
+        shown, mtls = await asyncio.gather(  # both reads at once: each process waits --idle 2 s at the end
+            asyncio.to_thread(_ptel, "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "2", env=env),
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), "--bootstrap", broker.mtls, "--security-protocol", "SSL",
+                "--ssl-cafile", str(broker.pki.ca_pem), "--ssl-certfile", str(broker.pki.client_cert),
+                "--ssl-keyfile", str(broker.pki.client_key), "--idle", "2", env=env,
+            ),
         )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
         assert mtls.returncode == 0, mtls.stderr
         for out in (shown.stdout, mtls.stdout):  # every window has its record: at least the produced ones
             summary = re.fullmatch(r"(\d+) releases shown of (\d+) read", out.splitlines()[-1])
@@ -148,16 +150,18 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(
         assert status == 200 and body is not None, (tmp_path / "monitor.log").read_text()[-3000:]
         assert {w: windows.get(w) for w in want} == want, (tmp_path / "monitor.log").read_text()[-3000:]
 
-        wrong = _ptel(
-            "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "1",
-            env=dict(env, PTEL_KAFKA_SASL_PASSWORD="not-the-password"),
+        wrong, untrusted = await asyncio.gather(  # both refusals at once
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "1",
+                env=dict(env, PTEL_KAFKA_SASL_PASSWORD="not-the-password"),
+            ),
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), *_sasl(broker)[:-1], str(untrusted_pki.ca_pem), "--idle",
+                "1", env=env,
+            ),
         )  # fmt: skip
         assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
         assert "invalid credentials" in wrong.stderr, wrong.stderr
-        untrusted = _ptel(
-            "releases", "--spec", str(spec_path), *_sasl(broker)[:-1], str(untrusted_pki.ca_pem), "--idle", "1",
-            env=env,
-        )  # fmt: skip
         assert untrusted.returncode != 0 and "Traceback" not in untrusted.stderr
         assert "certificate verify failed" in untrusted.stderr, untrusted.stderr
     finally:
