@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +24,10 @@ from tests.kafka_helpers import create_topic
 pytestmark = pytest.mark.faults
 
 
-@pytest.fixture(scope="module")
-async def broker() -> AsyncIterator[Broker]:
-    b = Broker()
-    await asyncio.to_thread(b.start)
-    try:
-        yield b
-    finally:
-        await asyncio.to_thread(b.stop)
-        shutil.rmtree(b.kafka.instance_dir, ignore_errors=True)
+@pytest.fixture
+def broker(fault_broker: Broker) -> Broker:
+    """The package's fault broker (tests/faults/conftest.py), shared with the other fault modules."""
+    return fault_broker
 
 
 async def _setup(broker: Broker, tmp_path: Path, *, restart: bool = True) -> tuple[object, SupervisedWorker]:

@@ -13,10 +13,8 @@ checked report by report.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,15 +128,10 @@ async def test_a_gateway_killed_under_load_loses_no_acknowledged_report(kafka_bo
     print(f"\ngateway kill -9: {len(log.accepted)} accepted, all in Kafka once; {len(extra)} in-flight also delivered")
 
 
-@pytest.fixture(scope="module")
-async def own_broker() -> AsyncIterator[Broker]:
-    b = Broker()
-    await asyncio.to_thread(b.start)
-    try:
-        yield b
-    finally:
-        await asyncio.to_thread(b.stop)
-        shutil.rmtree(b.kafka.instance_dir, ignore_errors=True)
+@pytest.fixture
+def own_broker(fault_broker: Broker) -> Broker:
+    """The package's fault broker (tests/faults/conftest.py), shared with the other fault modules."""
+    return fault_broker
 
 
 async def test_a_broker_stop_gives_503s_not_lost_or_duplicated_reports_and_recovers(

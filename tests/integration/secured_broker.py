@@ -1,17 +1,17 @@
 """A real secured Kafka 3.9.1 for the tests: SASL_SSL with SCRAM-SHA-512 users and an SSL listener that requires a
 client certificate (mutual TLS), beside a PLAINTEXT listener the tests use to look inside.
 
-Everything secret is made at test time in a temporary folder, nothing is committed: a self-signed CA and the
-broker's PKCS#12 keystore and truststore with ``keytool`` (the JDK's), the client's certificate signed by that CA
-with ``cryptography``, and the SCRAM user with Kafka's own ``StorageTool format --add-scram``.
+Everything secret is made at test time in a temporary folder, nothing is committed: a self-signed CA, the broker's
+PKCS#12 keystore, a PEM truststore and the client's certificate signed by that CA, all with ``cryptography`` (in
+process: no ``keytool`` JVMs), and the SCRAM user with Kafka's own ``StorageTool format --add-scram``.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import secrets
 import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,56 +55,71 @@ class SecuredBroker:
         shutil.rmtree(self.kafka.instance_dir, ignore_errors=True)
 
 
-def _keytool(*args: str) -> None:
-    done = subprocess.run(["keytool", *args], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        raise RuntimeError(f"keytool {' '.join(args[:2])} failed: {done.stdout}{done.stderr}")
+def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate | None) -> x509.CertificateBuilder:
+    """A certificate of ``key`` for ``subject``, issued by ``ca`` (self-issued when ``None``), valid for two days."""
+    now = datetime.datetime.now(datetime.UTC)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name if ca is None else ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if ca is None:
+        return builder
+    aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
+        ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    )
+    return builder.add_extension(aki, critical=False)
 
 
 def make_pki(folder: Path, cn: str = "ptel-test-ca") -> Pki:
     """A CA, the broker's keystore (certificate for 127.0.0.1 / localhost signed by the CA), a truststore of the CA,
-    and a client certificate and key (PEM) signed by the CA."""
+    and a client certificate and key (PEM) signed by the CA.
+
+    All made in process with ``cryptography`` (EC P-256, ECDSA-SHA256): the broker's keystore is PKCS#12 (3DES and
+    SHA-1 MAC, readable by every JDK), the truststore the CA's certificate in PEM (``ssl.truststore.type=PEM``,
+    Kafka's KIP-651). No ``keytool``: eight JVM starts per PKI cost seconds each on a loaded machine."""
     folder.mkdir(parents=True, exist_ok=True)
     pw = secrets.token_hex(12)
-    ca, broker, trust = folder / "ca.p12", folder / "broker.p12", folder / "trust.p12"
-    ca_pem, csr, signed = folder / "ca.pem", folder / "broker.csr", folder / "broker.pem"
-    common = ["-storetype", "PKCS12", "-storepass", pw, "-keypass", pw]
-    _keytool("-genkeypair", "-alias", "ca", "-keyalg", "EC", "-groupname", "secp256r1", "-dname", f"CN={cn}",
-             "-ext", "bc:c", "-validity", "2", "-keystore", str(ca), *common)  # fmt: skip
-    _keytool("-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca), "-storepass", pw, "-file", str(ca_pem))
-    _keytool("-genkeypair", "-alias", "broker", "-keyalg", "EC", "-groupname", "secp256r1", "-dname", "CN=localhost",
-             "-validity", "2", "-keystore", str(broker), *common)  # fmt: skip
-    _keytool("-certreq", "-alias", "broker", "-keystore", str(broker), "-storepass", pw, "-file", str(csr))
-    _keytool("-gencert", "-alias", "ca", "-keystore", str(ca), "-storepass", pw, "-infile", str(csr), "-outfile",
-             str(signed), "-rfc", "-validity", "2", "-ext", "SAN=IP:127.0.0.1,DNS:localhost")  # fmt: skip
-    _keytool("-importcert", "-noprompt", "-alias", "ca", "-file", str(ca_pem), "-keystore", str(broker), *common)
-    _keytool("-importcert", "-noprompt", "-alias", "broker", "-file", str(signed), "-keystore", str(broker), *common)
-    _keytool("-importcert", "-noprompt", "-alias", "ca", "-file", str(ca_pem), "-keystore", str(trust), *common)
-    # the client's certificate, signed by the CA's key (read back from its keystore)
-    ca_key, ca_cert, _ = pkcs12.load_key_and_certificates(ca.read_bytes(), pw.encode())
-    if ca_key is None or ca_cert is None:
-        raise RuntimeError("the CA keystore holds no key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ptel-test-client")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        _certificate(cn, ca_key, None)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
     )
+    ca_pem = folder / "ca.pem"
+    ca_pem.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    broker_key = ec.generate_private_key(ec.SECP256R1())
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.IPv4Address("127.0.0.1")), x509.DNSName("localhost")])
+    broker_cert = (
+        _certificate("localhost", broker_key, ca_cert).add_extension(san, critical=False).sign(ca_key, hashes.SHA256())
+    )
+    encryption = (
+        serialization.PrivateFormat.PKCS12.encryption_builder()
+        .kdf_rounds(2048)
+        .key_cert_algorithm(pkcs12.PBES.PBESv1SHA1And3KeyTripleDESCBC)
+        .hmac_hash(hashes.SHA1())
+        .build(pw.encode())
+    )
+    broker = folder / "broker.p12"
+    broker.write_bytes(pkcs12.serialize_key_and_certificates(b"broker", broker_key, broker_cert, [ca_cert], encryption))
+    client_key_obj = ec.generate_private_key(ec.SECP256R1())
+    client = _certificate("ptel-test-client", client_key_obj, ca_cert).sign(ca_key, hashes.SHA256())
     client_cert, client_key = folder / "client.pem", folder / "client.key"
-    client_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    client_cert.write_bytes(client.public_bytes(serialization.Encoding.PEM))
     client_key.write_bytes(
-        key.private_bytes(
+        client_key_obj.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
     client_key.chmod(0o600)
-    return Pki(ca_pem, broker, trust, client_cert, client_key, pw)
+    return Pki(ca_pem, broker, ca_pem, client_cert, client_key, pw)
 
 
 def start_secured_broker(folder: Path) -> SecuredBroker:
@@ -129,9 +144,8 @@ def start_secured_broker(folder: Path) -> SecuredBroker:
         "ssl.keystore.location": str(pki.broker_keystore),
         "ssl.keystore.password": pki.store_password,
         "ssl.key.password": pki.store_password,
-        "ssl.truststore.type": "PKCS12",
+        "ssl.truststore.type": "PEM",  # certificates only, no password (KIP-651)
         "ssl.truststore.location": str(pki.truststore),
-        "ssl.truststore.password": pki.store_password,
         "listener.name.ssl.ssl.client.auth": "required",
     }
     kafka = LocalKafka(

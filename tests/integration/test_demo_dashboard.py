@@ -14,6 +14,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
+from ptel.commands.demo import DEFAULT_SPEC
 from ptel.kafka_broker import free_port
 from tests.integration.agents_support import ROOT, app_topics, get_json
 
@@ -37,8 +40,13 @@ async def _wait_line(proc: subprocess.Popen[str], pattern: str, seen: list[str])
 
 async def test_demo_prints_and_serves_its_dashboard(kafka_bootstrap: str, tmp_path: Path) -> None:
     port = free_port()
+    # the demo's spec in 3 s windows (as test_demo.py runs it): its 10 s windows and 5 s grace only cost wall time
+    doc = yaml.safe_load(DEFAULT_SPEC.read_text(encoding="utf-8"))
+    doc["window"] = {"size_s": 3, "grace_s": 1, "retention_s": 180}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc), encoding="utf-8")
     cmd = [sys.executable, "-m", "ptel.cli", "demo", "--bootstrap", kafka_bootstrap, "--windows", "1"]
-    cmd += ["--clients", "100", "--out", str(tmp_path), "--dashboard-port", str(port), "--serve"]
+    cmd += ["--spec", str(spec), "--clients", "100", "--out", str(tmp_path), "--dashboard-port", str(port), "--serve"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1

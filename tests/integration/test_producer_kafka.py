@@ -26,7 +26,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
-RESTART_PORT = 19292  # this test's own broker: never the shared session broker
 
 
 class RecordingSink:
@@ -81,11 +80,9 @@ async def test_consumed_reports_are_exactly_the_reports_sent(
     assert all(len(p) == 1 for p in partitions_of_key.values())
 
 
-async def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    broker = LocalKafka(port=RESTART_PORT)
-    if broker.running_pid() is not None:
-        pytest.fail(f"port {RESTART_PORT} already has a broker; this test needs its own instance")
-    bootstrap = await asyncio.to_thread(broker.start, 180)
+async def test_broker_restart_mid_run_loses_and_duplicates_nothing(restartable_broker: LocalKafka) -> None:
+    broker = restartable_broker  # never the session's broker: tests/integration/conftest.py
+    bootstrap = broker.bootstrap
     try:
         topic = f"ptel-test-restart-{uuid.uuid4().hex[:8]}"
         await create_topic(bootstrap, topic, 3, configs=LOG_APPEND)
@@ -136,9 +133,8 @@ async def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Pat
             seen[rep.pseudonym] += 1
         assert set(seen) == set(range(total)), "reports were lost"
         assert max(seen.values()) == 1, "reports were duplicated"
-        await asyncio.to_thread(broker.reset)  # passed: drop this instance's data (kept for inspection on failure)
     finally:
-        await asyncio.to_thread(broker.stop, 60)
+        await asyncio.to_thread(broker.start, 180)  # running again for the next user (a no-op when it is)
 
 
 async def test_an_acknowledgement_past_its_windows_grace_is_told_to_the_sender(

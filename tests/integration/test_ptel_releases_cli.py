@@ -62,19 +62,20 @@ async def test_filters_and_jsonl(kafka_bootstrap: str, new_topic: TopicFactory) 
     finally:
         await producer.stop()
 
-    done = await asyncio.to_thread(
-        _ptel, kafka_bootstrap, topic, "--format", "jsonl", "--non-empty", "--metric", "theme", "--since", "1005"
+    # the two reads at once (each is a process that waits --idle 2 s at the end): half the wall time
+    jsonl, table = await asyncio.gather(
+        asyncio.to_thread(
+            _ptel, kafka_bootstrap, topic, "--format", "jsonl", "--non-empty", "--metric", "theme", "--since", "1005"
+        ),
+        asyncio.to_thread(_ptel, kafka_bootstrap, topic, "--until", "1970-01-01T00:17:00Z", "--metric", "theme"),
     )
-    assert done.returncode == 0, done.stderr
-    shown = [Release.model_validate(json.loads(line)) for line in done.stdout.splitlines()]
+    assert jsonl.returncode == 0, jsonl.stderr
+    shown = [Release.model_validate(json.loads(line)) for line in jsonl.stdout.splitlines()]
     assert [r.key for r in shown] == ["theme|1020000"]  # the empty window, the other metric, the earlier one: out
-    assert "1 releases shown of 4 read" in done.stderr
+    assert "1 releases shown of 4 read" in jsonl.stderr
 
-    done = await asyncio.to_thread(
-        _ptel, kafka_bootstrap, topic, "--until", "1970-01-01T00:17:00Z", "--metric", "theme"
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
     assert lines[0].startswith("marks: * released key")
-    assert "no data (no reports in this window)" in done.stdout
-    assert "2 releases shown of 4 read" in done.stdout  # windows at 1000 s and 1010 s start before 17:00 (1020 s)
+    assert "no data (no reports in this window)" in table.stdout
+    assert "2 releases shown of 4 read" in table.stdout  # windows at 1000 s and 1010 s start before 17:00 (1020 s)

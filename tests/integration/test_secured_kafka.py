@@ -3,7 +3,8 @@
 produce -> worker -> releases -> monitor all run as the ``ptel`` commands a user types, through the SASL_SSL
 listener only (the test itself reads the releases topic through the broker's PLAINTEXT listener to check exact
 counts); ``ptel releases`` also reads through the mutual-TLS listener; a wrong password and an untrusted CA fail
-with a clear message and a non-zero exit. The broker is this test's own (see :mod:`tests.integration.secured_broker`).
+with a clear message and a non-zero exit. The broker is the session's secured one (``secured_broker`` of
+``tests/integration/conftest.py``, shared with the secured gateway's test; topics of its own).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from ptel.kafka_broker import free_port
 from tests.integration.agents_support import ROOT, has_key, make_spec, read_topic, releases_of
-from tests.integration.secured_broker import USER, SecuredBroker, make_pki, start_secured_broker
+from tests.integration.secured_broker import USER, Pki, SecuredBroker
 
 METRICS = [
     {"name": "crashed", "kind": "bool", "prob": 0.75},
@@ -65,8 +66,10 @@ def _get_json(url: str) -> tuple[int, Any]:
         return 0, None
 
 
-async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(tmp_path: Path) -> None:
-    broker = await asyncio.to_thread(start_secured_broker, tmp_path)
+async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(
+    secured_broker: SecuredBroker, untrusted_pki: Pki, tmp_path: Path
+) -> None:
+    broker = secured_broker
     procs: list[subprocess.Popen[bytes]] = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", PTEL_KAFKA_SASL_PASSWORD=broker.password)
     for name in ("KAFKA_BOOTSTRAP_SERVERS", "PTEL_KAFKA_BOOTSTRAP_SERVERS"):
@@ -106,13 +109,15 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(tmp_path: Path)
         got = {r.key: r.n for r in releases_of(records) if r.key in expected}
         assert got == expected  # exact counts, nothing lost, through SASL_SSL end to end
 
-        shown = _ptel("releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "2", env=env)
-        assert shown.returncode == 0, shown.stderr
-        mtls = _ptel(
-            "releases", "--spec", str(spec_path), "--bootstrap", broker.mtls, "--security-protocol", "SSL",
-            "--ssl-cafile", str(broker.pki.ca_pem), "--ssl-certfile", str(broker.pki.client_cert),
-            "--ssl-keyfile", str(broker.pki.client_key), "--idle", "2", env=env,
+        shown, mtls = await asyncio.gather(  # both reads at once: each process waits --idle 2 s at the end
+            asyncio.to_thread(_ptel, "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "2", env=env),
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), "--bootstrap", broker.mtls, "--security-protocol", "SSL",
+                "--ssl-cafile", str(broker.pki.ca_pem), "--ssl-certfile", str(broker.pki.client_cert),
+                "--ssl-keyfile", str(broker.pki.client_key), "--idle", "2", env=env,
+            ),
         )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
         assert mtls.returncode == 0, mtls.stderr
         for out in (shown.stdout, mtls.stdout):  # every window has its record: at least the produced ones
             summary = re.fullmatch(r"(\d+) releases shown of (\d+) read", out.splitlines()[-1])
@@ -145,16 +150,18 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(tmp_path: Path)
         assert status == 200 and body is not None, (tmp_path / "monitor.log").read_text()[-3000:]
         assert {w: windows.get(w) for w in want} == want, (tmp_path / "monitor.log").read_text()[-3000:]
 
-        wrong = _ptel(
-            "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "1",
-            env=dict(env, PTEL_KAFKA_SASL_PASSWORD="not-the-password"),
+        wrong, untrusted = await asyncio.gather(  # both refusals at once
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), *_sasl(broker), "--idle", "1",
+                env=dict(env, PTEL_KAFKA_SASL_PASSWORD="not-the-password"),
+            ),
+            asyncio.to_thread(
+                _ptel, "releases", "--spec", str(spec_path), *_sasl(broker)[:-1], str(untrusted_pki.ca_pem), "--idle",
+                "1", env=env,
+            ),
         )  # fmt: skip
         assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
         assert "invalid credentials" in wrong.stderr, wrong.stderr
-        other_ca = await asyncio.to_thread(make_pki, tmp_path / "other-pki", "not-the-brokers-ca")
-        untrusted = _ptel(
-            "releases", "--spec", str(spec_path), *_sasl(broker)[:-1], str(other_ca.ca_pem), "--idle", "1", env=env
-        )
         assert untrusted.returncode != 0 and "Traceback" not in untrusted.stderr
         assert "certificate verify failed" in untrusted.stderr, untrusted.stderr
     finally:
@@ -165,4 +172,3 @@ async def test_the_whole_pipeline_runs_through_sasl_ssl_and_mtls(tmp_path: Path)
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        await asyncio.to_thread(broker.stop)

@@ -1,12 +1,12 @@
 """The worker's /metrics, /healthz and /readyz against a real broker that is stopped and started again.
 
-The broker here is this test's own throwaway instance (it is stopped mid-test), never the session's.
+The broker is the integration tests' restartable one (``restartable_broker`` of ``tests/integration/conftest.py``:
+it is stopped mid-test), never the session's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,9 +44,9 @@ async def _until(what: str, check: Callable[[], Any], timeout_s: float) -> float
     pytest.fail(f"{what}: not within {timeout_s} s")
 
 
-async def test_metrics_health_and_readiness_follow_the_broker(tmp_path: Path) -> None:
-    broker = LocalKafka(port=free_port())
-    bootstrap = await asyncio.to_thread(broker.start)
+async def test_metrics_health_and_readiness_follow_the_broker(restartable_broker: LocalKafka, tmp_path: Path) -> None:
+    broker = restartable_broker
+    bootstrap = broker.bootstrap
     spec, _ = make_spec(tmp_path, METRICS, partitions=2, size_s=2, grace_s=1)
     settings = WorkerSettings(bootstrap, "obs", IdlePolicy(idle_timeout_ms=1000, clock_skew_ms=500))
     runner = None
@@ -118,5 +118,4 @@ async def test_metrics_health_and_readiness_follow_the_broker(tmp_path: Path) ->
         if runner is not None:
             await runner.cleanup()
         await worker.close()
-        await asyncio.to_thread(broker.stop)
-        shutil.rmtree(broker.instance_dir, ignore_errors=True)
+        await asyncio.to_thread(broker.start)  # running again for the next user (a no-op when it is)
