@@ -42,6 +42,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from agents.changelog import delivered, send_in_transaction
 from agents.dead_letters import dead_letter_record
 from agents.errors import AgentError
+from agents.kafka_decompression import RefusedBatch
 from agents.stage1 import BatchResult, PartitionState
 from agents.stage1_records import DeadLetter, Handover, Record
 from agents.topics import MAX_RECORD_BYTES, WorkerTopics
@@ -125,15 +126,21 @@ def screen_timestamps(
     now: int | None = None,
 ) -> tuple[Sequence[Record], list[DeadLetter]]:
     """Split a batch into the records stage 1 may window and the dead letters of records whose timestamp must not
-    be used (not LogAppendTime, or more than ``future_tolerance_ms`` ahead of the wall clock ``now``): those never
+    be used (not LogAppendTime, or more than ``future_tolerance_ms`` ahead of the wall clock ``now``), and of batches
+    the fetcher refused to decompress (:class:`agents.kafka_decompression.RefusedBatch`, 0 reports known): those never
     reach stage 1, so they never move its watermark; ``state``'s per-reason counters count them."""
     now = now_ms() if now is None else now
     latest = now + future_tolerance_ms
-    if all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records):  # the usual case
+    usual = all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records)
+    if usual and not any(isinstance(r, RefusedBatch) for r in records):  # the usual case
         return records, []
     source: list[Record] = []
     refused: list[DeadLetter] = []
     for r in records:
+        if isinstance(r, RefusedBatch):  # a batch the fetcher did not decompress (agents.kafka_decompression)
+            refused.append(DeadLetter(r, r.reason, r.detail, 0))
+            state.count_rejected(r.reason, 0, r.offset)
+            continue
         why = untrusted_timestamp(r.timestamp_type, r.timestamp, now, future_tolerance_ms)
         if why is None:
             source.append(r)
