@@ -53,6 +53,7 @@ from agents.topics import MAX_RECORD_BYTES
 __all__ = [
     "BATCH_MODULES",
     "DECOMPRESSED_BATCH_LIMIT",
+    "DECOMPRESSION_REASONS",
     "BoundedPartitionRecords",
     "DecompressionRefusedError",
     "RefusedBatch",
@@ -73,6 +74,15 @@ BATCH_MODULES: dict[str, tuple[str, ...]] = {
     "aiokafka.record._crecords.default_records": _MAGIC_2,
     "aiokafka.record._crecords.legacy_records": _MAGIC_0_1,
 }
+
+#: The dead-letter reasons of a batch that is not decompressed (one dead letter per batch, at its last offset).
+DECOMPRESSION_REASONS = frozenset(
+    {
+        "decompressed_too_large",  # would decompress to more than DECOMPRESSED_BATCH_LIMIT bytes
+        "unsupported_codec",  # snappy, lz4 or zstd: no decoder with a memory bound here
+        "corrupt_compression",  # zlib refuses the stream, or it is cut short
+    }
+)
 
 #: gzip framing for :func:`zlib.decompressobj` (16 + MAX_WBITS: a gzip header and trailer, RFC 1952).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS

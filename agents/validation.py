@@ -8,6 +8,7 @@ record is never counted; stage 1 dead-letters it with its original bytes.
 
 from __future__ import annotations
 
+from agents.kafka_decompression import DECOMPRESSION_REASONS
 from agents.watermarks import TIMESTAMP_REASONS
 from schemas.conformance import (
     CONFORMANCE_REASONS,
@@ -47,5 +48,6 @@ SPEC_REASONS = CONFORMANCE_REASONS | frozenset(
         "wrong_partition",  # its pseudonym belongs to another source partition (stage 1)
     }
 )
-#: ... plus the worker's broker-timestamp checks, made before stage 1 (`agents.watermarks.TIMESTAMP_REASONS`).
-REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
+#: ... plus the worker's broker-timestamp checks, made before stage 1 (`agents.watermarks.TIMESTAMP_REASONS`), and
+#: the fetcher's refusals of a whole record batch (`agents.kafka_decompression.DECOMPRESSION_REASONS`).
+REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | DECOMPRESSION_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}

@@ -22,18 +22,26 @@ import pytest
 from aiokafka.consumer import fetcher
 from aiokafka.record import default_records
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
 from agents import kafka_decompression as kd
 from agents.kafka_decompression import (
     BATCH_MODULES,
     DECOMPRESSED_BATCH_LIMIT,
+    DECOMPRESSION_REASONS,
     BoundedPartitionRecords,
     DecompressionRefusedError,
     RefusedBatch,
     gzip_decode_bounded,
     install_bounded_decompression,
 )
+from agents.kinds import Aggregator
+from agents.stage1 import PartitionState
+from agents.stage1_pipeline import screen_timestamps
+from agents.validation import REJECTION_REASONS, Validator
+from agents.windows import WindowSpec
+from schemas.spec import parse_spec
 
 BOMB_BYTES = 1 << 30  # 1 GiB of zeros
 
@@ -167,3 +175,38 @@ def test_other_codecs_are_refused_never_decompressed_without_a_bound() -> None:
     for codec in ("snappy", "lz4", "zstd"):
         with pytest.raises(DecompressionRefusedError, match="unsupported_codec"):
             kd.DECODERS[f"{codec}_decode"](b"\x00" * 32)
+
+
+def _zstd_flagged(raw: bytes) -> bytes:
+    """``raw`` (an uncompressed batch) marked zstd, its CRC-32C made good again: what a zstd producer's batch is to an
+    aiokafka without ``cramjam``."""
+    out = bytearray(raw)
+    out[21:23] = (int.from_bytes(out[21:23], "big") | default_records.DefaultRecordBase.CODEC_ZSTD).to_bytes(2, "big")
+    out[17:21] = calc_crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+def test_a_batch_aiokafka_cannot_decode_becomes_a_refused_batch_too() -> None:
+    """Without ``cramjam`` aiokafka raises ``UnsupportedCodecError`` for a zstd batch before decoding: in the fetcher
+    that raised out of ``getmany`` on every fetch of it (a crash loop of the worker); now it is one refused batch."""
+    install_bounded_decompression()
+    raw = _zstd_flagged(_batch(7, [b"a", b"b"], codec=default_records.DefaultRecordBase.CODEC_NONE))
+    got = list(_fetched(raw + _batch(9, [b"c"]), 7))
+    assert len(got) == 1 and isinstance(got[0], RefusedBatch)
+    assert (got[0].offset, got[0].first_offset, got[0].reason) == (8, 7, "unsupported_codec")
+
+
+SPEC = parse_spec(
+    {"name": "unit", "window": {"size_s": 10, "grace_s": 2}, "metrics": [{"name": "b", "kind": "bool", "prob": 0.75}]}
+)
+
+
+def test_the_worker_dead_letters_a_refused_batch_and_never_windows_it() -> None:
+    state = PartitionState(0, WindowSpec(10, 2), Validator(SPEC, {}), Aggregator(SPEC))
+    refused = RefusedBatch("r", 0, 41, 5_000, 1, None, b"gz", None, -1, 2, [], reason="unsupported_codec", detail="d")
+    source, dead = screen_timestamps(state, [refused], state.validator, 60_000, now=5_000)
+    assert not source and [(d.record, d.reason, d.detail, d.reports) for d in dead] == [
+        (refused, "unsupported_codec", "d", 0)
+    ]
+    assert state.rejected_total() == {"unsupported_codec": (1, 0)} and state.watermark_ms is None
+    assert DECOMPRESSION_REASONS <= REJECTION_REASONS
