@@ -12,18 +12,22 @@ aiokafka's own decoder needs more than 1 GiB for the same batch and the worker s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import os
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.record.util import calc_crc32c, encode_varint
 
 from agents.topics import WorkerTopics, ensure_topics
+from schemas.spec import CollectionSpec
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import delete_worker_topics, make_spec, read_topic, wait_for_window_start
 
@@ -118,63 +122,65 @@ async def send_bomb_then_a_report(bootstrap: str, topic: str, fingerprint: int, 
         await producer.stop()
 
 
-async def test_a_gzip_bomb_batch_is_dead_lettered_once_and_the_worker_goes_on(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    spec, path = make_spec(tmp_path, METRICS, partitions=1, size_s=3, grace_s=1)
-    group = f"ptel-agents.{spec.name}"
-    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
-    log = tmp_path / "worker.log"
-    proc = start_worker(path, kafka_bootstrap, log, unbounded=False)
-    try:
-        await wait_for("stage 1 took partition 0", log, proc)
-        offset = await send_bomb_then_a_report(
-            kafka_bootstrap, spec.topics.reports, spec.metric("crashed").fingerprint, spec.window.size_s
-        )
-        dead = await read_topic(
-            kafka_bootstrap, spec.topics.dead_letter, partitions=1, until=lambda r: len(r) >= 1, timeout_s=30
-        )
-        headers = {k: v.decode() for k, v in dead[0].headers}
-        assert headers["ptel.reason"] == "decompressed_too_large", headers
-        assert headers["ptel.source"] == f"{spec.topics.reports}/0/{offset}", headers
-        assert 400_000 < len(dead[0].value) < 700_000  # the compressed records as fetched
-        tp = TopicPartition(spec.topics.reports, 0)
-        deadline = time.monotonic() + 60
-        while (await committed(kafka_bootstrap, group, tp)) != offset + 2:  # past the bomb and the valid report
-            assert proc.poll() is None, f"the worker exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            await asyncio.sleep(0.5)
-        again = await read_topic(
-            kafka_bootstrap, spec.topics.dead_letter, partitions=1, until=lambda r: True, timeout_s=10, settle_s=2
-        )
-        assert len(again) == 1, [dict(r.headers) for r in again]  # once: the valid report was not dead-lettered
-        assert proc.poll() is None
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        print(log.read_text(errors="replace")[-4000:])  # shown on failure
-        await delete_worker_topics(kafka_bootstrap, spec, group)
+@dataclass
+class Run:
+    spec: CollectionSpec
+    group: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    bomb_offset: int
+
+    def log_tail(self) -> str:
+        return f"the worker's exit status {self.proc.poll()}, its log:\n{self.log.read_text(errors='replace')[-3000:]}"
 
 
-async def test_without_the_bound_the_worker_dies(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """The mutation, kept as a test: aiokafka's own decoder in the same address-space limit runs out of memory."""
+@contextlib.asynccontextmanager
+async def bomb_sent(bootstrap: str, tmp_path: Path, *, unbounded: bool) -> AsyncIterator[Run]:
+    """A worker under the address-space limit holding partition 0 of a fresh spec's reports, then the bomb and a
+    valid report sent to it; the worker is stopped and the topics deleted afterwards."""
     spec, path = make_spec(tmp_path, METRICS, partitions=1, size_s=3, grace_s=1)
     group = f"ptel-agents.{spec.name}"
-    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
+    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, group))
     log = tmp_path / "worker.log"
-    proc = start_worker(path, kafka_bootstrap, log, unbounded=True)
+    proc = start_worker(path, bootstrap, log, unbounded=unbounded)
     try:
         await wait_for("stage 1 took partition 0", log, proc)
-        await send_bomb_then_a_report(
-            kafka_bootstrap, spec.topics.reports, spec.metric("crashed").fingerprint, spec.window.size_s
-        )
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        text = log.read_text(errors="replace")
-        assert proc.returncode not in (None, 0) and "MemoryError" in text, (proc.returncode, text[-3000:])
+        fp = spec.metric("crashed").fingerprint
+        offset = await send_bomb_then_a_report(bootstrap, spec.topics.reports, fp, spec.window.size_s)
+        yield Run(spec, group, proc, log, offset)
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
-        await delete_worker_topics(kafka_bootstrap, spec, group)
+        await delete_worker_topics(bootstrap, spec, group)
+
+
+async def test_a_gzip_bomb_batch_is_dead_lettered_once_and_the_worker_goes_on(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    async with bomb_sent(kafka_bootstrap, tmp_path, unbounded=False) as run:
+        topics = run.spec.topics
+        dead = await read_topic(kafka_bootstrap, topics.dead_letter, partitions=1, until=bool, timeout_s=30)
+        headers = {k: v.decode() for k, v in dead[0].headers}
+        assert headers["ptel.reason"] == "decompressed_too_large", headers
+        assert headers["ptel.source"] == f"{topics.reports}/0/{run.bomb_offset}", headers
+        assert 400_000 < len(dead[0].value) < 700_000  # the compressed records as fetched
+        tp = TopicPartition(topics.reports, 0)
+        deadline = time.monotonic() + 60
+        while (await committed(kafka_bootstrap, run.group, tp)) != run.bomb_offset + 2:  # past both records
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.log_tail()
+            await asyncio.sleep(0.5)
+        again = await read_topic(
+            kafka_bootstrap, topics.dead_letter, partitions=1, until=lambda r: True, timeout_s=10, settle_s=2
+        )
+        assert len(again) == 1, [dict(r.headers) for r in again]  # once: the valid report was not dead-lettered
+        assert run.proc.poll() is None, run.log_tail()
+
+
+async def test_without_the_bound_the_worker_dies(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The mutation, kept as a test: aiokafka's own decoder in the same address-space limit runs out of memory."""
+    async with bomb_sent(kafka_bootstrap, tmp_path, unbounded=True) as run:
+        deadline = time.monotonic() + 60
+        while run.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert run.proc.returncode not in (None, 0) and "MemoryError" in run.log_tail(), run.log_tail()
