@@ -49,11 +49,11 @@ from aiokafka.errors import UnsupportedCodecError
 
 from agents.errors import AgentError
 from agents.topics import MAX_RECORD_BYTES
+from agents.validation import DECOMPRESSION_REASONS
 
 __all__ = [
     "BATCH_MODULES",
     "DECOMPRESSED_BATCH_LIMIT",
-    "DECOMPRESSION_REASONS",
     "BoundedPartitionRecords",
     "DecompressionRefusedError",
     "RefusedBatch",
@@ -75,15 +75,6 @@ BATCH_MODULES: dict[str, tuple[str, ...]] = {
     "aiokafka.record._crecords.legacy_records": _MAGIC_0_1,
 }
 
-#: The dead-letter reasons of a batch that is not decompressed (one dead letter per batch, at its last offset).
-DECOMPRESSION_REASONS = frozenset(
-    {
-        "decompressed_too_large",  # would decompress to more than DECOMPRESSED_BATCH_LIMIT bytes
-        "unsupported_codec",  # snappy, lz4 or zstd: no decoder with a memory bound here
-        "corrupt_compression",  # zlib refuses the stream, or it is cut short
-    }
-)
-
 #: gzip framing for :func:`zlib.decompressobj` (16 + MAX_WBITS: a gzip header and trailer, RFC 1952).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 #: Most bytes one ``decompress`` call adds to a batch's output (1 MiB).
@@ -91,10 +82,12 @@ _STEP = 1 << 20
 
 
 class DecompressionRefusedError(AgentError):
-    """A record batch that is not decompressed: ``reason`` (``decompressed_too_large``, ``unsupported_codec``), a
-    ``detail`` for people and the compressed bytes as fetched."""
+    """A record batch that is not decompressed: ``reason`` (one of :data:`DECOMPRESSION_REASONS`), a ``detail`` for
+    people and the compressed bytes as fetched."""
 
     def __init__(self, reason: str, detail: str, compressed: bytes) -> None:
+        if reason not in DECOMPRESSION_REASONS:
+            raise ValueError(f"reason ({reason!r}) must be one of {sorted(DECOMPRESSION_REASONS)}")
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail

@@ -29,7 +29,6 @@ from agents import kafka_decompression as kd
 from agents.kafka_decompression import (
     BATCH_MODULES,
     DECOMPRESSED_BATCH_LIMIT,
-    DECOMPRESSION_REASONS,
     BoundedPartitionRecords,
     DecompressionRefusedError,
     RefusedBatch,
@@ -39,7 +38,7 @@ from agents.kafka_decompression import (
 from agents.kinds import Aggregator
 from agents.stage1 import PartitionState
 from agents.stage1_pipeline import screen_timestamps
-from agents.validation import REJECTION_REASONS, Validator
+from agents.validation import DECOMPRESSION_REASONS, REJECTION_REASONS, Validator
 from agents.windows import WindowSpec
 from schemas.spec import parse_spec
 
