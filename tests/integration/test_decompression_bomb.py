@@ -5,8 +5,9 @@ members of 16 MiB each; the broker takes it: its limit is on the compressed batc
 then a valid report. The worker -- ``ptel worker`` in a child process whose ``RLIMIT_AS`` is its size after start-up
 plus 600 MiB (``MALLOC_ARENA_MAX=2``: glibc's per-thread arenas would reserve address space of their own) -- must
 dead-letter the batch once with reason ``decompressed_too_large`` at its offset, commit past it and the valid
-report, and keep running. Mutation (``PTEL_TEST_UNBOUNDED=1``, :func:`test_without_the_bound_the_worker_dies`):
-aiokafka's own decoder needs more than 1 GiB for the same batch and the worker stops with ``MemoryError``.
+report, and keep running; restarted, it resumes after them. Mutation (``PTEL_TEST_UNBOUNDED=1``,
+:func:`test_without_the_bound_the_worker_dies`): aiokafka's own decoder needs more than 1 GiB for the same batch
+and the worker stops with ``MemoryError``.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ async def send_bomb_then_a_report(bootstrap: str, topic: str, fingerprint: int, 
 @dataclass
 class Run:
     spec: CollectionSpec
+    spec_path: Path
     group: str
     proc: subprocess.Popen[bytes]
     log: Path
@@ -143,15 +145,18 @@ async def bomb_sent(bootstrap: str, tmp_path: Path, *, unbounded: bool) -> Async
     await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, group))
     log = tmp_path / "worker.log"
     proc = start_worker(path, bootstrap, log, unbounded=unbounded)
+    run: Run | None = None
     try:
         await wait_for("stage 1 took partition 0", log, proc)
         fp = spec.metric("crashed").fingerprint
         offset = await send_bomb_then_a_report(bootstrap, spec.topics.reports, fp, spec.window.size_s)
-        yield Run(spec, group, proc, log, offset)
+        run = Run(spec, path, group, proc, log, offset)
+        yield run
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=30)
+        last = proc if run is None else run.proc  # a test may have restarted the worker
+        if last.poll() is None:
+            last.terminate()
+            last.wait(timeout=30)
         await delete_worker_topics(bootstrap, spec, group)
 
 
@@ -175,6 +180,15 @@ async def test_a_gzip_bomb_batch_is_dead_lettered_once_and_the_worker_goes_on(
         )
         assert len(again) == 1, [dict(r.headers) for r in again]  # once: the valid report was not dead-lettered
         assert run.proc.poll() is None, run.log_tail()
+        # a restart resumes after the batch: it is neither fetched nor dead-lettered again
+        run.proc.terminate()
+        run.proc.wait(timeout=30)
+        run.proc = start_worker(run.spec_path, kafka_bootstrap, run.log, unbounded=False)
+        await wait_for(f"stage 1 took partition 0 at offset {run.bomb_offset + 2} ", run.log, run.proc)
+        after = await read_topic(
+            kafka_bootstrap, topics.dead_letter, partitions=1, until=lambda r: True, timeout_s=10, settle_s=3
+        )
+        assert len(after) == 1 and run.proc.poll() is None, run.log_tail()
 
 
 async def test_without_the_bound_the_worker_dies(kafka_bootstrap: str, tmp_path: Path) -> None:
