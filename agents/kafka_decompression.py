@@ -182,6 +182,9 @@ class BoundedPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
     (:class:`DecompressionRefusedError`, ``UnsupportedCodecError``) becomes one :class:`RefusedBatch` and the fetch
     position moves past it (the rest of the fetch response is fetched again)."""
 
+    #: Where the next fetch starts (aiokafka's; declared for the type checker).
+    next_fetch_offset: int
+
     def __init__(self, tp: Any, records: Any, *args: Any, **kwargs: Any) -> None:
         self._batches = _LastBatch(records)
         super().__init__(tp, self._batches, *args, **kwargs)
@@ -195,11 +198,13 @@ class BoundedPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
                 reason, detail, value = err.reason, err.detail, err.compressed
             else:
                 reason, detail, value = "unsupported_codec", f"{err}", b""
-            first, end = int(batch.base_offset), int(batch.next_offset)
+            # a magic-0/1 batch (a wrapper message) tells neither its first offset nor its time: where the fetch
+            # stands, and -1 (CreateTime) for those
+            end = int(batch.next_offset)
+            first = int(getattr(batch, "base_offset", self.next_fetch_offset))
+            timestamp = int(getattr(batch, "max_timestamp", -1))
+            timestamp_type = int(getattr(batch, "timestamp_type", 0))
             detail = f"{detail}; offsets {first}-{end - 1}"
-            timestamp: Any = getattr(batch, "max_timestamp", None)
-            if timestamp is None:  # magic 0/1
-                timestamp = getattr(batch, "timestamp", -1)
             self._records_iterator = iter(())  # the generator died with the error: nothing more of this fetch
             self.next_fetch_offset = end
             tp = self._tp
@@ -207,8 +212,8 @@ class BoundedPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
                 tp.topic,
                 tp.partition,
                 end - 1,
-                int(timestamp),
-                int(batch.timestamp_type),
+                timestamp,
+                timestamp_type,
                 None,
                 value,
                 None,

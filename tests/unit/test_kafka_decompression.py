@@ -22,6 +22,7 @@ import pytest
 from aiokafka.consumer import fetcher
 from aiokafka.record import default_records
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
@@ -209,3 +210,17 @@ def test_the_worker_dead_letters_a_refused_batch_and_never_windows_it() -> None:
     ]
     assert state.rejected_total() == {"unsupported_codec": (1, 0)} and state.watermark_ms is None
     assert DECOMPRESSION_REASONS <= REJECTION_REASONS
+
+
+def test_a_magic_1_batch_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An old producer's gzip wrapper message (magic 1): the same bound, the same refused batch at its last offset."""
+    install_bounded_decompression()
+    monkeypatch.setattr(kd, "DECOMPRESSED_BATCH_LIMIT", 50_000)
+    builder = LegacyRecordBatchBuilder(1, LegacyRecordBatchBuilder.CODEC_GZIP, 1 << 30)
+    for i in range(2):
+        builder.append(i, timestamp=1_000 + i, key=None, value=bytes(30_000))
+    raw = builder.build()
+    raw[:8] = (1).to_bytes(8, "big")  # the broker gives the wrapper its last inner offset (outside the CRC)
+    got = list(_fetched(bytes(raw), 0))
+    assert len(got) == 1 and isinstance(got[0], RefusedBatch)
+    assert (got[0].offset, got[0].first_offset, got[0].reason) == (1, 0, "decompressed_too_large")
