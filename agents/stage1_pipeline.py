@@ -138,6 +138,12 @@ def screen_timestamps(
     refused: list[DeadLetter] = []
     for r in records:
         if isinstance(r, RefusedBatch):  # a batch the fetcher did not decompress (agents.kafka_decompression)
+            log.warning(
+                "partition %d: a record batch dead-lettered undecompressed: %s (%s)",
+                state.partition,
+                r.reason,
+                r.detail,
+            )
             refused.append(DeadLetter(r, r.reason, r.detail, 0))
             state.count_rejected(r.reason, 0, r.offset)
             continue
@@ -149,13 +155,14 @@ def screen_timestamps(
         refused.append(DeadLetter(r, why[0], why[1], reports))
         # stage 1's per-reason counters, written in the same transaction as the dead letters
         state.count_rejected(why[0], reports, r.offset)
-    if refused:  # one line per batch, not per record (a changed topic config refuses every record)
+    timed = [d for d in refused if not isinstance(d.record, RefusedBatch)]
+    if timed:  # one line per batch, not per record (a changed topic config refuses every record)
         log.warning(
             "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
             state.partition,
-            len(refused),
-            refused[0].record.offset,
-            refused[0].detail,
+            len(timed),
+            timed[0].record.offset,
+            timed[0].detail,
         )
     return source, refused
 

@@ -170,6 +170,7 @@ async def test_a_gzip_bomb_batch_is_dead_lettered_once_and_the_worker_goes_on(
         assert headers["ptel.reason"] == "decompressed_too_large", headers
         assert headers["ptel.source"] == f"{topics.reports}/0/{run.bomb_offset}", headers
         assert 400_000 < len(dead[0].value) < 700_000  # the compressed records as fetched
+        assert "dead-lettered undecompressed: decompressed_too_large" in run.log.read_text(errors="replace")
         tp = TopicPartition(topics.reports, 0)
         deadline = time.monotonic() + 60
         while (await committed(kafka_bootstrap, run.group, tp)) != run.bomb_offset + 2:  # past both records
