@@ -43,6 +43,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from agents.errors import AgentError
 from agents.kafka_io.changelog import delivered, send_in_transaction
 from agents.kafka_io.dead_letters import dead_letter_record
+from agents.kafka_io.decompression import RefusedBatch
 from agents.kafka_io.topics import MAX_RECORD_BYTES, WorkerTopics
 from agents.runtime.worker_stats import WorkerStats
 from agents.stage1.partition_state import BatchResult, PartitionState
@@ -126,15 +127,27 @@ def screen_timestamps(
     now: int | None = None,
 ) -> tuple[Sequence[Record], list[DeadLetter]]:
     """Split a batch into the records stage 1 may window and the dead letters of records whose timestamp must not
-    be used (not LogAppendTime, or more than ``future_tolerance_ms`` ahead of the wall clock ``now``): those never
-    reach stage 1, so they never move its watermark; ``state``'s per-reason counters count them."""
+    be used (not LogAppendTime, or more than ``future_tolerance_ms`` ahead of the wall clock ``now``), and of batches
+    the fetcher refused to decompress (:class:`agents.kafka_io.decompression.RefusedBatch`, 0 reports known): those
+    never reach stage 1, so they never move its watermark; ``state``'s per-reason counters count them."""
     now = now_ms() if now is None else now
     latest = now + future_tolerance_ms
-    if all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records):  # the usual case
+    usual = all(r.timestamp_type == LOG_APPEND_TIME and r.timestamp <= latest for r in records)
+    if usual and not any(isinstance(r, RefusedBatch) for r in records):  # the usual case
         return records, []
     source: list[Record] = []
     refused: list[DeadLetter] = []
     for r in records:
+        if isinstance(r, RefusedBatch):  # a batch the fetcher did not decompress (agents.kafka_io.decompression)
+            log.warning(
+                "partition %d: a record batch dead-lettered undecompressed: %s (%s)",
+                state.partition,
+                r.reason,
+                r.detail,
+            )
+            refused.append(DeadLetter(r, r.reason, r.detail, 0))
+            state.count_rejected(r.reason, 0, r.offset)
+            continue
         why = untrusted_timestamp(r.timestamp_type, r.timestamp, now, future_tolerance_ms)
         if why is None:
             source.append(r)
@@ -143,13 +156,14 @@ def screen_timestamps(
         refused.append(DeadLetter(r, why[0], why[1], reports))
         # stage 1's per-reason counters, written in the same transaction as the dead letters
         state.count_rejected(why[0], reports, r.offset)
-    if refused:  # one line per batch, not per record (a changed topic config refuses every record)
+    timed = [d for d in refused if not isinstance(d.record, RefusedBatch)]
+    if timed:  # one line per batch, not per record (a changed topic config refuses every record)
         log.warning(
             "partition %d: %d records dead-lettered for their timestamp (first: offset %d, %s)",
             state.partition,
-            len(refused),
-            refused[0].record.offset,
-            refused[0].detail,
+            len(timed),
+            timed[0].record.offset,
+            timed[0].detail,
         )
     return source, refused
 

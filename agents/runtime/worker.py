@@ -31,6 +31,7 @@ from agents.kafka_io.changelog import (
     send_in_transaction,
     start_transactional_producer,
 )
+from agents.kafka_io.decompression import RefusedBatch, install_bounded_decompression
 from agents.kafka_io.recovery import ride_out
 from agents.kafka_io.topics import MAX_RECORD_BYTES, MAX_RELEASE_BYTES, WorkerTopics, topic_config
 from agents.ledger import MetricLedger
@@ -94,6 +95,7 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._stage2: _Stage2Slot | None = None
         self._lock = asyncio.Lock()
+        install_bounded_decompression()  # a batch's decompressed size is bounded before it is allocated
         if settings.stage1_threads < 1:
             raise ConfigurationError("stage1_threads", settings.stage1_threads, "must be an integer in [1, ∞)")
         for name, lowest in (
@@ -359,6 +361,7 @@ class Worker:
                 records = await read_range(self.settings.connection, tp, replay, offset)
                 # records dead-lettered for their timestamp were never counted: never re-admit them either -- by the
                 # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
+                records = [r for r in records if not isinstance(r, RefusedBatch)]  # dead-lettered, never counted
                 trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
                 readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
                 self.stats.reports_replayed += readmitted

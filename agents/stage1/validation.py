@@ -24,6 +24,7 @@ from schemas.conformance import (
 from schemas.wire import WIRE_ERROR_REASONS
 
 __all__ = [
+    "DECOMPRESSION_REASONS",
     "REJECTION_REASONS",
     "SPEC_REASONS",
     "Accepted",
@@ -47,5 +48,16 @@ SPEC_REASONS = CONFORMANCE_REASONS | frozenset(
         "wrong_partition",  # its pseudonym belongs to another source partition (stage 1)
     }
 )
-#: ... plus the worker's broker-timestamp checks, made before stage 1 (`agents.windowing.watermarks.TIMESTAMP_REASONS`).
-REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
+#: A whole record batch the fetcher did not decompress (:mod:`agents.kafka_io.decompression`): one dead letter a
+#: batch.
+DECOMPRESSION_REASONS = frozenset(
+    {
+        "decompressed_too_large",  # it would decompress to more than agents.kafka_io.decompression's limit
+        "unsupported_codec",  # snappy, lz4 or zstd: no decoder with a memory bound here
+        "corrupt_compression",  # zlib refuses the stream, or it is cut short
+    }
+)
+#: ... plus the worker's broker-timestamp checks, made before stage 1
+#: (`agents.windowing.watermarks.TIMESTAMP_REASONS`), and the fetcher's refusals of a whole batch
+#: (:data:`DECOMPRESSION_REASONS`).
+REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | DECOMPRESSION_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
