@@ -28,13 +28,12 @@ and a restart resumes after the batch (no crash loop).
 Aborted transactional batches and control batches are skipped by aiokafka before decompression: never refused.
 
 The limit, :data:`DECOMPRESSED_BATCH_LIMIT`, is 4 x :data:`agents.kafka_io.topics.MAX_RECORD_BYTES` (64 MiB): a
-legitimate producer bounds a batch's *uncompressed* size by its ``max_request_size``/``batch.size`` (aiokafka's and
-the Java client's size checks are on the uncompressed records; the gateway's are 16 MiB and 1 MiB), and a wire
-message over :data:`schemas.wire.MAX_MESSAGE_BYTES` (16 MiB) is refused anyway. So a batch can only trip it by expanding past
-what any producer of this pipeline writes, and the memory a batch can take is bounded by the limit plus the
-compressed batch (not 2.2x the content). Everything in one place: an aiokafka upgrade that moves these names turns
-``tests/unit/test_kafka_decompression.py`` red.
-"""
+legitimate producer bounds a batch's *uncompressed* size by its ``max_request_size``/``batch.size`` (aiokafka's and the
+Java client's size checks are on the uncompressed records; the gateway's are 16 MiB and 1 MiB), and a wire message over
+:data:`schemas.wire.MAX_MESSAGE_BYTES` (16 MiB) is refused anyway. So a batch can only trip it by expanding past what
+any producer of this pipeline writes, and the memory a batch can take is bounded by the limit plus the compressed batch
+(not 2.2x the content). Everything in one place: an aiokafka upgrade that moves these names turns
+``tests/unit/test_kafka_decompression.py`` red. """
 
 from __future__ import annotations
 
