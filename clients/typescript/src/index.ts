@@ -30,7 +30,7 @@ export {
 } from "./spec.js";
 export { IndexedDbStore, MemoryStore, type SecretStore } from "./storage.js";
 export { encodeBatch, encodeReport, MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, WIRE_VERSION } from "./wire.js";
-export { GatewayClient, type GatewayClientOptions, type Queued } from "./gateway_client.js";
+export { GatewayClient, type GatewayClientOptions, localEpsilon, type Queued } from "./gateway_client.js";
 export {
   type DropReason,
   type FlushResult,

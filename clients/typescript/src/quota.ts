@@ -6,10 +6,12 @@
  * - at most `reports_per_window` reports;
  * - keyed metrics: each key at most once, at most `keys_per_window` distinct keys.
  *
- * State is kept for the newest window seen and the 3 before it (older windows are refused). It is saved
- * ({@link ContributionLimiter.persist}) before the reports are handed to the transport, in the Python client's
- * JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric: {pseudonym:
- * [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
+ * State is kept for the newest window seen and the 3 before it (older windows are refused). Every admission reads
+ * the saved state, admits and saves it in ONE exclusive step ({@link QuotaStore.update}: one read-write IndexedDB
+ * transaction in browsers, a lock file in Node), so several tabs or processes of one device share one quota rather
+ * than each spending a full one; the state is saved before the reports are handed to the transport, in the Python
+ * client's JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric:
+ * {pseudonym: [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
  * ({@link QuotaStateError}), as does missing state when it must exist (it was created with the secret).
  */
 
@@ -19,12 +21,19 @@ import type { CollectionSpec } from "./spec.js";
 
 const KEEP_WINDOWS = 3;
 
+function unreadable(err: unknown): QuotaStateError {
+  return new QuotaStateError(`the quota state cannot be read or saved (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
+}
+
 /** Where the quota state lives: a file (Node), IndexedDB (browsers), or memory. */
 export interface QuotaStore {
   /** The saved document, or `null` when there is none. */
   load(): Promise<string | null>;
   /** Replace the saved document (atomically). */
   save(doc: string): Promise<void>;
+  /** Read the saved document (`null`: none), pass it to `change` and save what `change` returns (`null`: nothing to
+   * save), as one exclusive step: no other tab or process reads or saves this store in between. */
+  update(change: (doc: string | null) => string | null): Promise<void>;
 }
 
 /** Why a report was not admitted. */
@@ -38,6 +47,7 @@ export class ContributionLimiter {
   private keys = new Map<number, Map<string, Map<bigint, Set<string>>>>();
   private newest = -1;
   private changed = false;
+  private tail: Promise<unknown> = Promise.resolve();
 
   constructor(
     spec: CollectionSpec,
@@ -55,8 +65,16 @@ export class ContributionLimiter {
     try {
       text = await this.store.load();
     } catch (err) {
-      throw new QuotaStateError(`the quota state cannot be read (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
+      throw unreadable(err);
     }
+    return this.parse(text, mustExist);
+  }
+
+  /** Replace the state by the saved document's; `false` when there is none (and it need not exist). */
+  private parse(text: string | null, mustExist: boolean): boolean {
+    this.counts = new Map();
+    this.keys = new Map();
+    this.newest = -1;
     if (text === null) {
       if (mustExist) {
         throw new QuotaStateError(
@@ -90,6 +108,47 @@ export class ContributionLimiter {
       throw new QuotaStateError(`the quota state is malformed (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
     }
     return true;
+  }
+
+  /** At open: save an empty state unless one is saved (by this or another tab or process). */
+  async create(): Promise<void> {
+    if (this.store === null) return;
+    await this.guard(this.store.update((doc) => (doc === null ? this.document() : null)));
+  }
+
+  /**
+   * Admit `reports` in order against the saved state: read, admit and save in one exclusive step of the store (so
+   * two tabs or processes never both spend the same quota). Per report `null` (admitted, saved before this
+   * returns) or the bound that refused it.
+   */
+  admitAll(reports: readonly Report[]): Promise<(Refusal | null)[]> {
+    // in call order within this process (the store's lock orders processes and tabs, not calls)
+    const run = this.tail.then(() => this.admitNow(reports));
+    this.tail = run.catch(() => undefined);
+    return run;
+  }
+
+  private async admitNow(reports: readonly Report[]): Promise<(Refusal | null)[]> {
+    if (this.store === null) return reports.map((r) => this.admit(r));
+    let out: (Refusal | null)[] = [];
+    await this.guard(
+      this.store.update((doc) => {
+        this.parse(doc, true);
+        this.changed = false;
+        out = reports.map((r) => this.admit(r));
+        return this.changed ? this.document() : null;
+      }),
+    );
+    this.changed = false;
+    return out;
+  }
+
+  private async guard(step: Promise<void>): Promise<void> {
+    try {
+      await step;
+    } catch (err) {
+      throw err instanceof QuotaStateError ? err : unreadable(err);
+    }
   }
 
   private table<V>(tables: Map<number, Map<string, Map<bigint, V>>>, window: number, metric: string): Map<bigint, V> {
