@@ -38,7 +38,7 @@ export interface DeviceClientOptions {
 export function checkedRandom(rng: RandomSource | undefined, allowTestRandomness: boolean | undefined): RandomSource {
   if (rng === undefined) return cryptoRandom();
   if (rng.cryptographic !== true && allowTestRandomness !== true) {
-    throw new ParameterError("rng", "is not a cryptographic source: privacy randomness must come from the platform CSPRNG (pass allowTestRandomness: true only in tests and simulations)");
+    throw new ParameterError("rng", "is not a cryptographic source (allowTestRandomness: true in tests and simulations only)");
   }
   return rng;
 }
@@ -79,8 +79,7 @@ export class DeviceClient {
     const rng = checkedRandom(opts.rng, opts.allowTestRandomness);
     const existed = await opts.secretStore.exists();
     const limiter = new ContributionLimiter(opts.spec, opts.quotaStore);
-    const found = await limiter.load(existed);
-    if (!found) await limiter.create();
+    await limiter.open(existed);
     const key = await opts.secretStore.loadOrCreate(rng.bytes(SECRET_BYTES));
     return new DeviceClient(
       opts.spec,

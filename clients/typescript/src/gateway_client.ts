@@ -48,7 +48,7 @@ export interface GatewayClientOptions extends TransportOptions {
   /** Randomness (default: the platform CSPRNG); a non-cryptographic source needs `allowTestRandomness: true`. */
   readonly rng?: RandomSource;
   readonly allowTestRandomness?: boolean;
-  /** The fingerprint of each metric this device was built for (`ptel spec` prints them): any other spec is refused. */
+  /** The fingerprint of each metric this device was built for (the reviewed spec document's): any other spec is refused. */
   readonly expectedFingerprints?: Readonly<Record<string, number>>;
   /** The most local loss one report of any metric may have ({@link localEpsilon}): a spec above it is refused. */
   readonly maxEpsilon?: number;

@@ -11,7 +11,7 @@ export { shake256 } from "./hash/shake256.js";
 export { canonicalJson, parseJsonTree, pythonFloatRepr, JsonNumber, type JsonTree } from "./json.js";
 export { makePrivatizers, Privatizer, privatizerOf, type Payload, type Report } from "./privatize.js";
 export { ContributionLimiter, type QuotaStore, type Refusal } from "./quota.js";
-export { CryptoRandom, cryptoRandom, FixedBytesForTests, SeededRandomForTests, type RandomSource } from "./random.js";
+export { CryptoRandom, cryptoRandom, type RandomSource } from "./random.js"; // the ...ForTests sources: Node entry only
 export { BoolRandomizedResponse, KaryRandomizedResponse, LocalHashing, packBits, UnaryEncoding } from "./randomizers.js";
 export { bloomIndices, cohortOf, prrContext, prrThresholds, RapporEncoder, type RapporConfig, type RapporVariant } from "./rappor.js";
 export { ClientSecret, SECRET_BYTES } from "./secret.js";

@@ -1,5 +1,6 @@
 /**
- * The Node entry: everything of the browser entry plus the file stores -- the device secret in a file of mode
+ * The Node entry: everything of the browser entry plus the test randomness (`SeededRandomForTests`,
+ * `FixedBytesForTests`: predictable, kept out of the browser bundle) and the file stores -- the device secret in a file of mode
  * 0600 (Python `producers.client_secret` format and semantics: `ptel-client-secret/v1\n<hex>\n`, created atomically
  * through a fresh `O_EXCL` 0600 temporary file hard-linked into place, refused when group or others can access it,
  * when it is not a regular file or is owned by another user) and the quota in `<secret>.quota` (0600, replaced
@@ -16,6 +17,8 @@ import type { SecretStore } from "./storage.js";
 
 export * from "./index.js";
 export { FileQueueStore } from "./queue_file.js";
+// predictable sources for tests and simulations: in the Node entry only, never in the browser bundle
+export { FixedBytesForTests, SeededRandomForTests } from "./random.js";
 
 const HEADER = "ptel-client-secret/v1\n";
 

@@ -31,12 +31,6 @@ export class MemoryStore implements SecretStore, QuotaStore {
     this.key ??= fresh.slice();
     return this.key.slice();
   }
-  async load(): Promise<string | null> {
-    return this.doc;
-  }
-  async save(doc: string): Promise<void> {
-    this.doc = doc;
-  }
   async update(change: (doc: string | null) => string | null): Promise<void> {
     this.doc = change(this.doc) ?? this.doc; // no await in between: one step
   }
@@ -95,19 +89,6 @@ export class IndexedDbStore implements SecretStore, QuotaStore {
     });
     if (!(key instanceof Uint8Array) || key.length !== 32) throw new SecretError("the stored client secret is malformed (expected 32 bytes)");
     return key;
-  }
-
-  async load(): Promise<string | null> {
-    const doc: unknown = await this.tx("readonly", (s) => request(s.get("quota")));
-    if (doc === undefined) return null;
-    if (typeof doc !== "string") throw new Error("the stored quota is not a string");
-    return doc;
-  }
-
-  async save(doc: string): Promise<void> {
-    await this.tx("readwrite", async (s) => {
-      s.put(doc, "quota");
-    });
   }
 
   /** One read-write transaction: IndexedDB runs read-write transactions of one store one at a time, across tabs. */

@@ -247,8 +247,8 @@ test("the quota lock file: a dead holder's lock is broken, a live one is waited 
     writeFileSync(`${path}.lock`, `${process.pid} live`);
     await assert.rejects(store.update(() => "x"), /quota lock .* is held by another process/);
     await store.save('{"v":1,"newest":-1,"counts":{},"keys":{}}');
-    const client = await DeviceClient.open({ spec, secretStore: new MemoryStore(), quotaStore: store, clock: () => T0 });
-    await assert.rejects(client.privatize("crashed", true), (e: Error) => e instanceof QuotaStateError && /cannot be read or saved \(the quota lock/.test(e.message));
+    const opening = DeviceClient.open({ spec, secretStore: new MemoryStore(), quotaStore: store, clock: () => T0 });
+    await assert.rejects(opening, (e: Error) => e instanceof QuotaStateError && /cannot be read or saved \(the quota lock/.test(e.message));
     const stale = new FileQuotaStore(path, { staleLockMs: 1 });
     await new Promise((r) => setTimeout(r, 5));
     await stale.update(() => "y");

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, it } from "node:test";
 
-import { CollectionSpec, GatewayClient, MemoryQueueStore, MemoryStore, SeededRandomForTests, SpecError, UnknownMetricError, localEpsilon, metricFingerprint, type DropReason } from "../src/index.js";
+import { CollectionSpec, GatewayClient, MemoryQueueStore, MemoryStore, SeededRandomForTests, SpecError, UnknownMetricError, localEpsilon, metricFingerprint, type DropReason } from "../src/node.js";
 import { canonicalJson, JsonNumber, parseJsonTree, type JsonTree } from "../src/json.js";
 import { python } from "./python.js";
 import { VECTORS_PATH } from "./vectors.test.js";

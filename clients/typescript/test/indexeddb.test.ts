@@ -18,9 +18,11 @@ test("the secret is created once and survives a reopen; racing tabs agree on one
 
 test("the quota document round-trips; none before the first save", async () => {
   const s = new IndexedDbStore("ptel-test-2");
-  assert.equal(await s.load(), null);
-  await s.save('{"v":1}');
-  assert.equal(await new IndexedDbStore("ptel-test-2").load(), '{"v":1}');
+  const seen: Array<string | null> = [];
+  await s.update((doc) => (seen.push(doc), '{"v":1}'));
+  await new IndexedDbStore("ptel-test-2").update((doc) => (seen.push(doc), null)); // null: nothing saved
+  await s.update((doc) => (seen.push(doc), null));
+  assert.deepEqual(seen, [null, '{"v":1}', '{"v":1}']);
 });
 
 test("two tabs on one IndexedDB share one quota: A,B,A,B admits 2 (read-admit-save is one transaction)", async () => {
