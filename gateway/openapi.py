@@ -190,7 +190,11 @@ def openapi_document() -> dict[str, Any]:
                     "required": ["format", "spec", "metrics"],
                     "properties": {
                         "format": {"type": "string", "const": "ptel-spec-document/v1"},
-                        "spec": {"type": "object", "description": "the collection spec's fields"},
+                        "spec": {
+                            "type": "object",
+                            "description": "what a device needs of the spec: window size and grace; per metric its "
+                            "kind, name, quota fields and fingerprinted device fields (no operator details)",
+                        },
                         "metrics": {
                             "type": "object",
                             "description": "per metric: its fingerprint, payload kind and resolved parameters",

@@ -6,9 +6,15 @@ fits ``epsilon`` (directed rounding), OUE's realized bit probabilities, OLH's bu
 so that both languages privatize with the same numbers. Shape (``format`` :data:`SPEC_DOCUMENT_FORMAT`)::
 
     {"format": "ptel-spec-document/v1",
-     "spec": <CollectionSpec.model_dump(mode="json")>,
+     "spec": {"version": 1, "name": <spec name>, "window": {"size_s": <int>, "grace_s": <int>},
+              "metrics": [{"kind", "name", "reports_per_window", ("keys_per_window",) ...the DEVICE_FIELDS}]},
      "metrics": {"<name>": {"fingerprint": <uint32>, "payload": "bool" | "category" | "unary" | "local_hash"
                             | "rappor" | "keyed" | "regression", ...the resolved device parameters}}}
+
+``spec`` holds only what a device needs (:func:`device_spec`): the window's size and grace, and per metric its kind,
+name, quota fields and the device fields its fingerprint covers. The document is public (``GET /v1/spec`` needs no
+token), so the operator's details -- topic names, partitions, replication, release and budget parameters, the
+keyed capacity test -- stay out of it.
 
 Resolved parameters per payload: ``bool``/``keyed`` ``prob`` (the RR keep probability); ``category`` ``k`` and
 ``prob`` (k-RR); ``unary`` ``k``, ``p``, ``q`` (OUE's realized probabilities, multiples of 2^-64); ``local_hash``
@@ -28,10 +34,36 @@ from typing import Any
 
 from schemas.spec import CollectionSpec, Metric
 
-__all__ = ["SPEC_DOCUMENT_FORMAT", "device_parameters", "spec_document", "spec_document_json"]
+__all__ = [
+    "QUOTA_FIELDS",
+    "SPEC_DOCUMENT_FORMAT",
+    "device_parameters",
+    "device_spec",
+    "spec_document",
+    "spec_document_json",
+]
 
 #: ``format`` of the document; a new version is a new string (clients refuse formats they do not know).
 SPEC_DOCUMENT_FORMAT = "ptel-spec-document/v1"
+
+#: The contribution bounds a device enforces on itself (its quota), served beside the device fields.
+QUOTA_FIELDS = ("reports_per_window", "keys_per_window")
+
+
+def device_spec(spec: CollectionSpec) -> dict[str, Any]:
+    """The spec's fields a device needs: the window's size and grace; per metric its kind, name, quota fields and
+    every field its fingerprint covers (``kind``, ``name``, ``DEVICE_FIELDS``), so a client recomputes each
+    fingerprint from the served fields exactly as :attr:`schemas.spec.base._MetricBase.fingerprint` does."""
+    metrics = []
+    for m in spec.metrics:
+        fields = {"kind", "name", *m.DEVICE_FIELDS, *(f for f in QUOTA_FIELDS if f in type(m).model_fields)}
+        metrics.append(m.model_dump(mode="json", include=fields))
+    return {
+        "version": spec.version,
+        "name": spec.name,
+        "window": spec.window.model_dump(mode="json", include={"size_s", "grace_s"}),
+        "metrics": metrics,
+    }
 
 
 def device_parameters(metric: Metric) -> dict[str, Any]:
@@ -44,7 +76,7 @@ def spec_document(spec: CollectionSpec) -> dict[str, Any]:
     """The document of ``spec`` (see the module docstring)."""
     return {
         "format": SPEC_DOCUMENT_FORMAT,
-        "spec": spec.model_dump(mode="json"),
+        "spec": device_spec(spec),
         "metrics": {m.name: device_parameters(m) for m in spec.metrics},
     }
 

@@ -45,14 +45,51 @@ def _gateway(spec: Any = DEMO, origins: tuple[str, ...] = ()) -> Gateway:
 # ------------------------------------------------------------------------------------------------ the document
 
 
-def test_the_served_spec_parses_back_to_the_same_metrics_and_fingerprints() -> None:
-    """Every kind of the demo spec: parse_spec(document["spec"]) gives metrics equal to the gateway's (so the same
-    fingerprints), and each metric's served fingerprint is the spec's."""
+def _fingerprint(served: dict[str, Any], device_fields: tuple[str, ...]) -> int:
+    """A metric's fingerprint recomputed from its served fields alone (what a device does, as in schemas.spec)."""
+    data = {k: served[k] for k in ("kind", "name", *device_fields)}
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(b"ptel-metric/v1\x00" + canonical.encode()).digest()[:4], "big")
+
+
+def test_the_served_spec_holds_what_a_device_needs_and_its_fingerprints_recompute() -> None:
+    """Every kind of the demo spec: each metric's served fields recompute its fingerprint, which is the spec's; the
+    window's size and grace and the quota fields are there."""
     document = json.loads(spec_document_json(DEMO))
-    again = parse_spec(document["spec"])
-    assert again.metrics == DEMO.metrics and again.window == DEMO.window
-    fingerprints = {n: m["fingerprint"] for n, m in document["metrics"].items()}
-    assert fingerprints == {m.name: m.fingerprint for m in DEMO.metrics}
+    served = {m["name"]: m for m in document["spec"]["metrics"]}
+    assert list(served) == [m.name for m in DEMO.metrics]
+    for m in DEMO.metrics:
+        assert (
+            _fingerprint(served[m.name], m.DEVICE_FIELDS) == m.fingerprint == document["metrics"][m.name]["fingerprint"]
+        )
+        assert served[m.name]["reports_per_window"] == m.reports_per_window
+        if m.key_bound() is not None:
+            assert served[m.name]["keys_per_window"] == m.key_bound()
+    assert document["spec"]["window"] == {"size_s": DEMO.window.size_s, "grace_s": DEMO.window.grace_s}
+
+
+def test_the_public_spec_route_serves_no_operator_details() -> None:
+    """GET /v1/spec needs no token: topic names, partitions, replication, release/budget parameters and the keyed
+    capacity test are the operator's, not a device's (the old document served all of model_dump())."""
+    text = spec_document_json(DEMO).decode()
+    for private in (
+        DEMO.topics.reports,
+        DEMO.topics.releases,
+        DEMO.topics.dead_letter,
+        "topics",
+        "partitions",
+        "replication_factor",
+        "capacity_test",
+        "max_keys_per_partition",
+        "retention_s",
+        "budget",
+        "release",
+        "description",
+        "confidence",
+    ):
+        assert private not in text, private
+    document = json.loads(text)
+    assert set(document["spec"]) == {"version", "name", "window", "metrics"}
 
 
 def test_the_etag_is_the_sha256_of_the_body_and_changes_with_any_device_parameter() -> None:

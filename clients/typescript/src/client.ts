@@ -6,7 +6,9 @@
  * Order at open (as EdgeClient): whether a secret exists is read first; the quota is loaded, and a missing quota
  * beside an existing secret fails closed; a new quota is saved before the secret is created, so a later deletion
  * of the quota is detected. Every report is stamped with the device clock at send time (`floor(clock())`) and
- * carries that window's pseudonym. The quota is saved before the report is returned (before it can leave).
+ * carries that window's pseudonym. Each admission reads, admits and saves the quota in one exclusive step of the
+ * store, so tabs or processes sharing a device's stores share its quota; it is saved before the report is returned
+ * (before it can leave).
  */
 
 import { ParameterError } from "./errors.js";
@@ -26,8 +28,19 @@ export interface DeviceClientOptions {
   readonly quotaStore: QuotaStore | null;
   /** Device clock in seconds since the epoch (default `Date.now() / 1000`). */
   readonly clock?: () => number;
-  /** Randomness (default: the platform CSPRNG; a test source only in tests). */
+  /** Randomness (default: the platform CSPRNG). A source not marked `cryptographic` is refused unless
+   * `allowTestRandomness` is true (tests and simulations only). */
   readonly rng?: RandomSource;
+  readonly allowTestRandomness?: boolean;
+}
+
+/** The platform CSPRNG, or `rng` when it is cryptographic or test randomness is explicitly allowed. */
+export function checkedRandom(rng: RandomSource | undefined, allowTestRandomness: boolean | undefined): RandomSource {
+  if (rng === undefined) return cryptoRandom();
+  if (rng.cryptographic !== true && allowTestRandomness !== true) {
+    throw new ParameterError("rng", "is not a cryptographic source (allowTestRandomness: true in tests and simulations only)");
+  }
+  return rng;
 }
 
 export interface Admitted {
@@ -63,11 +76,10 @@ export class DeviceClient {
   ) {}
 
   static async open(opts: DeviceClientOptions): Promise<DeviceClient> {
-    const rng = opts.rng ?? cryptoRandom();
+    const rng = checkedRandom(opts.rng, opts.allowTestRandomness);
     const existed = await opts.secretStore.exists();
     const limiter = new ContributionLimiter(opts.spec, opts.quotaStore);
-    const found = await limiter.load(existed);
-    if (!found) await limiter.persist(true);
+    await limiter.open(existed);
     const key = await opts.secretStore.loadOrCreate(rng.bytes(SECRET_BYTES));
     return new DeviceClient(
       opts.spec,
@@ -96,9 +108,8 @@ export class DeviceClient {
    */
   async privatize(metric: string, value: unknown): Promise<Admitted | Refused> {
     const report = privatizerOf(this.privatizers, metric).report(value, this.secret, this.clientTime());
-    const refusal = this.limiter.admit(report);
-    if (refusal !== null) return { admitted: false, metric, reason: refusal };
-    await this.limiter.persist();
+    const [refusal] = await this.limiter.admitAll([report]);
+    if (refusal !== null && refusal !== undefined) return { admitted: false, metric, reason: refusal };
     return { admitted: true, report, bytes: encodeReport(report) };
   }
 
@@ -111,14 +122,9 @@ export class DeviceClient {
     const privatizer = privatizerOf(this.privatizers, metric);
     for (const v of values) privatizer.validate(v);
     const t = this.clientTime();
-    const reports: Report[] = [];
-    const refusals = values.map((v) => {
-      const report = privatizer.report(v, this.secret, t);
-      const refusal = this.limiter.admit(report);
-      if (refusal === null) reports.push(report);
-      return refusal;
-    });
-    await this.limiter.persist();
+    const made = values.map((v) => privatizer.report(v, this.secret, t));
+    const refusals = await this.limiter.admitAll(made);
+    const reports = made.filter((_, i) => refusals[i] === null);
     return { reports, bytes: reports.length ? encodeBatch(reports) : null, refusals };
   }
 }

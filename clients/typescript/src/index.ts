@@ -11,7 +11,7 @@ export { shake256 } from "./hash/shake256.js";
 export { canonicalJson, parseJsonTree, pythonFloatRepr, JsonNumber, type JsonTree } from "./json.js";
 export { makePrivatizers, Privatizer, privatizerOf, type Payload, type Report } from "./privatize.js";
 export { ContributionLimiter, type QuotaStore, type Refusal } from "./quota.js";
-export { CryptoRandom, cryptoRandom, FixedBytesForTests, SeededRandomForTests, type RandomSource } from "./random.js";
+export { CryptoRandom, cryptoRandom, type RandomSource } from "./random.js"; // the ...ForTests sources: Node entry only
 export { BoolRandomizedResponse, KaryRandomizedResponse, LocalHashing, packBits, UnaryEncoding } from "./randomizers.js";
 export { bloomIndices, cohortOf, prrContext, prrThresholds, RapporEncoder, type RapporConfig, type RapporVariant } from "./rappor.js";
 export { ClientSecret, SECRET_BYTES } from "./secret.js";
@@ -30,7 +30,7 @@ export {
 } from "./spec.js";
 export { IndexedDbStore, MemoryStore, type SecretStore } from "./storage.js";
 export { encodeBatch, encodeReport, MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, WIRE_VERSION } from "./wire.js";
-export { GatewayClient, type GatewayClientOptions, type Queued } from "./gateway_client.js";
+export { GatewayClient, type GatewayClientOptions, localEpsilon, type Queued } from "./gateway_client.js";
 export {
   type DropReason,
   type FlushResult,

@@ -1,5 +1,6 @@
 /**
- * The Node entry: everything of the browser entry plus the file stores -- the device secret in a file of mode
+ * The Node entry: everything of the browser entry plus the test randomness (`SeededRandomForTests`,
+ * `FixedBytesForTests`: predictable, kept out of the browser bundle) and the file stores -- the device secret in a file of mode
  * 0600 (Python `producers.client_secret` format and semantics: `ptel-client-secret/v1\n<hex>\n`, created atomically
  * through a fresh `O_EXCL` 0600 temporary file hard-linked into place, refused when group or others can access it,
  * when it is not a regular file or is owned by another user) and the quota in `<secret>.quota` (0600, replaced
@@ -16,6 +17,8 @@ import type { SecretStore } from "./storage.js";
 
 export * from "./index.js";
 export { FileQueueStore } from "./queue_file.js";
+// predictable sources for tests and simulations: in the Node entry only, never in the browser bundle
+export { FixedBytesForTests, SeededRandomForTests } from "./random.js";
 
 const HEADER = "ptel-client-secret/v1\n";
 
@@ -43,6 +46,42 @@ async function fsyncDir(dir: string): Promise<void> {
   } catch {
     // best effort, as Python's _fsync_dir
   }
+}
+
+/** Breaks `lockPath` when its holder process is gone or it is older than `staleMs`; whether it was broken. */
+async function staleLock(lockPath: string, staleMs: number): Promise<boolean> {
+  let text: string;
+  let age: number;
+  try {
+    text = await fs.readFile(lockPath, "utf8");
+    age = Date.now() - (await fs.stat(lockPath)).mtimeMs;
+  } catch {
+    return true; // released meanwhile: try again
+  }
+  const pid = Number(text.split(" ")[0]);
+  let alive = true;
+  if (Number.isSafeInteger(pid) && pid > 0) {
+    try {
+      process.kill(pid, 0);
+    } catch (err) {
+      alive = (err as NodeJS.ErrnoException).code === "EPERM";
+    }
+  }
+  if (alive && age < staleMs) return false;
+  // rename-then-remove: of several processes breaking the same stale lock, one succeeds; recheck it is that lock
+  const moved = `${lockPath}.${randomBytes(8).toString("hex")}.stale`;
+  try {
+    await fs.rename(lockPath, moved);
+  } catch {
+    return true;
+  }
+  if ((await fs.readFile(moved, "utf8").catch(() => "")) !== text) {
+    await fs.link(moved, lockPath).catch(() => undefined); // a live lock taken meanwhile: put it back (never over another)
+    await fs.unlink(moved).catch(() => undefined);
+    return false;
+  }
+  await fs.unlink(moved).catch(() => undefined);
+  return true;
 }
 
 /** Where a device keeps its quota by default: beside its secret, `<secret>.quota`. */
@@ -107,9 +146,55 @@ export class FileSecretStore implements SecretStore {
   }
 }
 
-/** The quota in a mode-0600 file, replaced atomically (fsynced temporary file renamed into place). */
+/**
+ * The quota in a mode-0600 file, replaced atomically (fsynced temporary file renamed into place). {@link update}
+ * holds the lock file `<path>.lock` (created with `O_EXCL`, holding the holder's pid) around read-change-save, so
+ * processes sharing the file share one quota. A lock whose holder process is gone, or older than `staleLockMs`
+ * (default 30 s: a read-change-save takes milliseconds), is broken; waiting longer than `lockTimeoutMs` (default
+ * 10 s) fails (the caller refuses to send).
+ */
 export class FileQuotaStore implements QuotaStore {
-  constructor(readonly path: string) {}
+  constructor(
+    readonly path: string,
+    readonly options: { readonly staleLockMs?: number; readonly lockTimeoutMs?: number } = {},
+  ) {}
+
+  async update(change: (doc: string | null) => string | null): Promise<void> {
+    const release = await this.lock();
+    try {
+      const next = change(await this.load());
+      if (next !== null) await this.save(next);
+    } finally {
+      await release();
+    }
+  }
+
+  private async lock(): Promise<() => Promise<void>> {
+    const lockPath = `${this.path}.lock`;
+    const stale = this.options.staleLockMs ?? 30_000;
+    const deadline = Date.now() + (this.options.lockTimeoutMs ?? 10_000);
+    await fs.mkdir(dirname(lockPath), { recursive: true, mode: 0o700 });
+    for (let wait = 2; ; wait = Math.min(wait * 2, 100)) {
+      try {
+        const fh = await fs.open(lockPath, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
+        const token = `${process.pid} ${randomBytes(8).toString("hex")}`;
+        try {
+          await fh.writeFile(token);
+        } finally {
+          await fh.close();
+        }
+        return async () => {
+          // remove only our own lock (a holder that took too long may have had it broken and re-taken)
+          if ((await fs.readFile(lockPath, "utf8").catch(() => "")) === token) await fs.unlink(lockPath).catch(() => undefined);
+        };
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+      }
+      if (await staleLock(lockPath, stale)) continue;
+      if (Date.now() > deadline) throw new Error(`the quota lock ${lockPath} is held by another process (waited ${this.options.lockTimeoutMs ?? 10_000} ms)`);
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
 
   async load(): Promise<string | null> {
     try {

@@ -4,7 +4,11 @@
  *
  * A message is stored -- with the `Idempotency-Key` all its attempts will carry -- before its first attempt, so
  * that nothing privatized is lost offline and no retry, even after a reload, can be counted twice while the gateway
- * remembers the key (the window of the first attempt and the next, docs/gateway.md "Retries"). It leaves the store
+ * remembers the key: for the window in which it first saw the key and the next (docs/gateway.md "Retries"), so at
+ * least one window (`size_s`) after that. The queue stores when an attempt first ended without telling whether
+ * the reports reached Kafka (`uncertainSince`: no answer, a 502/504, 503 `delivery_failed`); a message whose
+ * uncertainty is older than `idempotencyMemoryMs` (one window minus the attempt timeout, at most half a window
+ * off) is not sent again but dropped as `unknown_outcome` -- a retry could be counted twice. It leaves the store
  * when the gateway answers 202, or when it is refused (reported through `onDrop`, never silently), expires
  * (`maxAgeMs`) or is pushed out by a newer one when the queue is full (`maxMessages`; the oldest goes, reported).
  *
@@ -32,6 +36,8 @@ export interface QueuedMessage {
   readonly queuedAt: number;
   /** Attempts made so far (across reloads). */
   attempts: number;
+  /** When the first attempt that may have reached Kafka unanswered began, ms since the epoch (absent: none yet). */
+  uncertainSince?: number;
 }
 
 /** Where the queue keeps its messages. `save` is called after every change, with the whole queue. */
@@ -65,7 +71,8 @@ export function isQueuedMessage(m: unknown): m is QueuedMessage {
     typeof r["body"] === "string" &&
     typeof r["contentType"] === "string" &&
     typeof r["queuedAt"] === "number" &&
-    typeof r["attempts"] === "number"
+    typeof r["attempts"] === "number" &&
+    (r["uncertainSince"] === undefined || typeof r["uncertainSince"] === "number")
   );
 }
 
@@ -113,13 +120,17 @@ export function fromBase64(text: string): Uint8Array {
 }
 
 /** Why a message left the queue without a 202. */
-export type DropReason = "refused" | "expired" | "queue_full";
+export type DropReason = "refused" | "expired" | "queue_full" | "unknown_outcome";
 
 export interface SendQueueOptions {
   /** Most messages kept; a new one beyond it pushes out the oldest (default 500). */
   readonly maxMessages?: number;
   /** A message older than this is dropped unsent (default 24 h). */
   readonly maxAgeMs?: number;
+  /** How long after an unanswered attempt a retry is still recognised by the gateway (its `Idempotency-Key`
+   * memory), ms; after that the message is dropped as `unknown_outcome` (default 24 h; `GatewayClient` derives it
+   * from the spec's window). */
+  readonly idempotencyMemoryMs?: number;
   /** First retry delay, ms (default 200), doubled each failure up to `maxBackoffMs` (default 60 000). */
   readonly backoffMs?: number;
   readonly maxBackoffMs?: number;
@@ -157,6 +168,7 @@ export class SendQueue {
   readonly stats: QueueStats = { accepted: 0, replayed: 0, retries: 0, dropped: 0 };
   private readonly maxMessages: number;
   private readonly maxAgeMs: number;
+  private readonly memoryMs: number;
   private readonly backoffMs: number;
   private readonly maxBackoffMs: number;
   private readonly now: () => number;
@@ -173,6 +185,7 @@ export class SendQueue {
   ) {
     this.maxMessages = positive("maxMessages", options.maxMessages ?? 500, 1_000_000);
     this.maxAgeMs = positive("maxAgeMs", options.maxAgeMs ?? 86_400_000, 365 * 86_400_000);
+    this.memoryMs = positive("idempotencyMemoryMs", options.idempotencyMemoryMs ?? 86_400_000, 365 * 86_400_000);
     this.backoffMs = positive("backoffMs", options.backoffMs ?? 200, 3_600_000);
     this.maxBackoffMs = positive("maxBackoffMs", options.maxBackoffMs ?? 60_000, 86_400_000);
     this.now = options.now ?? Date.now;
@@ -239,11 +252,14 @@ export class SendQueue {
     }
     for (;;) {
       const messages = this.store.load();
-      const expired = messages.filter((m) => this.now() - m.queuedAt > this.maxAgeMs);
-      if (expired.length > 0) {
-        this.store.save(messages.filter((m) => !expired.includes(m)));
-        for (const m of expired) this.drop(m, "expired");
-        dropped += expired.length;
+      const now = this.now();
+      const out = messages.flatMap((m): [QueuedMessage, DropReason][] =>
+        now - m.queuedAt > this.maxAgeMs ? [[m, "expired"]] : m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs ? [[m, "unknown_outcome"]] : [],
+      );
+      if (out.length > 0) {
+        this.store.save(messages.filter((m) => !out.some(([o]) => o === m)));
+        for (const [m, reason] of out) this.drop(m, reason);
+        dropped += out.length;
         continue;
       }
       const next = messages[0];
@@ -254,6 +270,11 @@ export class SendQueue {
       });
       const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key });
       if (outcome.kind === "retry") {
+        if (outcome.maybeDelivered && next.uncertainSince === undefined) {
+          this.update(next.key, (m) => {
+            m.uncertainSince ??= now;
+          });
+        }
         this.failures++;
         this.notBefore = this.now() + retryDelayMs(this.failures, outcome.retryAfterMs, this.backoffMs, this.maxBackoffMs);
         return { accepted, dropped, pending: this.pending, nextAttemptAt: this.notBefore };
@@ -279,15 +300,23 @@ export class SendQueue {
   }
 
   /** On page hide: fire every queued message (at most 64 KiB of bodies, the browsers' keepalive budget) with
-   * `keepalive`, without removing them; a 202 heard before the page goes removes its message. */
+   * `keepalive`, without removing them; a 202 heard before the page goes removes its message. Nothing is fired
+   * while a backoff runs (the gateway asked to wait), nor a message whose retry would come too late
+   * (`unknown_outcome`); a keepalive attempt counts as one that may have reached Kafka. */
   flushOnHide(): number {
+    if (this.now() < this.notBefore) return 0; // inside a backoff (the gateway's Retry-After): nothing is fired
     let budget = 64 * 1024;
     let fired = 0;
+    const now = this.now();
     for (const m of this.store.load()) {
+      if (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs) continue;
       const body = fromBase64(m.body);
       if (body.length > budget) break;
       budget -= body.length;
       fired++;
+      this.update(m.key, (u) => {
+        u.uncertainSince ??= now;
+      });
       this.transport.sendKeepalive({ body, contentType: m.contentType, idempotencyKey: m.key }, (status) => {
         if (status === 202) this.remove(m.key);
       });

@@ -6,10 +6,12 @@
  * - at most `reports_per_window` reports;
  * - keyed metrics: each key at most once, at most `keys_per_window` distinct keys.
  *
- * State is kept for the newest window seen and the 3 before it (older windows are refused). It is saved
- * ({@link ContributionLimiter.persist}) before the reports are handed to the transport, in the Python client's
- * JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric: {pseudonym:
- * [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
+ * State is kept for the newest window seen and the 3 before it (older windows are refused). Every admission reads
+ * the saved state, admits and saves it in ONE exclusive step ({@link QuotaStore.update}: one read-write IndexedDB
+ * transaction in browsers, a lock file in Node), so several tabs or processes of one device share one quota rather
+ * than each spending a full one; the state is saved before the reports are handed to the transport, in the Python
+ * client's JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric:
+ * {pseudonym: [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
  * ({@link QuotaStateError}), as does missing state when it must exist (it was created with the secret).
  */
 
@@ -19,12 +21,12 @@ import type { CollectionSpec } from "./spec.js";
 
 const KEEP_WINDOWS = 3;
 
-/** Where the quota state lives: a file (Node), IndexedDB (browsers), or memory. */
+/** Where the quota state lives: a file (Node), IndexedDB (browsers), or memory. Its only operation is one exclusive
+ * read-change-save step: a separate read and save would let two tabs or processes each spend a full quota. */
 export interface QuotaStore {
-  /** The saved document, or `null` when there is none. */
-  load(): Promise<string | null>;
-  /** Replace the saved document (atomically). */
-  save(doc: string): Promise<void>;
+  /** Read the saved document (`null`: none), pass it to `change` and save what `change` returns (`null`: nothing to
+   * save), as one exclusive step: no other tab or process reads or saves this store in between. */
+  update(change: (doc: string | null) => string | null): Promise<void>;
 }
 
 /** Why a report was not admitted. */
@@ -38,6 +40,7 @@ export class ContributionLimiter {
   private keys = new Map<number, Map<string, Map<bigint, Set<string>>>>();
   private newest = -1;
   private changed = false;
+  private tail: Promise<unknown> = Promise.resolve();
 
   constructor(
     spec: CollectionSpec,
@@ -48,20 +51,21 @@ export class ContributionLimiter {
     this.maxKeys = new Map(spec.metrics.flatMap((m) => (m.kind === "keyed" ? [[m.name, m.keysPerWindow] as const] : [])));
   }
 
-  /** Read the saved state. `mustExist`: missing state fails closed (the secret exists, so it was deleted). */
-  async load(mustExist: boolean): Promise<boolean> {
-    if (this.store === null) return false;
-    let text: string | null;
-    try {
-      text = await this.store.load();
-    } catch (err) {
-      throw new QuotaStateError(`the quota state cannot be read (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
-    }
+  /** At open: read the saved state, or save a fresh one when there is none (one step, as {@link admitAll}).
+   * `mustExist`: missing state fails closed (the secret exists, so it was deleted). */
+  open(mustExist: boolean): Promise<unknown> {
+    return this.step(mustExist, () => null);
+  }
+
+  /** Replace the state by the saved document's; `false` when there is none (and it need not exist). */
+  private parse(text: string | null, mustExist: boolean): boolean {
+    this.counts = new Map();
+    this.keys = new Map();
+    this.newest = -1;
     if (text === null) {
       if (mustExist) {
         throw new QuotaStateError(
-          "the quota state is missing while this device's secret exists: it was created with the secret, so it was deleted; " +
-            "refusing to send rather than start from a fresh quota (restore it, or start over as a new client with a new secret)",
+          "the quota state is missing while this device's secret exists (so it was deleted): refusing to send rather than start a fresh quota (restore it, or start over with a new secret)",
         );
       }
       return false;
@@ -90,6 +94,38 @@ export class ContributionLimiter {
       throw new QuotaStateError(`the quota state is malformed (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
     }
     return true;
+  }
+
+  /**
+   * Admit `reports` in order against the saved state: read, admit and save in one exclusive step of the store (so
+   * two tabs or processes never both spend the same quota). Per report `null` (admitted, saved before this
+   * returns) or the bound that refused it.
+   */
+  admitAll(reports: readonly Report[]): Promise<(Refusal | null)[]> {
+    return this.step(true, () => reports.map((r) => this.admit(r)));
+  }
+
+  /** Runs `body` on the saved state and saves what it changed, in one exclusive step of the store; steps of this
+   * limiter run in call order (the store orders tabs and processes). */
+  private step<T>(mustExist: boolean, body: () => T): Promise<T> {
+    const run = this.tail.then(async () => {
+      if (this.store === null) return body();
+      let out!: T;
+      try {
+        await this.store.update((doc) => {
+          this.changed = !this.parse(doc, mustExist);
+          out = body();
+          return this.changed ? this.document() : null;
+        });
+      } catch (err) {
+        if (err instanceof QuotaStateError) throw err;
+        throw new QuotaStateError(`the quota state cannot be read or saved (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
+      }
+      this.changed = false;
+      return out;
+    });
+    this.tail = run.catch(() => undefined);
+    return run;
   }
 
   private table<V>(tables: Map<number, Map<string, Map<bigint, V>>>, window: number, metric: string): Map<bigint, V> {
@@ -143,10 +179,12 @@ export class ContributionLimiter {
     return JSON.stringify({ v: 1, newest: this.newest, counts, keys });
   }
 
-  /** Save what was admitted since the last call (before the reports leave). `force`: save even without changes. */
+  /** Save what {@link admit} admitted since the last call (before the reports leave). `force`: save even without
+   * changes. It replaces the saved state: on a store other tabs or processes share, use {@link admitAll}. */
   async persist(force = false): Promise<void> {
     if (this.store === null || !(this.changed || force)) return;
-    await this.store.save(this.document());
+    const doc = this.document();
+    await this.store.update(() => doc);
     this.changed = false;
   }
 }

@@ -176,8 +176,7 @@ function parseMetric(m: Obj, resolvedObj: Obj | undefined, index: number): Metri
   if (computed !== fingerprint) {
     throw new SpecError(
       `metrics.${name}.fingerprint`,
-      `(${fingerprint}) differs from the one computed from the spec's fields (${computed}): the document was altered or ` +
-        "was made by another version of the spec schema; refusing to privatize under parameters the agents would drop",
+      `(${fingerprint}) differs from the one computed from the spec's fields (${computed}): the document was altered or is of another schema version`,
     );
   }
   const common = { name, fingerprint, reportsPerWindow: f.num("reports_per_window", 1, 1_000_000, { int: true, dflt: 1 }) };

@@ -5,7 +5,8 @@
  *
  * IndexedDB keeps the raw 32-byte key in an object store of the page's origin (readable by that origin's scripts
  * only, like any IndexedDB data); it is created inside one read-write transaction, so two tabs racing to create
- * it agree on one key.
+ * it agree on one key. The quota is read, changed and saved in one read-write transaction
+ * ({@link IndexedDbStore.update}), so tabs of one origin share one quota.
  */
 
 import { SecretError } from "./errors.js";
@@ -30,11 +31,8 @@ export class MemoryStore implements SecretStore, QuotaStore {
     this.key ??= fresh.slice();
     return this.key.slice();
   }
-  async load(): Promise<string | null> {
-    return this.doc;
-  }
-  async save(doc: string): Promise<void> {
-    this.doc = doc;
+  async update(change: (doc: string | null) => string | null): Promise<void> {
+    this.doc = change(this.doc) ?? this.doc; // no await in between: one step
   }
 }
 
@@ -93,16 +91,13 @@ export class IndexedDbStore implements SecretStore, QuotaStore {
     return key;
   }
 
-  async load(): Promise<string | null> {
-    const doc: unknown = await this.tx("readonly", (s) => request(s.get("quota")));
-    if (doc === undefined) return null;
-    if (typeof doc !== "string") throw new Error("the stored quota is not a string");
-    return doc;
-  }
-
-  async save(doc: string): Promise<void> {
+  /** One read-write transaction: IndexedDB runs read-write transactions of one store one at a time, across tabs. */
+  async update(change: (doc: string | null) => string | null): Promise<void> {
     await this.tx("readwrite", async (s) => {
-      s.put(doc, "quota");
+      const doc: unknown = await request(s.get("quota"));
+      if (doc !== undefined && typeof doc !== "string") throw new Error("the stored quota is not a string");
+      const next = change(doc ?? null);
+      if (next !== null) s.put(next, "quota");
     });
   }
 }

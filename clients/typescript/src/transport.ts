@@ -44,13 +44,21 @@ export interface OutgoingMessage {
 /** The outcome of one attempt. */
 export type Attempt =
   | { readonly kind: "accepted"; readonly accepted: number; readonly windowStart: number; readonly replayed: boolean }
-  | { readonly kind: "retry"; readonly retryAfterMs: number | null; readonly error: GatewayRefusedError }
+  | {
+      readonly kind: "retry";
+      readonly retryAfterMs: number | null;
+      readonly error: GatewayRefusedError;
+      /** Whether the reports may have reached Kafka all the same (no answer, a proxy's 502/504, 503
+       * `delivery_failed` or `internal_error`): only the gateway's memory of the key keeps a retry from counting them twice. */
+      readonly maybeDelivered: boolean;
+    }
   | { readonly kind: "refused"; readonly error: GatewayRefusedError };
 
 type FetchLike = (input: string, init: RequestInit) => Promise<Response>;
 
 export interface TransportOptions {
-  /** The gateway's base URL, `https://host[:port]` (`http://` for loopback and tests). */
+  /** The gateway's base URL, `https://host[:port]` (`http://` only for a loopback host: 127.0.0.0/8, ::1,
+   * localhost). */
   readonly url: string;
   /** The device token (`ptel gateway-keys token`). */
   readonly token: string;
@@ -70,13 +78,28 @@ export function newIdempotencyKey(): string {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-/** `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 section 10.2.3) in ms from `now`; null if absent or bad. */
+/** `Retry-After` in ms from `now` (RFC 9110 section 10.2.3): delay-seconds (digits only) or an IMF-fixdate
+ * (`Sun, 06 Nov 1994 08:49:37 GMT`); `null` if absent or anything else ("1.5", "-1", other date forms). */
 export function parseRetryAfter(value: string | null, now: number = Date.now()): number | null {
   if (value === null) return null;
   const text = value.trim();
   if (/^\d+$/.test(text)) return Number(text) * 1000;
+  if (!/^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT$/.test(text)) return null;
   const at = Date.parse(text);
   return Number.isNaN(at) ? null : Math.max(0, at - now);
+}
+
+/** Whether `url` may be used: `https:`, or `http:` to a loopback host (127.0.0.0/8, ::1, localhost). */
+export function allowedGatewayUrl(url: string): boolean {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return false;
+  }
+  if (parsed.protocol === "https:") return true;
+  const host = parsed.hostname.replace(/\.$/, "").toLowerCase();
+  return parsed.protocol === "http:" && (host === "localhost" || host === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(host));
 }
 
 function mediaType(message: OutgoingMessage): string {
@@ -87,14 +110,15 @@ function mediaType(message: OutgoingMessage): string {
 export class GatewayTransport {
   readonly endpoint: string;
   readonly specUrl: string;
+  /** Longest wait for one answer (an attempt, or the spec), ms. */
+  readonly timeoutMs: number;
   private readonly auth: string;
-  private readonly timeoutMs: number;
   private readonly fetchFn: FetchLike;
 
   constructor(options: TransportOptions) {
     const url = options.url;
-    if (typeof url !== "string" || !/^https?:\/\/[^/]+/.test(url)) {
-      throw new ParameterError("url", `(${JSON.stringify(url)}) must start with https:// (or http:// on loopback)`);
+    if (typeof url !== "string" || !allowedGatewayUrl(url)) {
+      throw new ParameterError("url", `(${JSON.stringify(url)}) must start with https:// (http:// only to 127.0.0.0/8, [::1] or localhost)`);
     }
     if (typeof options.token !== "string" || options.token.length === 0) {
       throw new ParameterError("token", "must be the device's token (ptel gateway-keys token), a non-empty string");
@@ -158,12 +182,13 @@ export class GatewayTransport {
         String(body["detail"] ?? text.slice(0, 200)),
       );
       if (RETRIED.has(response.status)) {
-        return { kind: "retry", retryAfterMs: parseRetryAfter(response.headers.get("Retry-After")), error };
+        const maybeDelivered = response.status !== 503 || error.reason === "delivery_failed" || error.reason === "internal_error";
+        return { kind: "retry", retryAfterMs: parseRetryAfter(response.headers.get("Retry-After")), error, maybeDelivered };
       }
       return { kind: "refused", error };
     } catch (err) {
       const what = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : `${(err as Error).name}: ${(err as Error).message}`;
-      return { kind: "retry", retryAfterMs: null, error: new GatewayRefusedError(0, "unreachable", what) };
+      return { kind: "retry", retryAfterMs: null, error: new GatewayRefusedError(0, "unreachable", what), maybeDelivered: true };
     } finally {
       clearTimeout(timer);
     }
@@ -184,17 +209,27 @@ export class GatewayTransport {
   async fetchSpec(etag?: string): Promise<{ readonly text: string; readonly etag: string } | null> {
     const headers: Record<string, string> = {};
     if (etag !== undefined) headers["If-None-Match"] = etag;
-    const response = await this.fetchFn(this.specUrl, { method: "GET", headers });
-    if (response.status === 304) return null;
-    if (response.status !== 200) {
-      throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.timeoutMs);
+    try {
+      const response = await this.fetchFn(this.specUrl, { method: "GET", headers, signal: abort.signal });
+      if (response.status === 304) return null;
+      if (response.status !== 200) {
+        throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
+      }
+      return { text: await response.text(), etag: response.headers.get("ETag") ?? "" };
+    } catch (err) {
+      if (abort.signal.aborted) throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: no answer within ${this.timeoutMs} ms`);
+      throw err;
+    } finally {
+      clearTimeout(timer);
     }
-    return { text: await response.text(), etag: response.headers.get("ETag") ?? "" };
   }
 }
 
-/** Exponential backoff: `base * 2^(attempt - 1)` capped at `max`, at least a `Retry-After` (itself capped). */
+/** Exponential backoff `base * 2^(attempt - 1)` capped at `max`, and at least the whole `Retry-After` (the gateway
+ * may ask for up to an hour; only the exponential part is capped). */
 export function retryDelayMs(attempt: number, retryAfterMs: number | null, baseMs: number, maxMs: number): number {
   const exponential = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
-  return retryAfterMs === null ? exponential : Math.min(maxMs, Math.max(exponential, retryAfterMs));
+  return retryAfterMs === null ? exponential : Math.max(exponential, retryAfterMs);
 }

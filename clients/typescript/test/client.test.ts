@@ -208,3 +208,62 @@ test("privacy randomness comes only from the platform CSPRNG by default; no Math
   const seen = new Set(Array.from({ length: 64 }, bits));
   assert.ok(seen.size > 1);
 });
+
+test("two clients (tabs, processes) on one device's stores share one quota: A,B,A,B admits 2, not 4", async () => {
+  const dir = tmp();
+  try {
+    const secretFile = join(dir, "device.secret");
+    const memory = new MemoryStore();
+    const stores: Array<[string, () => Promise<DeviceClient>]> = [
+      ["memory", () => DeviceClient.open({ spec, secretStore: memory, quotaStore: memory, clock: () => T0 })],
+      ["file", () => open(dir, () => T0)],
+    ];
+    for (const [name, make] of stores) {
+      const [a, b] = [await make(), await make()]; // both opened (both read the quota) before either sends
+      const order = [a, b, a, b];
+      const admitted: boolean[] = [];
+      for (const c of order) admitted.push((await c.privatize("crashed", true)).admitted); // reports_per_window 2
+      assert.deepEqual(admitted, [true, true, false, false], name);
+      // at once: six concurrent sends of one key by three clients: the key is sent once
+      const three = [await make(), await make(), await make()];
+      assert.equal((await Promise.all(three.flatMap((c) => [c.privatize("errors", ["k", true]), c.privatize("errors", ["k", true])]))).filter((r) => r.admitted).length, 1, `${name}: a key once`);
+    }
+    assert.equal(statSync(quotaPath(secretFile)).isFile(), true);
+    assert.throws(() => statSync(`${quotaPath(secretFile)}.lock`), /ENOENT/, "the lock is released");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the quota lock file: a dead holder's lock is broken, a live one is waited for, then refused (fail closed)", async () => {
+  const dir = tmp();
+  try {
+    const path = join(dir, "q.json");
+    const store = new FileQuotaStore(path, { lockTimeoutMs: 100 });
+    await store.save('{"v":1,"newest":-1,"counts":{},"keys":{}}');
+    writeFileSync(`${path}.lock`, "999999999 dead");
+    await store.update((doc) => doc + " ");
+    assert.equal(readFileSync(path, "utf8").endsWith(" "), true, "a lock of a process that is gone is broken");
+    writeFileSync(`${path}.lock`, `${process.pid} live`);
+    await assert.rejects(store.update(() => "x"), /quota lock .* is held by another process/);
+    await store.save('{"v":1,"newest":-1,"counts":{},"keys":{}}');
+    const opening = DeviceClient.open({ spec, secretStore: new MemoryStore(), quotaStore: store, clock: () => T0 });
+    await assert.rejects(opening, (e: Error) => e instanceof QuotaStateError && /cannot be read or saved \(the quota lock/.test(e.message));
+    const stale = new FileQuotaStore(path, { staleLockMs: 1 });
+    await new Promise((r) => setTimeout(r, 5));
+    await stale.update(() => "y");
+    assert.equal(readFileSync(path, "utf8"), "y", "a lock older than staleLockMs is broken");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("a non-cryptographic randomness source is refused unless test randomness is explicitly allowed", async () => {
+  const opts = { spec, secretStore: new MemoryStore(), quotaStore: null, clock: () => T0, rng: new SeededRandomForTests(3) };
+  await assert.rejects(DeviceClient.open(opts), /rng is not a cryptographic source/);
+  await assert.rejects(DeviceClient.open({ ...opts, allowTestRandomness: false }), /rng is not a cryptographic source/);
+  const c = await DeviceClient.open({ ...opts, allowTestRandomness: true });
+  assert.equal((await c.privatize("crashed", true)).admitted, true);
+  const { cryptoRandom } = await import("../src/index.js");
+  assert.ok(await DeviceClient.open({ ...opts, rng: cryptoRandom() }));
+});

@@ -19,7 +19,7 @@ import {
   UnaryEncoding,
   type RandomSource,
   type RapporConfig,
-} from "../src/index.js";
+} from "../src/node.js";
 import { probabilityThreshold, thresholdAtLeast } from "../src/exact.js";
 import { HASH_PRIME } from "../src/sampling.js";
 

@@ -58,7 +58,7 @@ describe("transport", () => {
       { status: 422, body: { reason: "wrong_fingerprint", detail: "" } },
       { status: 401, body: { reason: "bad_token", detail: "" } },
     ]);
-    const t = new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch });
+    const t = new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch });
     const m = { body: REPORT, idempotencyKey: "k" };
     const a = await t.attempt(m);
     assert.equal(a.kind, "retry");
@@ -78,30 +78,51 @@ describe("transport", () => {
   it("times out an attempt that gets no answer", async () => {
     const never = (_url: string, init: RequestInit) =>
       new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))));
-    const t = new GatewayTransport({ url: "http://gw", token: "x", fetch: never, timeoutMs: 20 });
+    const t = new GatewayTransport({ url: "https://gw", token: "x", fetch: never, timeoutMs: 20 });
     const r = await t.attempt({ body: REPORT, idempotencyKey: "k" });
     assert.equal(r.kind === "retry" && r.error.detail, "no answer within 20 ms");
   });
 
+  it("refuses plain http except to a loopback host (an on-path attacker could rewrite the spec and the reports)", () => {
+    for (const url of ["http://gw", "http://example.com:8088", "http://127.0.0.1.evil.example", "http://localhost.evil.example", "http://10.0.0.1", "http://[::2]", "ftp://127.0.0.1", "gw:8088"]) {
+      assert.throws(() => new GatewayTransport({ url, token: "x" }), /url .* must start with https:\/\/ \(http:\/\/ only to 127\.0\.0\.0\/8, \[::1\] or localhost\)/, url);
+    }
+    for (const url of ["https://gw", "https://gw.example:8443/base/", "http://127.0.0.1:8088", "http://127.4.5.6", "http://[::1]:9", "http://localhost:1", "http://LOCALHOST."]) {
+      assert.ok(new GatewayTransport({ url, token: "x" }), url);
+    }
+  });
+
+  it("gives up fetching the spec after timeoutMs (no answer is not a hang)", async () => {
+    const never = (_url: string, init: RequestInit) =>
+      new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))));
+    const t = new GatewayTransport({ url: "https://gw", token: "x", fetch: never, timeoutMs: 20 });
+    await assert.rejects(t.fetchSpec(), (e: Error) => e instanceof GatewayRefusedError && e.reason === "unreachable" && /no answer within 20 ms/.test(e.detail));
+  });
+
   it("refuses bad parameters by name", () => {
     assert.throws(() => new GatewayTransport({ url: "gw:8088", token: "x" }), /url/);
-    assert.throws(() => new GatewayTransport({ url: "http://gw", token: "" }), /token/);
-    assert.throws(() => new GatewayTransport({ url: "http://gw", token: "x", timeoutMs: 0 }), /timeoutMs/);
+    assert.throws(() => new GatewayTransport({ url: "https://gw", token: "" }), /token/);
+    assert.throws(() => new GatewayTransport({ url: "https://gw", token: "x", timeoutMs: 0 }), /timeoutMs/);
   });
 
   it("parses Retry-After as seconds or an HTTP date and backs off exponentially, at least Retry-After", () => {
     assert.equal(parseRetryAfter("3"), 3000);
     assert.equal(parseRetryAfter(new Date(1_000_000 + 5000).toUTCString(), 1_000_000), 5000);
+    assert.equal(parseRetryAfter("Sun, 06 Nov 1994 08:49:37 GMT", Date.UTC(1994, 10, 6, 8, 49, 30)), 7000);
     assert.equal(parseRetryAfter("soon"), null);
     assert.equal(parseRetryAfter(null), null);
+    // neither digits nor an IMF-fixdate: unknown, not "now" (Date.parse reads "1.5" and "-1" as dates in the past)
+    for (const bad of ["1.5", "-1", "+3", "1e3", "Sunday, 06-Nov-94 08:49:37 GMT", "2026-01-01"]) assert.equal(parseRetryAfter(bad), null, bad);
     assert.deepEqual([1, 2, 3, 10].map((n) => retryDelayMs(n, null, 200, 10_000)), [200, 400, 800, 10_000]);
     assert.equal(retryDelayMs(1, 4000, 200, 10_000), 4000);
-    assert.equal(retryDelayMs(1, 99_000, 200, 10_000), 10_000);
+    // the whole Retry-After, even above the exponential cap (the gateway may ask for up to an hour)
+    assert.equal(retryDelayMs(1, 3_600_000, 200, 60_000), 3_600_000);
+    assert.equal(retryDelayMs(20, 1000, 200, 60_000), 60_000);
   });
 
   it("fetches the spec with its ETag and revalidates with If-None-Match", async () => {
     const gw = scripted([{ status: 200, body: { format: "ptel-spec-document/v1" }, headers: { ETag: '"abc"' } }, { status: 304 }]);
-    const t = new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch });
+    const t = new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch });
     assert.deepEqual(await t.fetchSpec(), { text: '{"format":"ptel-spec-document/v1"}', etag: '"abc"' });
     assert.equal(await t.fetchSpec('"abc"'), null);
     assert.equal(header(gw.seen[1]!.init, "If-None-Match"), '"abc"');
@@ -112,7 +133,7 @@ describe("queue", () => {
   it("keeps one Idempotency-Key over every retry, honours Retry-After, and empties on 202", async () => {
     const gw = scripted([unavailable("3"), "throw", accepted]);
     const c = clock();
-    const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), { now: c.now, backoffMs: 100 });
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), { now: c.now, backoffMs: 100 });
     const key = q.enqueue(REPORT);
     assert.match(key, /^[0-9a-f]{32}$/);
     const first = await q.flush();
@@ -128,10 +149,49 @@ describe("queue", () => {
     assert.deepEqual(q.stats, { accepted: 1, replayed: 0, retries: 2, dropped: 0 });
   });
 
+  it("waits out a Retry-After of an hour, and fires nothing on page hide meanwhile", async () => {
+    const gw = scripted([unavailable("3600"), accepted]);
+    const c = clock();
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), { now: c.now });
+    q.enqueue(REPORT);
+    assert.equal((await q.flush()).nextAttemptAt! - c.now(), 3_600_000);
+    c.advance(3_599_000);
+    assert.equal(q.flushOnHide(), 0, "inside the backoff: no keepalive attempt");
+    assert.equal((await q.flush()).accepted, 0);
+    assert.equal(gw.seen.length, 1);
+    c.advance(1000);
+    assert.equal(q.flushOnHide(), 1);
+  });
+
+  it("drops a possibly delivered message as unknown_outcome once the gateway may have forgotten its key", async () => {
+    // "throw" (no answer: maybe in Kafka) starts the clock; a 503 kafka_unavailable (surely not in Kafka) does not
+    const gw = scripted(["throw", unavailable(), unavailable(), accepted]);
+    const c = clock();
+    const drops: Array<[string, DropReason]> = [];
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
+      now: c.now, idempotencyMemoryMs: 10_000, backoffMs: 1, onDrop: (m, r) => drops.push([m.key, r]),
+    });
+    const k1 = q.enqueue(new Uint8Array([1]));
+    await q.flush(); // no answer: uncertain since now
+    assert.equal(q.store.load()[0]!.uncertainSince, c.now());
+    c.advance(9_999);
+    await q.flush(); // still inside the gateway's memory: retried (503)
+    assert.equal(gw.seen.length, 2);
+    const k2 = q.enqueue(new Uint8Array([2]));
+    c.advance(1);
+    const out = await q.flush(true); // k1: 10 s since its unanswered attempt: dropped, not sent again; k2 is sent (503)
+    assert.deepEqual(drops, [[k1, "unknown_outcome"]]);
+    assert.equal(out.dropped, 1);
+    assert.deepEqual(gw.seen.slice(2).map((s) => header(s.init, "Idempotency-Key")), [k2]);
+    assert.equal(q.store.load()[0]!.uncertainSince, undefined, "a 503 kafka_unavailable is not uncertain");
+    c.advance(60_000);
+    assert.equal((await q.flush(true)).accepted, 1, "a message never possibly delivered is retried whenever");
+  });
+
   it("gives each message its own key, sends in order, and reports refusals instead of dropping them silently", async () => {
     const gw = scripted([accepted, { status: 422, body: { reason: "unknown_metric", detail: "" } }, accepted]);
     const drops: Array<[string, DropReason, string | undefined]> = [];
-    const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
       onDrop: (m, reason, err) => drops.push([m.key, reason, err?.reason]),
     });
     const keys = [q.enqueue(new Uint8Array([1])), q.enqueue(new Uint8Array([2])), q.enqueue(new Uint8Array([3]))];
@@ -145,7 +205,7 @@ describe("queue", () => {
     const c = clock();
     const drops: DropReason[] = [];
     const gw = scripted([accepted]);
-    const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
       maxMessages: 2, maxAgeMs: 1000, now: c.now, onDrop: (_, r) => drops.push(r),
     });
     q.enqueue(new Uint8Array([1]));
@@ -164,11 +224,11 @@ describe("queue", () => {
     const items = new Map<string, string>();
     const storage = { getItem: (k: string) => items.get(k) ?? null, setItem: (k: string, v: string) => void items.set(k, v) };
     const down = scripted(["throw"]);
-    const before = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: down.fetch }), new LocalStorageQueueStore("ptel.queue", storage));
+    const before = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: down.fetch }), new LocalStorageQueueStore("ptel.queue", storage));
     const key = before.enqueue(REPORT);
     await before.flush();
     const up = scripted([accepted]);
-    const after = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: up.fetch }), new LocalStorageQueueStore("ptel.queue", storage));
+    const after = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: up.fetch }), new LocalStorageQueueStore("ptel.queue", storage));
     assert.equal(after.pending, 1);
     assert.equal((await after.flush()).accepted, 1);
     assert.equal(header(up.seen[0]!.init, "Idempotency-Key"), key);
@@ -181,7 +241,7 @@ describe("queue", () => {
   it("keeps the Node queue in a mode-0600 file that a new process reads back", () => {
     const path = join(mkdtempSync(join(tmpdir(), "ptel-q-")), "sub", "queue.json");
     const store = new FileQueueStore(path);
-    const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: scripted([]).fetch }), store);
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: scripted([]).fetch }), store);
     const key = q.enqueue(REPORT);
     assert.equal(statSync(path).mode & 0o777, 0o600);
     const again: QueuedMessage[] = new FileQueueStore(path).load();
@@ -191,7 +251,7 @@ describe("queue", () => {
 
   it("on page hide fires every stored message with keepalive, keeps them, and removes those answered 202", async () => {
     const gw = scripted([accepted, unavailable()]);
-    const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }));
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }));
     const [k1, k2] = [q.enqueue(new Uint8Array([1])), q.enqueue(new Uint8Array([2]))];
     assert.equal(q.flushOnHide(), 2);
     assert.deepEqual(gw.seen.map((s) => [s.init.keepalive, header(s.init, "Idempotency-Key")]), [[true, k1], [true, k2]]);
@@ -206,7 +266,7 @@ describe("queue", () => {
     g["removeEventListener"] = events.removeEventListener.bind(events);
     try {
       const gw = scripted(["throw", accepted, unavailable(), unavailable(), accepted]);
-      const q = new SendQueue(new GatewayTransport({ url: "http://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
+      const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), new MemoryQueueStore(), {
         backoffMs: 5,
       });
       q.enqueue(REPORT);

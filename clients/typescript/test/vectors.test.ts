@@ -17,7 +17,7 @@ import {
   pythonFloatRepr,
   RapporEncoder,
   type Report,
-} from "../src/index.js";
+} from "../src/node.js";
 
 interface Vectors {
   spec_document: string;
