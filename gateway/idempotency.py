@@ -195,8 +195,8 @@ class IdempotencyCache:
         self._entries[slot] = (max(entry[0] if entry is not None else doubt.window, self._newest), future)
 
     def restore(self, slot: Hashable, window: int, answer: Answer) -> None:
-        """Remember an answer given before this process started (read back from Kafka; ``window``: when Kafka
-        appended it); in-process entries win."""
+        """Remember an answer given before this process started (read back from Kafka), kept from ``window`` on
+        (the window of the restart: the devices' retries come after it); in-process entries win."""
         if slot in self._entries or window < self._newest - KEEP_WINDOWS:
             return
         future: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()

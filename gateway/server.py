@@ -207,15 +207,20 @@ class Gateway:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
+            # kept from now on (the restart is their last event: their devices' retries come after it, however
+            # many windows the gateway was down for)
+            now_window = math.floor(self.clock()) // self.window_s
             for tag, n, w, appended_ms in found:
-                self.idempotency.restore(  # kept from the window Kafka appended it in (its answer's)
-                    tag,
-                    max(w, appended_ms // 1000 // self.window_s),
-                    Answer(202, {"accepted": n, "window_start": w * self.window_s, "late": False}),
-                )
+                self.idempotency.restore(tag, now_window, self._replayed(n, w, appended_ms))
             log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
             self.forwarder.unhold()
             return
+
+    def _replayed(self, n: int, window: int, appended_ms: int) -> Answer:
+        """The 202 of a request whose tag was read back from Kafka: ``n`` reports of ``window`` appended at
+        ``appended_ms``."""
+        late = appended_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
+        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late})
 
     async def _resolve_doubts(self, poll_s: float = 0.25) -> None:
         """Settle the idempotency slots in doubt (:mod:`gateway.idempotency`): once a partition is
@@ -251,13 +256,8 @@ class Gateway:
             accepted = 0
             for slot, doubt in chosen.items():
                 entry = held.get(slot) if isinstance(slot, bytes) else None
-                answer = None
-                if entry is not None:
-                    n, w, ms = entry
-                    late = ms >= ((w + 1) * self.window_s + self.spec.window.grace_s) * 1000
-                    answer = Answer(202, {"accepted": n, "window_start": w * self.window_s, "late": late})
-                    accepted += 1
-                self.idempotency.resolve(slot, doubt, answer)
+                self.idempotency.resolve(slot, doubt, None if entry is None else self._replayed(*entry))
+                accepted += entry is not None
             log.info(
                 "gateway: %d request(s) in doubt settled from partition(s) %s: %d in Kafka (accepted), %d not "
                 "(their retries are forwarded)",

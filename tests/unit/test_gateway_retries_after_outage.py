@@ -127,6 +127,10 @@ class _DoubtfulForwarder(Forwarder):
     def refusal(self, now: float | None = None) -> str | None:
         return None
 
+    @property
+    def connected(self) -> bool:
+        return True
+
     def settled(self, partition: int, producer: int) -> bool:
         return self.back
 
@@ -272,3 +276,24 @@ async def test_a_retry_after_a_request_answered_many_windows_late_is_replayed() 
         retry = await client.post("/v1/reports", data=BODY, headers=headers)
         assert retry.status == 202 and retry.headers.get("Idempotent-Replayed") == "true"
     assert kafka.forwards == 1
+
+
+async def test_keys_read_back_after_a_slow_restart_are_kept_from_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request of window 100 in Kafka, the gateway killed and back only in window 110: the device's retry then is
+    replayed from the read-back (kept from the first attempt's window, it was dropped and forwarded again)."""
+    kafka = _Kafka()
+    keys = GatewayKeys.generate()
+    tag = keys.idempotency_tag("device-1", "A")
+    kafka.appended.append((tag, 1, 100, int(NOW * 1000)))
+
+    async def read_back(*_: Any, **__: Any) -> list[tuple[bytes, int, int, int]]:
+        return list(kafka.appended)
+
+    monkeypatch.setattr(server_module, "recover_tags", read_back)
+    later = NOW + 10 * SPEC.window.size_s
+    gateway = Gateway(SPEC, "127.0.0.1:1", keys, clock=lambda: later)
+    gateway.forwarder = _DoubtfulForwarder(kafka, lands=True)
+    await gateway._recover_idempotency()
+    assert await gateway.idempotency.previous(tag, int(later) // SPEC.window.size_s) == Answer(
+        202, {"accepted": 1, "window_start": 100 * SPEC.window.size_s, "late": False}
+    )
