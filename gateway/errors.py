@@ -21,9 +21,15 @@ class GatewayKeyError(GatewayError):
 
 
 class ForwardError(GatewayError):
-    """Reports could not be handed to Kafka or were not acknowledged; ``reason`` is machine-readable."""
+    """Reports could not be handed to Kafka or were not acknowledged; ``reason`` is machine-readable.
 
-    def __init__(self, reason: str, detail: str) -> None:
+    ``sent_by`` says whether the reports may be in Kafka all the same: ``None`` -- they were never handed to the
+    producer (refused, queued, not encoded): they are not; otherwise the generation of the producer they were
+    handed to (:attr:`gateway.forwarder.Forwarder.generation`), which failed without an acknowledgement (gave up,
+    was restarted, the stop's deadline passed): the outcome is unknown (:class:`gateway.idempotency.InDoubt`)."""
+
+    def __init__(self, reason: str, detail: str, *, sent_by: int | None = None) -> None:
         self.reason = reason
         self.detail = detail
+        self.sent_by = sent_by
         super().__init__(f"{reason}: {detail}")

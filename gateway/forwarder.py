@@ -28,7 +28,8 @@ Back-pressure instead of unbounded buffering (:meth:`Forwarder.refusal`, answere
   supervisor).
 
 A message that fails after aiokafka's retries fails its requests with :class:`~gateway.errors.ForwardError`
-(``delivery_failed``); the producer then starts again, so the gateway recovers by itself.
+(``delivery_failed``, in doubt: ``ForwardError.sent_by`` names the producer that had it; :meth:`Forwarder.settled`
+says when a read-back shows whether it is in Kafka); the producer then starts again, so the gateway recovers itself.
 
 A Kafka message holds reports of one metric and fingerprint (:meth:`ReportBatch.from_reports`), so the queue is kept
 per ``(partition, metric, fingerprint)``: reports of several metrics bound for one partition travel in one message
@@ -92,6 +93,9 @@ class ForwarderSettings:
     #: Restarts of one background task within ``task_restart_window_s`` before the forwarder gives up (``failed``).
     max_task_restarts: int = 5
     task_restart_window_s: float = 60.0
+    #: How long a new producer must have been connected before a partition it has not yet been acknowledged on
+    #: counts as :meth:`Forwarder.settled` (the broker has processed what an old connection still had buffered).
+    doubt_settle_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -112,6 +116,8 @@ class ForwarderSettings:
         for name in ("probe_interval_s", "probe_timeout_s"):
             if not 0.05 <= getattr(self, name) <= 3600:
                 raise GatewaySettingError(name, getattr(self, name), "must be in [0.05, 3600] seconds")
+        if not 0 <= self.doubt_settle_s <= 3600:
+            raise GatewaySettingError("doubt_settle_s", self.doubt_settle_s, "must be in [0, 3600] seconds")
         if not 0.1 <= self.task_restart_window_s <= 86400:
             raise GatewaySettingError(
                 "task_restart_window_s", self.task_restart_window_s, "must be in [0.1, 86400] seconds"
@@ -184,6 +190,10 @@ class Forwarder:
         self._hold: tuple[str, str] | None = None
         #: Why the last metadata probe failed (``None``: it succeeded, or none ran yet).
         self.unreachable: str | None = None
+        #: How many producers have connected (the current one's number; 0: none yet); see :meth:`settled`.
+        self.generation = 0
+        self._connected_at = 0.0
+        self._acked_by: dict[int, int] = {}  # partition -> newest producer generation acknowledged on it
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -296,6 +306,8 @@ class Forwarder:
                 delay = min(delay * 2, 5.0)
                 continue
             self._producer = producer
+            self.generation += 1
+            self._connected_at = time.monotonic()
             self.last_error = ""
             log.info("gateway connected to Kafka at %s, topic %s", bootstrap_of(self.connection), self.topic)
 
@@ -352,6 +364,7 @@ class Forwarder:
                         "shutting_down",
                         "Kafka had not acknowledged these reports when the gateway stopped; they may be in Kafka: "
                         "retry with the same Idempotency-Key",
+                        sent_by=self.generation,
                     ),
                 )
 
@@ -373,6 +386,16 @@ class Forwarder:
                 await asyncio.wait_for(producer.stop(), timeout=1.0)  # everything is answered already
             except Exception as err:  # a broker gone away: the process ends anyway
                 log.warning("gateway: the Kafka producer did not stop cleanly: %s: %s", type(err).__name__, err)
+
+    def settled(self, partition: int, producer: int) -> bool:
+        """Whether what producer generation ``producer`` had in flight to ``partition`` is settled: a newer producer
+        is connected (:meth:`_reconnect` stopped the old one first) and was acknowledged on ``partition`` (the
+        broker processed later requests), or, without traffic there, has been connected ``doubt_settle_s``."""
+        if self._producer is None or self.generation <= producer:
+            return False
+        if self._acked_by.get(partition, 0) > producer:
+            return True
+        return time.monotonic() - self._connected_at >= self.settings.doubt_settle_s
 
     # -------------------------------------------------------------------------------------- admission
 
@@ -511,14 +534,15 @@ class Forwarder:
         try:
             if producer is None:
                 raise ForwardError("kafka_unavailable", "the producer is reconnecting")
+            generation = self.generation
             ack = await producer.send(self.topic, value, key=chunk[0].key, partition=partition, headers=headers or None)
         except Exception as err:  # refused before it was handed over: nothing of it can reach Kafka
             if self._in_flight.pop(message_id, None) is not None:
                 self._settle(chunk, size, ForwardError("kafka_unavailable", f"{type(err).__name__}: {err}"))
             return
-        ack.add_done_callback(lambda fut: self._acked(fut, message_id, len(value)))
+        ack.add_done_callback(lambda fut: self._acked(fut, message_id, len(value), partition, generation))
 
-    def _acked(self, fut: asyncio.Future[Any], message_id: int, nbytes: int) -> None:
+    def _acked(self, fut: asyncio.Future[Any], message_id: int, nbytes: int, partition: int, generation: int) -> None:
         entry = self._in_flight.pop(message_id, None)
         if entry is None:
             return  # answered already (the stop deadline passed)
@@ -527,8 +551,8 @@ class Forwarder:
         if fut.cancelled() or error is not None:
             self.stats.failed_messages += 1
             self.last_error = f"{type(error).__name__}: {error}" if error else "cancelled"
-            log.error("gateway: %d report(s) not acknowledged by Kafka: %s", size, self.last_error)
-            self._settle(chunk, size, ForwardError("delivery_failed", self.last_error))
+            log.error("gateway: %d report(s) not acknowledged by Kafka (in doubt): %s", size, self.last_error)
+            self._settle(chunk, size, ForwardError("delivery_failed", self.last_error, sent_by=generation))
             if self._producer is not None and not self._closed:
                 # a fresh producer (new producer id, sequence numbers from zero) for whatever comes next
                 old, self._producer = self._producer, None
@@ -536,6 +560,7 @@ class Forwarder:
             return
         self.stats.messages += 1
         self.stats.reports += size
+        self._acked_by[partition] = max(self._acked_by.get(partition, 0), generation)
         if self.on_ack is not None:
             self.on_ack(size, nbytes, time.monotonic() - sent)
         self._settle(chunk, size, None, _broker_time_ms(fut.result()))

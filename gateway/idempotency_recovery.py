@@ -7,12 +7,14 @@ requests whose reports Kafka has: :func:`recover_tags` reads them (from ``offset
 end offsets seen when it starts) and the gateway answers their retries from them (:mod:`gateway.idempotency`).
 
 Cost: one read of the reports topic over the last two windows at every start (every record is fetched; only its
-headers are kept), during which the gateway is not ready (``recovering``).
+headers are kept), during which the gateway is not ready (``recovering``). The same read, restricted to one
+partition, settles a request whose message failed without an acknowledgement (in doubt, :mod:`gateway.idempotency`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -28,16 +30,22 @@ READ_CHECK_MS = 300
 
 
 async def recover_tags(
-    connection: Connection, topic: str, partitions: int, since_ms: int, *, timeout_s: float = 120.0
-) -> list[tuple[bytes, int, int]]:
-    """Every ``(tag, n, window)`` in the record headers of the messages of ``topic`` (``partitions`` partitions)
-    with a timestamp at or after ``since_ms``, up to the end offsets when the read starts; :class:`ForwardError` if
-    it does not finish in ``timeout_s``."""
+    connection: Connection,
+    topic: str,
+    partitions: int,
+    since_ms: int,
+    *,
+    timeout_s: float = 120.0,
+    only: Collection[int] | None = None,
+) -> list[tuple[bytes, int, int, int]]:
+    """Every ``(tag, n, window, timestamp_ms)`` in the record headers of the messages of ``topic`` (``partitions``
+    partitions, or those of ``only``) with a timestamp at or after ``since_ms``, up to the end offsets when the read
+    starts; :class:`ForwardError` if it does not finish in ``timeout_s``."""
     consumer = AIOKafkaConsumer(**client_kwargs(connection), enable_auto_commit=False, client_id="ptel-gateway-recover")
     await consumer.start()
-    found: list[tuple[bytes, int, int]] = []
+    found: list[tuple[bytes, int, int, int]] = []
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        tps = [TopicPartition(topic, p) for p in (range(partitions) if only is None else sorted(only))]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
@@ -59,7 +67,7 @@ async def recover_tags(
                 for record in records:
                     for name, value in record.headers or ():
                         if name == TAG_HEADER and (entry := parse_tag_header(value)) is not None:
-                            found.append(entry)
+                            found.append((*entry, record.timestamp))
             for tp in list(todo):
                 if await consumer.position(tp) >= ends[tp]:
                     todo.discard(tp)

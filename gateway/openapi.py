@@ -9,6 +9,7 @@ from typing import Any
 from gateway.device_auth import AUTH_REASONS
 from gateway.device_quota import QUOTA_REASONS
 from gateway.forwarder import FORWARD_REASONS
+from gateway.idempotency import IN_DOUBT
 from gateway.keys import DEVICE_ID_PATTERN
 from schemas.conformance import CONFORMANCE_REASONS
 from schemas.wire import WIRE_ERROR_REASONS
@@ -23,7 +24,7 @@ REFUSAL_REASONS: dict[int, list[str]] = {
     415: ["unsupported_media_type"],
     422: sorted(CONFORMANCE_REASONS),
     429: sorted(QUOTA_REASONS),
-    503: sorted(FORWARD_REASONS),
+    503: sorted(FORWARD_REASONS | {IN_DOUBT}),
 }
 
 _DESCRIPTIONS = {
@@ -33,7 +34,8 @@ _DESCRIPTIONS = {
     415: "The content type is not one of the wire format's.",
     422: "The report does not fit the spec (metric, kind, fingerprint or shape).",
     429: "The device has used its contribution quota in this window; Retry-After gives the seconds to the next one.",
-    503: "Kafka cannot take reports now (down, slow, backlog full) or the gateway is shutting down; retry after "
+    503: "Kafka cannot take reports now (down, slow, backlog full), the gateway is shutting down, or an earlier "
+    "attempt with this Idempotency-Key is in doubt (sent, not acknowledged; being read back); retry after "
     "Retry-After seconds with the same Idempotency-Key.",
 }
 

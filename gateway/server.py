@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -47,7 +48,15 @@ from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthentic
 from gateway.device_quota import DeviceQuota
 from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
-from gateway.idempotency import IDEMPOTENCY_KEY_MAX, KEEP_WINDOWS, Answer, IdempotencyCache, tag_header
+from gateway.idempotency import (
+    IDEMPOTENCY_KEY_MAX,
+    IN_DOUBT,
+    KEEP_WINDOWS,
+    Answer,
+    IdempotencyCache,
+    InDoubt,
+    tag_header,
+)
 from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
 from gateway.keys import GatewayKeys
@@ -136,6 +145,7 @@ class Gateway:
         self.spec_etag = f'"{hashlib.sha256(self.spec_body).hexdigest()}"'
         self.cors = CorsPolicy(self.settings.cors_origins)
         self._recovery: asyncio.Task[None] | None = None
+        self._doubt_resolver: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------------------------- app
 
@@ -172,6 +182,7 @@ class Gateway:
         self.forwarder.hold("recovering", "reading back the idempotency keys of recent windows from Kafka")
         await self.forwarder.start()
         self._recovery = asyncio.create_task(self._recover_idempotency(), name="gateway-idempotency-recovery")
+        self._doubt_resolver = asyncio.create_task(self._resolve_doubts(), name="gateway-idempotency-doubts")
 
     async def _recover_idempotency(self) -> None:
         """Once connected, remember the answers of recent windows' requests from their tags in Kafka, then accept."""
@@ -196,23 +207,76 @@ class Gateway:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            for tag, n, w in found:
-                self.idempotency.restore(
-                    tag, w, Answer(202, {"accepted": n, "window_start": w * self.window_s, "late": False})
-                )
+            # kept from now on (the restart is their last event: their devices' retries come after it, however
+            # many windows the gateway was down for)
+            now_window = math.floor(self.clock()) // self.window_s
+            for tag, n, w, appended_ms in found:
+                self.idempotency.restore(tag, now_window, self._replayed(n, w, appended_ms))
             log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
             self.forwarder.unhold()
             return
+
+    def _replayed(self, n: int, window: int, appended_ms: int) -> Answer:
+        """The 202 of a request whose tag was read back from Kafka: ``n`` reports of ``window`` appended at
+        ``appended_ms``."""
+        late = appended_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
+        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late})
+
+    async def _resolve_doubts(self, poll_s: float = 0.25) -> None:
+        """Settle the idempotency slots in doubt (:mod:`gateway.idempotency`): once a partition is
+        :meth:`~gateway.forwarder.Forwarder.settled` for the producer that had their message, read its tags back
+        from Kafka; a slot whose tag is there becomes accepted (its retry is answered 202, replayed), any other is
+        forgotten (its quota given back, its retry forwarded). Runs for the gateway's life; a failed read is
+        retried."""
+        delay = poll_s
+        while True:
+            await asyncio.sleep(delay)
+            doubts = self.idempotency.doubts()
+            ready = {d.partition for d in doubts.values() if self.forwarder.settled(d.partition, d.producer)}
+            if not ready:
+                delay = poll_s
+                continue
+            chosen = {slot: d for slot, d in doubts.items() if d.partition in ready}
+            since_ms = ((min(d.window for d in chosen.values()) - KEEP_WINDOWS) * self.window_s - 60) * 1000
+            try:
+                found = await recover_tags(
+                    self.forwarder.connection,
+                    self.spec.topics.reports,
+                    self.forwarder.partitions,
+                    since_ms,
+                    only=ready,
+                    timeout_s=30.0,
+                )
+            except Exception as err:  # Kafka unreachable again: the slots stay in doubt; retried
+                log.warning("gateway: reading back tags in doubt: %s: %s; retrying", type(err).__name__, err)
+                delay = min(max(delay, 0.5) * 2, 10.0)
+                continue
+            delay = poll_s
+            held = {tag: (n, w, ms) for tag, n, w, ms in found}
+            accepted = 0
+            for slot, doubt in chosen.items():
+                entry = held.get(slot) if isinstance(slot, bytes) else None
+                self.idempotency.resolve(slot, doubt, None if entry is None else self._replayed(*entry))
+                accepted += entry is not None
+            log.info(
+                "gateway: %d request(s) in doubt settled from partition(s) %s: %d in Kafka (accepted), %d not "
+                "(their retries are forwarded)",
+                len(chosen),
+                sorted(ready),
+                accepted,
+                len(chosen) - accepted,
+            )
 
     async def _on_shutdown(self, _: web.Application) -> None:
         # before aiohttp waits for open requests: refuse new reports, flush and settle the accepted ones
         await self.forwarder.drain()
 
     async def _on_cleanup(self, _: web.Application) -> None:
-        if self._recovery is not None:
-            self._recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery
+        for task in (self._recovery, self._doubt_resolver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.forwarder.stop()
 
     def reload_keys(self, keys: GatewayKeys) -> None:
@@ -286,13 +350,26 @@ class Gateway:
         if key is not None:
             tag = self.keys.idempotency_tag(device, key)
             previous = await self.idempotency.previous(tag, window)
+            if isinstance(previous, InDoubt):  # the first attempt may be in Kafka: never forward a second copy
+                return self._refuse(
+                    503,
+                    IN_DOUBT,
+                    "an earlier attempt with this Idempotency-Key was sent to Kafka without an acknowledgement; "
+                    "the gateway is reading back whether Kafka has it: retry with the same key",
+                    retry_after=self.settings.retry_after_s,
+                )
             if previous is not None:
                 self.metrics.request(previous.status, "replayed")
                 return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
             self.idempotency.begin(tag, window)
-        answer = await self._forward(device, message, n, now, window, tag)
+        answer, doubt = await self._forward(device, message, n, now, window, tag)
         if tag is not None:
-            self.idempotency.finish(tag, answer if answer.status == 202 else None)
+            # kept from the window of the answer on: after a long outage that can be many windows after ``window``
+            answered = math.floor(self.clock()) // self.window_s
+            if doubt is not None:
+                self.idempotency.doubt(tag, doubt, window=answered)
+            else:
+                self.idempotency.finish(tag, answer if answer.status == 202 else None, window=answered)
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
@@ -303,7 +380,9 @@ class Gateway:
 
     async def _forward(
         self, device: str, message: Report | ReportBatch, n: int, now: float, window: int, tag: bytes | None
-    ) -> Answer:
+    ) -> tuple[Answer, InDoubt | None]:
+        """Forward the request's reports; its answer, and :class:`InDoubt` when they were sent to Kafka and not
+        acknowledged (they may be in Kafka: the device's quota stays reserved)."""
         metric = message.metric
         client_time = math.floor(now)
         pseudonym = self.keys.pseudonym(device, metric, window)
@@ -318,20 +397,28 @@ class Gateway:
             self.metrics.reports(metric, "refused", n)
             retry = self.quota.retry_after_s(window, self.window_s, now)
             detail = f"the spec allows {self._bound(metric, refused)} per device and window"
-            return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry})
+            return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry}), None
+        partition, partition_key = self.forwarder.partition_of(metric, shard)
         try:
             headers = [tag_header(tag, n, window)] if tag is not None else None
-            acked_ms = await self.forwarder.forward(*self.forwarder.partition_of(metric, shard), reports, headers)
+            acked_ms = await self.forwarder.forward(partition, partition_key, reports, headers)
         except ForwardError as err:
-            self.quota.release(device, metric, window, n, keys)
             self.metrics.reports(metric, "refused", n)
-            return Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": self.settings.retry_after_s})
+            retry = self.settings.retry_after_s
+            failed = Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": retry})
+            release = functools.partial(self.quota.release, device, metric, window, n, keys)
+            if err.sent_by is None:  # never handed to the producer: not in Kafka
+                release()
+                return failed, None
+            # handed over, not acknowledged: perhaps in Kafka, where it counts against the device's bound -- the
+            # reservation is kept until the doubt is settled (forever without an Idempotency-Key)
+            return failed, InDoubt(partition, err.sent_by, window, release)
         self.metrics.reports(metric, "forwarded", n)
         # appended at or after the window's end plus the grace: the agents dead-letter them late (cheap: one compare)
         late = acked_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
         if late:
             self.metrics.reports(metric, "late", n)
-        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late})
+        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late}), None
 
     def _bound(self, metric: str, reason: str) -> str:
         m = self.spec.metric(metric)

@@ -163,7 +163,7 @@ async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_fail
     cache.finish(b"k", Answer(202, {"accepted": 1}))
     assert (await waiting) == Answer(202, {"accepted": 1})
     assert await cache.previous(b"k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
-    assert await cache.previous(b"k", 3) is None  # two windows later it is forgotten
+    assert await cache.previous(b"k", 4) is None  # two windows after its last use it is forgotten
     cache.begin(b"x", 3)
     cache.finish(b"x", None)  # failed: a retry is forwarded
     assert await cache.previous(b"x", 3) is None
