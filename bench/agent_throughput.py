@@ -64,7 +64,8 @@ from agents.stage1.records import SourceRecord
 from agents.stage1.validation import Accepted, Validator
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
-from ptel.kafka_broker import LocalKafka, default_port
+from ptel.broker_config import default_port
+from ptel.kafka_broker import LocalKafka
 from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import (

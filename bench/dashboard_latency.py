@@ -31,7 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ptel.kafka_broker import LocalKafka, default_port
+from ptel.broker_config import default_port
+from ptel.kafka_broker import LocalKafka
 from tests.integration.dashboard_support import SIZE_S, browser, demo_pipeline, open_dashboard, release_delays
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dashboard_latency.json"

@@ -40,7 +40,7 @@ from agents.kafka_io.topics import WorkerTopics, ensure_topics  # noqa: E402
 from gateway.keys import GatewayKeys  # noqa: E402
 from producers.client_secret import ClientSecret  # noqa: E402
 from producers.edge_client import EdgeClient  # noqa: E402
-from ptel.kafka_broker import free_port  # noqa: E402
+from ptel.local_process import free_port  # noqa: E402
 from schemas.spec import parse_spec  # noqa: E402
 from schemas.wire import encode_report  # noqa: E402
 from tests.integration.gateway_support import read_reports  # noqa: E402

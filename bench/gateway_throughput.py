@@ -48,7 +48,9 @@ from aiohttp import web
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
-from ptel.kafka_broker import LocalKafka, default_port, free_port
+from ptel.broker_config import default_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import BoolPayload, Report, ReportBatch, encode_batch, encode_report
 

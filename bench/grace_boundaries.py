@@ -40,7 +40,8 @@ import numpy as np
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.wire import Report, decode
 
 ROOT = Path(__file__).resolve().parents[1]

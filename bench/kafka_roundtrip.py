@@ -29,7 +29,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import __version__ as aiokafka_version
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from ptel.kafka_broker import KAFKA_VERSION, LocalKafka, port_is_free
+from ptel.broker_config import KAFKA_VERSION
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import port_is_free
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kafka_roundtrip.json"
 
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "start_to_ready_seconds": broker.last_start_seconds,
         **rates,
     }
+
     def seconds(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.2f} s"
 

@@ -45,7 +45,9 @@ from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
 from producers.privatizers import make_privatizer, make_privatizers
-from ptel.kafka_broker import KAFKA_VERSION, LocalKafka, port_is_free
+from ptel.broker_config import KAFKA_VERSION
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import port_is_free
 from schemas.spec import BinsSpec, CategoricalMetric, load_spec
 from schemas.wire import ReportBatch, WireFormat, decode, encode_batch, encode_report
 from workloads.population import Population

@@ -34,7 +34,8 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 

@@ -35,7 +35,8 @@ import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.releases import Release
 from schemas.spec import load_spec
 

@@ -42,7 +42,8 @@ from agents.kafka_io.changelog import (
     shorten_concurrent_transactions_backoff,
     start_transactional_producer,
 )
-from ptel.kafka_broker import LocalKafka, default_port
+from ptel.broker_config import default_port
+from ptel.kafka_broker import LocalKafka
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transaction_latency.json"
 AIOKAFKA_BACKOFF_OVERRIDE_S = aiokafka_sender.BACKOFF_OVERRIDE  # read at import: 0.02 in aiokafka 0.14

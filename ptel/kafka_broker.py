@@ -23,41 +23,39 @@ Start and stop are idempotent and serialised across processes by an ``flock`` on
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
-import logging
 import os
-import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from ptel.broker_config import (
+    CLUSTER_ID_PATTERN,
+    DEFAULT_PORT,
+    HEAP_PATTERN,
+    KAFKA_VERSION,
+    LOG_ROTATE_BYTES,
+    REQUIRED_JARS,
+    RESOURCES,
+    SCALA_VERSION,
+    broker_properties,
+    check_port,
+    default_home,
+    parse_properties,
+    render_properties,
+)
+from ptel.broker_probe import probe_metadata, run_coroutine
 from ptel.errors import BrokerError as BrokerError  # re-exported: callers catch it from here
 from ptel.errors import BrokerParameterError as BrokerParameterError
-
-KAFKA_VERSION = "3.9.1"
-SCALA_VERSION = "2.13"
-KAFKA_JAR = f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar"
-DEFAULT_PORT = 9092
-NODE_ID = 1
-HOME_ENV = "PTEL_KAFKA_HOME"
-PORT_ENV = "PTEL_KAFKA_PORT"
-_RESOURCES = Path(__file__).resolve().parent / "kafka"
-_LOG_ROTATE_BYTES = 64 * 1024 * 1024
-_HEAP_PATTERN = re.compile(r"^[1-9][0-9]*[kKmMgG]$")
-# Kafka's Uuid.toString(): 16 bytes in URL-safe base64 without padding.
-_CLUSTER_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22}$")
-# The jars that prove a complete fetch: the broker, and the logging backend the 3.9 POM omits.
-_REQUIRED_JARS = (KAFKA_JAR, f"kafka-clients-{KAFKA_VERSION}.jar", "slf4j-reload4j-1.7.36.jar", "reload4j-1.2.25.jar")
+from ptel.local_process import free_port, port_is_free, process_command_line, tail_file
 
 # log4j configuration for the one-shot StorageTool runs: warnings only, on stderr, so stdout carries only the result.
 _TOOLS_LOG4J = """log4j.rootLogger=WARN, stderr
@@ -66,8 +64,6 @@ log4j.appender.stderr.Target=System.err
 log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
 log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,256 +79,6 @@ class BrokerStatus:
     fetched: bool  # the shared jar cache is complete
     instance_dir: Path
     log_file: Path
-
-
-def default_home() -> Path:
-    """``$PTEL_KAFKA_HOME``, else ``.kafka`` in the source checkout this package runs from, else in the cwd."""
-    env = os.environ.get(HOME_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file() and (checkout / "ptel").is_dir():
-        return checkout / ".kafka"
-    return Path.cwd() / ".kafka"
-
-
-def default_port() -> int:
-    """``$PTEL_KAFKA_PORT`` if set, else 9092."""
-    env = os.environ.get(PORT_ENV)
-    if not env:
-        return DEFAULT_PORT
-    try:
-        port = int(env)
-    except ValueError:
-        raise BrokerParameterError(PORT_ENV, env, "must be an integer TCP port in [1, 65535]") from None
-    return _check_port("port", port)
-
-
-def _check_port(name: str, port: int) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise BrokerParameterError(name, port, "must be an integer TCP port in [1, 65535]")
-    return port
-
-
-def broker_properties(
-    *,
-    port: int,
-    controller_port: int,
-    data_dir: Path,
-    node_id: int = NODE_ID,
-    overrides: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """The ``server.properties`` of a single-node combined broker+controller bound to 127.0.0.1.
-
-    Replication factor 1 and min ISR 1 everywhere (offsets, transaction state, defaults) make one node fully
-    functional, including transactions; ``group.initial.rebalance.delay.ms=0`` lets a lone consumer join at once.
-    ``overrides`` replace or add entries last.
-    """
-    _check_port("port", port)
-    _check_port("controller_port", controller_port)
-    if port == controller_port:
-        raise BrokerParameterError("controller_port", controller_port, f"must differ from port ({port})")
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": str(node_id),
-        # Dynamic quorum (KIP-853): storage is formatted with --standalone, which needs bootstrap servers, not voters.
-        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "log.dirs": str(data_dir),
-        "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "10",
-        "group.initial.rebalance.delay.ms": "0",
-        "auto.create.topics.enable": "true",
-        "delete.topic.enable": "true",
-        "num.network.threads": "2",
-        "num.io.threads": "4",
-        "num.recovery.threads.per.data.dir": "1",
-        "log.retention.hours": "168",
-        "log.segment.bytes": str(256 * 1024 * 1024),
-    }
-    if overrides:
-        props.update({str(k): str(v) for k, v in overrides.items()})
-    return props
-
-
-def render_properties(props: Mapping[str, str]) -> str:
-    """Java properties text, one ``key=value`` per line (values escaped for backslashes and line ends)."""
-    lines = [f"# Generated by ptel.kafka_broker (Apache Kafka {KAFKA_VERSION}); rewritten on every start."]
-    for key, value in props.items():
-        escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-        lines.append(f"{key}={escaped}")
-    return "\n".join(lines) + "\n"
-
-
-#: One escape of a properties value, read left to right (``\\n`` is a backslash and an ``n``, not a newline).
-_UNESCAPE = re.compile(r"\\(.)")
-_ESCAPED = {"n": "\n", "r": "\r"}
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """The ``key=value`` pairs of simple Java properties text (comments and blank lines ignored). Lines end at
-    ``\\n``, ``\\r`` or ``\\r\\n`` only, as in ``java.util.Properties`` (not at the other line breaks of
-    ``str.splitlines``, such as U+2028, which a value may hold)."""
-    props: dict[str, str] = {}
-    for raw in _LINE_END.split(text):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key.strip()] = _UNESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), m.group(1)), value.strip())
-    return props
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listening socket could bind ``host:port`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free on ``host`` (it may be taken again before use)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def process_command_line(pid: int) -> list[str] | None:
-    """The argv of a live process, or None if it does not exist, is a zombie, or cannot be read."""
-    if pid <= 0:
-        return None
-    proc = Path(f"/proc/{pid}")
-    if Path("/proc/self").exists():
-        try:
-            stat = (proc / "stat").read_text()
-            # Field 3, after the parenthesised command name (which may itself contain spaces or parentheses).
-            if stat[stat.rindex(")") + 2 :].startswith(("Z", "X")):
-                return None
-            raw = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    try:  # No procfs (macOS): ask ps.
-        out = subprocess.run(
-            ["ps", "-ww", "-o", "stat=", "-o", "command=", "-p", str(pid)],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        return None
-    if not out or out.split(None, 1)[0].startswith("Z"):
-        return None
-    parts = out.split(None, 1)
-    return parts[1].split() if len(parts) > 1 else []
-
-
-def _tail(path: Path, lines: int) -> str:
-    if lines <= 0 or not path.is_file():
-        return ""
-    with path.open("rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        block = min(size, max(4096, lines * 400))
-        while True:
-            fh.seek(size - block)
-            data = fh.read(block)
-            if data.count(b"\n") > lines or block == size:
-                break
-            block = min(size, block * 2)
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-
-
-def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from synchronous code, even when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(factory())
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(factory()))
-        except BaseException as exc:
-            error.append(exc)
-
-    worker = threading.Thread(target=target, name="ptel-kafka-probe", daemon=True)
-    worker.start()
-    worker.join()
-    if error:
-        raise error[0]
-    return result[0]
-
-
-async def probe_metadata(bootstrap: str, timeout: float = 5.0, node_id: int | None = NODE_ID) -> dict[str, Any]:
-    """Send a Metadata request through aiokafka's admin client; return the cluster description.
-
-    Raises :class:`BrokerError` unless the broker answers within ``timeout`` seconds and (for ``node_id`` not None)
-    lists that node among its live brokers -- in KRaft it does so only once the controller has registered and
-    unfenced it -- and reports a controller.
-    """
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    quiet = logging.getLogger("aiokafka")
-    saved_level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # connection-refused noise while the broker is still starting
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="ptel-readiness-probe",
-        request_timeout_ms=max(1000, int(timeout * 1000)),
-    )
-    try:
-        await asyncio.wait_for(admin.start(), timeout)
-        cluster: dict[str, Any] = await asyncio.wait_for(admin.describe_cluster(), timeout)
-    except Exception as exc:
-        raise BrokerError(f"metadata request to {bootstrap} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
-        quiet.setLevel(saved_level)
-    nodes = {int(b["node_id"]) for b in cluster.get("brokers", [])}
-    if node_id is not None and node_id not in nodes:
-        raise BrokerError(f"broker {node_id} not yet registered at {bootstrap} (live brokers: {sorted(nodes)})")
-    if int(cluster.get("controller_id", -1)) < 0:
-        raise BrokerError(f"{bootstrap} reports no controller yet")
-    return cluster
-
-
-def wait_for_kafka(bootstrap: str, timeout: float = 60.0, node_id: int | None = None) -> dict[str, Any]:
-    """Block until a Metadata request to ``bootstrap`` succeeds (see :func:`probe_metadata`); return the cluster.
-
-    Works from synchronous code and from inside a running event loop (the probe then runs on a helper thread).
-    Raises :class:`BrokerError` with the last failure after ``timeout`` seconds.
-    """
-    if not timeout > 0:
-        raise BrokerParameterError("timeout", timeout, "must be > 0 seconds")
-    deadline = time.monotonic() + timeout
-    while True:
-        probe_timeout = min(5.0, max(0.5, deadline - time.monotonic()))
-        try:
-            return _run_coroutine(lambda: probe_metadata(bootstrap, probe_timeout, node_id))  # noqa: B023 (called at once)
-        except BrokerError as exc:
-            if time.monotonic() >= deadline:
-                raise BrokerError(f"Kafka at {bootstrap} not ready within {timeout:g} s: {exc}") from exc
-        time.sleep(0.25)
 
 
 class LocalKafka:
@@ -352,13 +98,13 @@ class LocalKafka:
         format_args: Sequence[str] = (),
     ) -> None:
         self.home = (Path(home).expanduser() if home is not None else default_home()).resolve()
-        self.port = _check_port("port", port)
+        self.port = check_port("port", port)
         if controller_port is not None:
-            _check_port("controller_port", controller_port)
+            check_port("controller_port", controller_port)
             if controller_port == port:
                 raise BrokerParameterError("controller_port", controller_port, f"must differ from port ({port})")
         self._requested_controller_port = controller_port
-        if not isinstance(heap, str) or not _HEAP_PATTERN.match(heap):
+        if not isinstance(heap, str) or not HEAP_PATTERN.match(heap):
             raise BrokerParameterError("heap", heap, "must be a JVM size such as '512m' or '1g'")
         self.heap = heap
         self.overrides = dict(overrides or {})
@@ -417,7 +163,7 @@ class LocalKafka:
     # ---------------------------------------------------------------- fetch
     def fetched(self) -> bool:
         """Whether the jar cache is complete (fetch() would do nothing)."""
-        return (self.libs_dir / ".complete").is_file() and all((self.libs_dir / j).is_file() for j in _REQUIRED_JARS)
+        return (self.libs_dir / ".complete").is_file() and all((self.libs_dir / j).is_file() for j in REQUIRED_JARS)
 
     def fetch(self, quiet: bool = True) -> Path:
         """Copy the broker's runtime classpath from Maven Central into ``home/libs`` (skipped when present)."""
@@ -433,7 +179,7 @@ class LocalKafka:
             work = self.home / "fetch"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            shutil.copyfile(_RESOURCES / "pom.xml", work / "pom.xml")
+            shutil.copyfile(RESOURCES / "pom.xml", work / "pom.xml")
             staging = work / "libs"
             cmd = [mvn, "-B", "-f", str(work / "pom.xml")]
             if quiet:
@@ -448,7 +194,7 @@ class LocalKafka:
             if done.returncode != 0:
                 detail = ((done.stdout or "") + (done.stderr or "")).strip()[-4000:]
                 raise BrokerError(f"Maven fetch of Apache Kafka {KAFKA_VERSION} failed ({done.returncode}):\n{detail}")
-            missing = [j for j in _REQUIRED_JARS if not (staging / j).is_file()]
+            missing = [j for j in REQUIRED_JARS if not (staging / j).is_file()]
             if missing:
                 raise BrokerError(f"Maven fetch finished but did not produce {missing} in {staging}")
             shutil.rmtree(self.libs_dir, ignore_errors=True)
@@ -508,14 +254,14 @@ class LocalKafka:
     def is_ready(self, timeout: float = 5.0) -> bool:
         """Whether a Metadata request to this broker succeeds now and lists the broker."""
         try:
-            _run_coroutine(lambda: probe_metadata(self.bootstrap, timeout))
+            run_coroutine(lambda: probe_metadata(self.bootstrap, timeout))
         except BrokerError:
             return False
         return True
 
     def logs(self, lines: int = 50) -> str:
         """The last ``lines`` lines of the broker's log (Kafka's log4j output plus the JVM's stdout/stderr)."""
-        return _tail(self.log_file, lines)
+        return tail_file(self.log_file, lines)
 
     # ---------------------------------------------------------------- locking
     @contextlib.contextmanager
@@ -574,7 +320,7 @@ class LocalKafka:
             port=self.port, controller_port=controller_port, data_dir=self.data_dir, overrides=self.overrides
         )
         self.properties_file.write_text(render_properties(props))
-        shutil.copyfile(_RESOURCES / "log4j.properties", self.instance_dir / "log4j.properties")
+        shutil.copyfile(RESOURCES / "log4j.properties", self.instance_dir / "log4j.properties")
         (self.instance_dir / "tools-log4j.properties").write_text(_TOOLS_LOG4J)
 
     def _tool(self, *args: str) -> str:
@@ -598,7 +344,7 @@ class LocalKafka:
         """Format KRaft storage once: a fresh cluster id, then a standalone (single-voter) quorum."""
         started = time.monotonic()
         out = self._tool("kafka.tools.StorageTool", "random-uuid")
-        ids = [line.strip() for line in out.splitlines() if _CLUSTER_ID_PATTERN.match(line.strip())]
+        ids = [line.strip() for line in out.splitlines() if CLUSTER_ID_PATTERN.match(line.strip())]
         if not ids:
             raise BrokerError(f"StorageTool random-uuid printed no cluster id: {out!r}")
         self._tool(
@@ -706,14 +452,14 @@ class LocalKafka:
                 )
             probe_timeout = min(5.0, max(0.5, remaining))
             try:
-                _run_coroutine(lambda: probe_metadata(self.bootstrap, probe_timeout))  # noqa: B023 (called at once)
+                run_coroutine(lambda: probe_metadata(self.bootstrap, probe_timeout))  # noqa: B023 (called at once)
                 return
             except BrokerError as exc:
                 last = str(exc)
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
     def _rotate_log(self) -> None:
-        if self.log_file.is_file() and self.log_file.stat().st_size > _LOG_ROTATE_BYTES:
+        if self.log_file.is_file() and self.log_file.stat().st_size > LOG_ROTATE_BYTES:
             self.log_file.replace(self.log_file.with_name("server.log.1"))
 
     def _alive(self, pid: int) -> bool:

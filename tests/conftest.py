@@ -22,15 +22,10 @@ from typing import Protocol
 import pytest
 from hypothesis import settings
 
-from ptel.kafka_broker import (
-    PORT_ENV,
-    BrokerError,
-    LocalKafka,
-    default_port,
-    free_port,
-    port_is_free,
-    wait_for_kafka,
-)
+from ptel.broker_config import PORT_ENV, default_port
+from ptel.broker_probe import wait_for_kafka
+from ptel.kafka_broker import BrokerError, LocalKafka
+from ptel.local_process import free_port, port_is_free
 from tests.kafka_helpers import create_topic, delete_topics, unique_topic_name
 
 _INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
@@ -120,4 +115,3 @@ async def new_topic(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Asy
 
     yield factory
     await delete_topics(kafka_bootstrap, created)
-

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ptel.kafka_broker import KAFKA_VERSION, BrokerError, LocalKafka, default_home, default_port
+from ptel.broker_config import KAFKA_VERSION, default_home, default_port
+from ptel.kafka_broker import BrokerError, LocalKafka
 
 ACTIONS = ("fetch", "start", "stop", "status", "logs", "reset")
 

@@ -6,7 +6,7 @@
 2. creates this run's topics (the spec's names with a run suffix, so runs never mix);
 3. starts an agents worker in this process, and ``ptel monitor`` in a subprocess: its live dashboard's URL
    is printed first (``--serve``: kept up after the last window until Ctrl-C); and ``ptel gateway`` for devices
-   (``ptel.commands.demo_gateway``: a web page or a Node script can send to it while the demo runs);
+   (``ptel.demo_gateway``: a web page or a Node script can send to it while the demo runs);
 4. simulates ``--clients`` devices reporting every metric of the spec (every kind: boolean RR, k-RR,
    OUE, RAPPOR, keyed with thresholded noise, DP Theil-Sen) once per window for ``--windows`` windows,
    privatized on the "device" and sent as batch messages;
@@ -43,8 +43,8 @@ from agents.runtime.composition import build_worker
 from agents.runtime.worker import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
 from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
-from ptel.commands.demo_gateway import DemoGateway
-from ptel.commands.demo_gateway import add_arguments as add_gateway_arguments
+from ptel.broker_config import KAFKA_VERSION, default_port
+from ptel.broker_probe import probe_metadata
 from ptel.commands.options import (
     SPEC_ERROR_EXIT,
     add_bootstrap_argument,
@@ -53,16 +53,11 @@ from ptel.commands.options import (
     load_spec_or_report,
 )
 from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.demo_gateway import DemoGateway
+from ptel.demo_gateway import add_arguments as add_gateway_arguments
 from ptel.errors import PtelError
-from ptel.kafka_broker import (
-    KAFKA_VERSION,
-    BrokerError,
-    LocalKafka,
-    default_port,
-    free_port,
-    port_is_free,
-    probe_metadata,
-)
+from ptel.kafka_broker import BrokerError, LocalKafka
+from ptel.local_process import free_port, port_is_free
 from ptel.shutdown import StopRequest
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec

@@ -17,7 +17,9 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ptel import kafka_broker
-from ptel.kafka_broker import LocalKafka, broker_properties, free_port, render_properties
+from ptel.broker_config import broker_properties, render_properties
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 
 NODES = 3
 #: Broker settings of every node: a replicated cluster, and a small heap per JVM (three share a test machine).

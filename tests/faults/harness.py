@@ -28,7 +28,8 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.stage1.validation import REJECTION_REASONS
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import BoolPayload, CategoryPayload, Report, WireError, decode, encode_report, partition_key

@@ -25,7 +25,7 @@ from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.forwarder import ForwarderSettings
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec
 from schemas.wire import RegressionPayload, Report, encode_report
 from tests.faults.harness import Broker

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from tests.integration.secured_broker import Pki, SecuredBroker, make_pki, start_secured_broker
 
 

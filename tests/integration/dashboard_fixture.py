@@ -26,7 +26,7 @@ from aiohttp import web
 
 from agents.monitor import dashboard
 from agents.monitor.summaries import Summary, history_key, release_summary
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 from schemas.spec import CollectionSpec, parse_spec
 

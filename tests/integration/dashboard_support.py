@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.runtime.worker import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec
 from tests.integration.agents_support import (
     ROOT,

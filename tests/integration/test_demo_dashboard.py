@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from ptel.commands.demo import DEFAULT_SPEC
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from tests.integration.agents_support import ROOT, app_topics, get_json
 
 DEMO_TIMEOUT_S = 180.0

@@ -20,7 +20,7 @@ from agents.stage1.placement import Placement
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.keys import GatewayKeys
 from gateway.server import GatewaySettings
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, RapporMetric
 from schemas.wire import RapporPayload, RegressionPayload, Report, encode_report
 from tests.integration.agents_support import handed_over_counts, make_spec, wait_for_window_start

@@ -17,7 +17,7 @@ import aiohttp
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from tests.integration.agents_support import ROOT, make_spec
 from tests.integration.gateway_support import LATENCY_METRIC, post, privatized_bodies
 from tests.integration.secured_broker import USER, Pki, SecuredBroker

@@ -30,7 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from agents.kafka_io.topics import WorkerTopics, ensure_topics, ledger_topic
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, load_spec
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec, read_topic, stop_monitor, wait_view

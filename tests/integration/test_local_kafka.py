@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from ptel.kafka_broker import LocalKafka, free_port, port_is_free
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port, port_is_free
 from tests.kafka_helpers import consume_topic_exactly, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.runtime.worker import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.conftest import TopicFactory

@@ -40,7 +40,7 @@ from gateway.keys import GatewayKeys
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, KeyedMetric
 from schemas.wire import ReportBatch, encode_batch, encode_report
 from tests.faults.accounting import counted_cells, excluded_cells, ledger_mismatches, reports_in_topic, tags_in_topic

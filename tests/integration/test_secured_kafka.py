@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from tests.integration.agents_support import ROOT, has_key, make_spec, read_topic, releases_of
 from tests.integration.secured_broker import USER, Pki, SecuredBroker
 

@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.wire import BoolPayload, Report, encode_report
 from tests.integration.agents_support import delete_worker_topics, make_spec, wait_view
 from tests.integration.gateway_support import read_reports

@@ -34,7 +34,7 @@ from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.runtime.worker_settings import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
 from gateway.keys import GatewayKeys
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 from schemas.releases import Release
 from tests.integration.agents_support import (
     delete_worker_topics,

@@ -21,7 +21,8 @@ from agents.runtime.composition import build_worker
 from agents.runtime.observability import WorkerObserver, serve
 from agents.runtime.worker import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
-from ptel.kafka_broker import LocalKafka, free_port
+from ptel.kafka_broker import LocalKafka
+from ptel.local_process import free_port
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 from tests.integration.agents_support import make_spec, send_all, wait_for_window_start
 from tests.promlint import lint

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ptel.kafka_broker import free_port
+from ptel.local_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"

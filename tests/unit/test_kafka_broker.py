@@ -14,19 +14,17 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ptel import kafka_broker
-from ptel.kafka_broker import (
+from ptel import broker_config, broker_probe, kafka_broker
+from ptel.broker_config import (
     KAFKA_JAR,
-    BrokerError,
-    BrokerParameterError,
-    LocalKafka,
     broker_properties,
     default_home,
     default_port,
     parse_properties,
-    process_command_line,
     render_properties,
 )
+from ptel.kafka_broker import BrokerError, BrokerParameterError, LocalKafka
+from ptel.local_process import process_command_line
 from tests.kafka_helpers import unique_topic_name
 
 
@@ -34,7 +32,7 @@ def _fake_fetched(home: Path) -> None:
     """Make ``home/libs`` look complete, so start() skips Maven (the jars are empty: no JVM is run)."""
     libs = home / "libs"
     libs.mkdir(parents=True)
-    for jar in kafka_broker._REQUIRED_JARS:
+    for jar in broker_config.REQUIRED_JARS:
         (libs / jar).write_bytes(b"")
     (libs / ".complete").write_text("test\n")
 
@@ -312,7 +310,7 @@ def test_wait_for_kafka_times_out_with_reason() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connections are refused
         with pytest.raises(BrokerError, match=f"127.0.0.1:{port} not ready within"):
-            kafka_broker.wait_for_kafka(f"127.0.0.1:{port}", timeout=1.0)
+            broker_probe.wait_for_kafka(f"127.0.0.1:{port}", timeout=1.0)
 
 
 @given(st.text(max_size=300))

@@ -20,7 +20,7 @@ import yaml
 
 from gateway.keys import GatewayKeys
 from kafka_settings.connection import Connection, bootstrap_of
-from ptel.kafka_broker import free_port, port_is_free
+from ptel.local_process import free_port, port_is_free
 from schemas.spec import CollectionSpec
 
 #: The gateway's port when it is free (``ptel gateway``'s default).

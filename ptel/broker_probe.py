@@ -1,0 +1,94 @@
+"""Readiness of a Kafka broker: a Metadata request through aiokafka's admin client (in KRaft a broker is listed
+only once the controller has registered and unfenced it), from asynchronous or synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ptel.broker_config import NODE_ID
+from ptel.errors import BrokerError, BrokerParameterError
+
+T = TypeVar("T")
+
+
+def run_coroutine(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code, even when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(factory()))
+        except BaseException as exc:
+            error.append(exc)
+
+    worker = threading.Thread(target=target, name="ptel-kafka-probe", daemon=True)
+    worker.start()
+    worker.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+async def probe_metadata(bootstrap: str, timeout: float = 5.0, node_id: int | None = NODE_ID) -> dict[str, Any]:
+    """Send a Metadata request through aiokafka's admin client; return the cluster description.
+
+    Raises :class:`BrokerError` unless the broker answers within ``timeout`` seconds and (for ``node_id`` not None)
+    lists that node among its live brokers -- in KRaft it does so only once the controller has registered and
+    unfenced it -- and reports a controller.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    quiet = logging.getLogger("aiokafka")
+    saved_level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # connection-refused noise while the broker is still starting
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="ptel-readiness-probe",
+        request_timeout_ms=max(1000, int(timeout * 1000)),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        cluster: dict[str, Any] = await asyncio.wait_for(admin.describe_cluster(), timeout)
+    except Exception as exc:
+        raise BrokerError(f"metadata request to {bootstrap} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+        quiet.setLevel(saved_level)
+    nodes = {int(b["node_id"]) for b in cluster.get("brokers", [])}
+    if node_id is not None and node_id not in nodes:
+        raise BrokerError(f"broker {node_id} not yet registered at {bootstrap} (live brokers: {sorted(nodes)})")
+    if int(cluster.get("controller_id", -1)) < 0:
+        raise BrokerError(f"{bootstrap} reports no controller yet")
+    return cluster
+
+
+def wait_for_kafka(bootstrap: str, timeout: float = 60.0, node_id: int | None = None) -> dict[str, Any]:
+    """Block until a Metadata request to ``bootstrap`` succeeds (see :func:`probe_metadata`); return the cluster.
+
+    Works from synchronous code and from inside a running event loop (the probe then runs on a helper thread).
+    Raises :class:`BrokerError` with the last failure after ``timeout`` seconds.
+    """
+    if not timeout > 0:
+        raise BrokerParameterError("timeout", timeout, "must be > 0 seconds")
+    deadline = time.monotonic() + timeout
+    while True:
+        probe_timeout = min(5.0, max(0.5, deadline - time.monotonic()))
+        try:
+            return run_coroutine(lambda: probe_metadata(bootstrap, probe_timeout, node_id))  # noqa: B023 (called at once)
+        except BrokerError as exc:
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"Kafka at {bootstrap} not ready within {timeout:g} s: {exc}") from exc
+        time.sleep(0.25)
