@@ -29,13 +29,13 @@ READ_CHECK_MS = 300
 
 async def recover_tags(
     connection: Connection, topic: str, partitions: int, since_ms: int, *, timeout_s: float = 120.0
-) -> list[tuple[bytes, int, int]]:
-    """Every ``(tag, n, window)`` in the record headers of the messages of ``topic`` (``partitions`` partitions)
-    with a timestamp at or after ``since_ms``, up to the end offsets when the read starts; :class:`ForwardError` if
-    it does not finish in ``timeout_s``."""
+) -> list[tuple[bytes, int, int, int]]:
+    """Every ``(tag, n, window, timestamp_ms)`` in the record headers of the messages of ``topic`` (``partitions``
+    partitions; the message's broker time) with a timestamp at or after ``since_ms``, up to the end offsets when the
+    read starts; :class:`ForwardError` if it does not finish in ``timeout_s``."""
     consumer = AIOKafkaConsumer(**client_kwargs(connection), enable_auto_commit=False, client_id="ptel-gateway-recover")
     await consumer.start()
-    found: list[tuple[bytes, int, int]] = []
+    found: list[tuple[bytes, int, int, int]] = []
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
@@ -59,7 +59,7 @@ async def recover_tags(
                 for record in records:
                     for name, value in record.headers or ():
                         if name == TAG_HEADER and (entry := parse_tag_header(value)) is not None:
-                            found.append(entry)
+                            found.append((*entry, record.timestamp))
             for tp in list(todo):
                 if await consumer.position(tp) >= ends[tp]:
                     todo.discard(tp)
