@@ -3,12 +3,21 @@ release record publishes of it (``Release.excluded``; docs/privacy.md, "Reports 
 
 **Which window.** A report stage 1 refuses for a reason of :data:`WINDOW_REASONS` is counted in the partial of the
 window that was *open for it* on its partition when it arrived -- its broker window, or, for a record whose own
-broker window had already closed there, the first window still open (the partition's mark). For ``late`` that is a
-later window than the one the report was meant for: its own window was closed, and possibly released, before it
-arrived, so the count rides on the record of the window it arrived in. Summed over a run's released windows, every
-report of a local metric that stage 1 read is in exactly one record's ``n`` or ``excluded``, but for the refusals
-named last below (no window attributed) and the counts of a window whose partials conflict (a spec change mid-window:
-the window is refused, :class:`agents.partials.Conflicted` keeps no counts).
+broker window had already closed there, the first window still open (the partition's mark). So the record that carries
+a refusal is: for ``late``, the window it arrived in -- a later one than its own, which was closed, and possibly
+released, before it arrived; for ``window_mismatch``, its broker window -- an earlier one than its ``client_time``'s;
+for ``wrong_partition``, the window it arrived in (its broker window, or the mark when that had closed); for
+``spec_changed`` and ``key_capacity``, its own window (the one that refused it). Summed over a run's released windows,
+every report of a local metric that stage 1 read is in exactly one record's ``n`` or ``excluded``, but for the
+refusals named last below (no window attributed). A window whose partials conflict (a spec change mid-window) is
+refused, and its record still carries the sums of its partials' ``n`` and ``excluded``
+(:meth:`agents.partials.Conflicted.of`).
+
+**A refusal decides nothing else.** The partial a refusal opens carries its exclusions only: it is not stale after a
+spec edit (later reports of the window are counted, not refused ``spec_changed``), it is made anew under the spec of
+the window's first counted report (its count shape and keyed capacity), and stage 2 merges it as no counts
+(:meth:`agents.partials.Partial.is_empty`). So whether one client's report was refused in a window never changes how
+another client's reports there count (docs/privacy.md, "Reports not counted").
 
 **What is published.** The local kinds (bool, categorical, RAPPOR) publish the exact counts, with every reason of
 :data:`PUBLISHED_REASONS` present (0 included) and ``over_bound`` equal to the record's ``over_bound`` field. Each

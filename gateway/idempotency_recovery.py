@@ -39,8 +39,8 @@ async def recover_tags(
     only: Collection[int] | None = None,
 ) -> list[tuple[bytes, int, int, int]]:
     """Every ``(tag, n, window, timestamp_ms)`` in the record headers of the messages of ``topic`` (``partitions``
-    partitions, or those of ``only``) with a timestamp at or after ``since_ms``, up to the end offsets when the read
-    starts; :class:`ForwardError` if it does not finish in ``timeout_s``."""
+    partitions, or those of ``only``; the message's broker time) with a timestamp at or after ``since_ms``, up to
+    the end offsets when the read starts; :class:`ForwardError` if it does not finish in ``timeout_s``."""
     consumer = AIOKafkaConsumer(**client_kwargs(connection), enable_auto_commit=False, client_id="ptel-gateway-recover")
     await consumer.start()
     found: list[tuple[bytes, int, int, int]] = []

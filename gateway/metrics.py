@@ -7,12 +7,19 @@ metric                             type       what
                                               ``replayed``, an authentication, wire, conformance, quota or
                                               forwarding reason)
 ``reports_total``                  counter    reports by ``metric`` and ``outcome`` (``forwarded``, ``refused``;
-                                              ``late``: forwarded, but appended after their window's grace)
+                                              ``late``: forwarded, but appended after their window's grace;
+                                              ``window_mismatch``: forwarded, but appended before their window
+                                              began -- this gateway's clock ahead of the broker's)
 ``batch_reports``                  histogram  reports per Kafka message
 ``kafka_ack_seconds``              histogram  send to acknowledgement of each Kafka message
 ``request_seconds``                histogram  arrival to answer of every accepted request (the device's wait)
 ``pending_reports``                gauge      reports handed to the forwarder and not yet acknowledged
 ``kafka_connected``                gauge      1 while the producer is connected
+``broker_clock_lead_seconds``      gauge      the last acknowledgement's broker time (LogAppendTime) minus this
+                                              gateway's clock when it stamped the reports: the clock skew plus the
+                                              forwarding delay; negative: this gateway's clock is ahead of the
+                                              broker's by at least that much (reports near a window's start are
+                                              then ``window_mismatch``: :mod:`gateway.ack_timing`)
 =================================  =========  ===================================================================
 
 Unlike the agents' dead-letter counts, nothing here depends on the reports' values: refusals are counted by
@@ -64,6 +71,11 @@ class GatewayMetrics:
             "ptel_gateway_pending_reports", "Reports not yet acknowledged by Kafka", registry=self.registry
         )
         self.kafka_connected = Gauge("ptel_gateway_kafka_connected", "1 while connected", registry=self.registry)
+        self.broker_clock_lead_seconds = Gauge(
+            "ptel_gateway_broker_clock_lead_seconds",
+            "Broker time of the last acknowledgement minus this gateway's clock when it stamped the reports",
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[int, str], Counter] = {}
         self._report_children: dict[tuple[str, str], Counter] = {}
 

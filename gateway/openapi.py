@@ -185,6 +185,12 @@ def openapi_document() -> dict[str, Any]:
                             "description": "Kafka appended them at or after their window's end plus the grace: they "
                             "will not be counted (a later release record's excluded.late shows them)",
                         },
+                        "window_mismatch": {
+                            "type": "boolean",
+                            "description": "Kafka appended them before their window began (the gateway's clock ahead "
+                            "of the broker's): they will not be counted (an earlier release record's "
+                            "excluded.window_mismatch shows them)",
+                        },
                     },
                 },
                 "SpecDocument": {

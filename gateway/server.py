@@ -16,9 +16,12 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
 422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
 202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s,
-       "late": false}``; ``"late": true`` when Kafka appended them at or after their window's end plus the spec's
-       grace -- a slow or recovering Kafka: the agents will not count them, they show as ``excluded.late`` on a
-       later release record; the device need not retry, its next report goes to the current window)
+       "late": false, "window_mismatch": false}``; ``"late": true`` when Kafka appended them at or after their
+       window's end plus the spec's grace -- a slow or recovering Kafka: the agents will not count them, they show as
+       ``excluded.late`` on a later release record; ``"window_mismatch": true`` when Kafka appended them before their
+       window began -- this gateway's clock ahead of the broker's: not counted either, ``excluded.window_mismatch``
+       on an earlier record (:mod:`gateway.ack_timing`); the device need not retry, its next report goes to the
+       current window)
 =====  ===========================================================================================================
 
 Accepted reports are re-stamped before they are forwarded: ``client_time`` becomes the gateway's clock (whole
@@ -43,6 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.ack_timing import AckTiming, ack_timing
 from gateway.cors import CorsPolicy
 from gateway.device_auth import AuthFailure, DeviceAuthenticator, TokenAuthenticator
 from gateway.device_quota import DeviceQuota
@@ -110,9 +114,10 @@ def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = 
     )
 
 
-def _accepted(n: int, window_start: int, late: bool) -> web.Response:
+def _accepted(n: int, window_start: int, late: bool, window_mismatch: bool) -> web.Response:
     """The 202 answer (the hot path: no JSON encoder)."""
-    body = b'{"accepted":%d,"window_start":%d,"late":%s}' % (n, window_start, b"true" if late else b"false")
+    flags = b"true" if late else b"false", b"true" if window_mismatch else b"false"
+    body = b'{"accepted":%d,"window_start":%d,"late":%s,"window_mismatch":%s}' % (n, window_start, *flags)
     return web.Response(status=202, body=body, headers=_JSON_HEADERS)
 
 
@@ -140,6 +145,7 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         self.clock = clock
         self.window_s = spec.window.size_s
+        self.grace_s = spec.window.grace_s
         #: ``GET /v1/spec``'s body (:mod:`schemas.spec_document`) and its strong ETag, the SHA-256 of the body.
         self.spec_body = spec_document_json(spec)
         self.spec_etag = f'"{hashlib.sha256(self.spec_body).hexdigest()}"'
@@ -218,9 +224,8 @@ class Gateway:
 
     def _replayed(self, n: int, window: int, appended_ms: int) -> Answer:
         """The 202 of a request whose tag was read back from Kafka: ``n`` reports of ``window`` appended at
-        ``appended_ms``."""
-        late = appended_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
-        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late})
+        ``appended_ms`` (late or early from that broker time)."""
+        return self._accepted_answer(n, window, ack_timing(appended_ms, window, self.window_s, self.grace_s))
 
     async def _resolve_doubts(self, poll_s: float = 0.25) -> None:
         """Settle the idempotency slots in doubt (:mod:`gateway.idempotency`): once a partition is
@@ -373,7 +378,8 @@ class Gateway:
         if answer.status == 202:
             self.metrics.request(202, "accepted")
             self.metrics.request_seconds.observe(time.monotonic() - started)
-            return _accepted(answer.body["accepted"], answer.body["window_start"], answer.body["late"])
+            got = answer.body
+            return _accepted(got["accepted"], got["window_start"], got["late"], got["window_mismatch"])
         return self._refuse(
             answer.status, answer.body["reason"], answer.body["detail"], retry_after=answer.body.get("retry_after")
         )
@@ -414,11 +420,17 @@ class Gateway:
             # reservation is kept until the doubt is settled (forever without an Idempotency-Key)
             return failed, InDoubt(partition, err.sent_by, window, release)
         self.metrics.reports(metric, "forwarded", n)
-        # appended at or after the window's end plus the grace: the agents dead-letter them late (cheap: one compare)
-        late = acked_ms >= ((window + 1) * self.window_s + self.spec.window.grace_s) * 1000
-        if late:
-            self.metrics.reports(metric, "late", n)
-        return Answer(202, {"accepted": n, "window_start": window * self.window_s, "late": late}), None
+        # appended after the window's grace or before its start: the agents will not count them (two compares)
+        timing = ack_timing(acked_ms, window, self.window_s, self.grace_s, now)
+        self.metrics.broker_clock_lead_seconds.set(timing.broker_lead_s)
+        if timing.late or timing.window_mismatch:
+            self.metrics.reports(metric, "late" if timing.late else "window_mismatch", n)
+        return self._accepted_answer(n, window, timing), None
+
+    def _accepted_answer(self, n: int, window: int, timing: AckTiming) -> Answer:
+        """The 202 of ``n`` reports of ``window`` appended with ``timing`` (also a replayed one's)."""
+        body = {"accepted": n, "window_start": window * self.window_s, "late": timing.late}
+        return Answer(202, {**body, "window_mismatch": timing.window_mismatch})
 
     def _bound(self, metric: str, reason: str) -> str:
         m = self.spec.metric(metric)

@@ -14,8 +14,10 @@ over-quota report cannot succeed).
 Retries cannot make a report late either: the gateway stamps each report with its own clock when it accepts it, so a
 retry after a window boundary lands in the new window. What can is a slow Kafka behind the gateway: a 202 whose
 ``"late"`` is true says Kafka appended the reports after their window's grace, and the agents will not count them
-(a later release record's ``excluded.late`` shows them). The sink counts those (:attr:`GatewaySinkStats.late_reports`),
-logs a warning and calls ``on_late(accepted body)``: the sender learns it, never silently.
+(a later release record's ``excluded.late`` shows them); one whose ``"window_mismatch"`` is true says Kafka appended
+them before their window began (the gateway's clock ahead of the broker's: ``excluded.window_mismatch``). The sink
+counts both (:attr:`GatewaySinkStats.late_reports`, :attr:`GatewaySinkStats.mismatch_reports`), logs a warning and
+calls ``on_late(accepted body)``: the sender learns it, never silently.
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ class GatewayRefusedError(ProducerError, RuntimeError):
 @dataclass
 class GatewaySinkStats:
     """Messages accepted (202), attempts retried, accepted answers that were replays of an earlier attempt, and
-    messages (reports) accepted ``"late"``: appended by Kafka after their window's grace, so not counted."""
+    messages (reports) accepted ``"late"`` (appended by Kafka after their window's grace) or ``"window_mismatch"``
+    (appended before their window began): not counted."""
 
     accepted: int = 0
     retries: int = 0
     replayed: int = 0
     late_messages: int = 0
     late_reports: int = 0
+    mismatch_messages: int = 0
+    mismatch_reports: int = 0
 
 
 class GatewaySink:
@@ -91,7 +96,7 @@ class GatewaySink:
         self.max_backoff_s = max_backoff_s
         self.ssl_context = ssl_context
         self.stats = GatewaySinkStats()
-        #: Called with the 202's JSON body when it says ``"late": true`` (see the module docstring).
+        #: Called with the 202's JSON body when it says ``"late": true`` or ``"window_mismatch": true``.
         self.on_late = on_late
         #: The JSON body of the last 202 (``accepted``, ``window_start``).
         self.last_accepted: dict[str, Any] = {}
@@ -139,7 +144,7 @@ class GatewaySink:
                         self.stats.accepted += 1
                         self.stats.replayed += response.headers.get("Idempotent-Replayed") == "true"
                         self.last_accepted = body
-                        if body.get("late") is True:
+                        if body.get("late") is True or body.get("window_mismatch") is True:
                             self._late(body)
                         return
                     reason, detail = str(body.get("reason", "")), str(body.get("detail", ""))
@@ -155,12 +160,18 @@ class GatewaySink:
 
     def _late(self, body: dict[str, Any]) -> None:
         reports = int(body.get("accepted", 0))
-        self.stats.late_messages += 1
-        self.stats.late_reports += reports
+        late = body.get("late") is True
+        if late:
+            self.stats.late_messages += 1
+            self.stats.late_reports += reports
+        else:
+            self.stats.mismatch_messages += 1
+            self.stats.mismatch_reports += reports
         log.warning(
-            "gateway accepted %d report(s) of window %s after its grace: the agents will not count them",
+            "gateway accepted %d report(s) of window %s %s: the agents will not count them",
             reports,
             body.get("window_start"),
+            "after its grace" if late else "before it began (the gateway's clock ahead of the broker's)",
         )
         if self.on_late is not None:
             self.on_late(body)

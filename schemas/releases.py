@@ -198,10 +198,13 @@ class Release(_Frozen):
     #: (equal to the field above: beyond the per-client contribution bounds), ``late`` (reports of an **earlier**
     #: window that arrived while this one was open, after their own window had closed: they ride on the record of
     #: the window they arrived in, as their own record may be out already), ``window_mismatch`` (``client_time`` of a
-    #: later window: a device clock ahead), ``wrong_partition`` (keyed to another partition than their pseudonym's),
-    #: ``spec_changed`` (their window was counted under another version of the spec). Summed over a run's windows,
-    #: ``n`` plus these is every report of the metric the agents read, less the records refused before any window
-    #: could be trusted (undecodable, not fitting the spec, untrusted broker time: operators see those by reason).
+    #: **later** window -- a device or gateway clock ahead -- that arrived in this one: like ``late``, not reports of
+    #: this window), ``wrong_partition`` (keyed to another partition than their pseudonym's, counted on the window
+    #: they arrived in), ``spec_changed`` (their window was counted under another version of the spec; a window
+    #: refused because its partitions counted it under two versions sums their ``n`` and these). Summed over a run's
+    #: windows, ``n`` plus these is every report of the metric the agents read, less the records refused before any
+    #: window could be trusted (undecodable, not fitting the spec, untrusted broker time: operators see those by
+    #: reason).
     #: Like ``n``, a function of the reports' transport, never of their values. ``None`` for the central kinds
     #: (keyed, regression), for the same reason as ``n``, and in records written before the field existed
     #: (added in schema version 2 with a default). docs/privacy.md, "Reports not counted".

@@ -113,13 +113,15 @@ def stage1(
     recs: list[SourceRecord],
     *,
     restart_as: CollectionSpec | None = None,
+    then: Sequence[SourceRecord] = (),
     close_at_s: int | None = None,
 ) -> list[Handover]:
     """One source partition's stage 1 over ``recs``, then idle up to ``close_at_s`` (default: the first window,
     ``T0``, closes; later windows stay open): its hand-overs.
 
     ``restart_as``: after ``recs`` the worker restarts under this spec (its state restored from the state records
-    and its client maps replayed, as :class:`agents.runtime.worker.Worker` does) before the windows close."""
+    and its client maps replayed, as :class:`agents.runtime.worker.Worker` does) before the windows close; ``then``
+    (offsets after ``recs``) are processed after the restart."""
     state = _partition(spec)
     state.process(recs)
     out = []
@@ -132,6 +134,7 @@ def stage1(
         state.restore(written)
         start = state.replay_from()
         state.rebuild_clients([r for r in recs if start is not None and r.offset >= start])
+    state.process(then)
     far = (close_at_s if close_at_s is not None else T0_S + 2 * SIZE_S) * 1000  # default: window T0 closes
     state.advance_idle(far, 0, True, far)
     last = state.take_closed()
@@ -152,16 +155,18 @@ def stage2(
     group: str = "audit",
     dataset: list[tuple[bytes, bytes | None]] | None = None,
     emission_aborted: bool = False,
+    partitions: int = 1,
 ) -> tuple[list[Release], list[tuple[bytes, bytes | None]]]:
     """Stage 2 of a group over ``handovers`` (a fresh secret noise key unless ``dataset`` holds the dataset's own
     records, as a group that adopts the ledger reads them), one transaction after another as the worker runs them:
     the fresh dataset records, the build (releases recorded in the outbox), the emission. Returns the releases a
     ``read_uncommitted`` reader sees and the dataset records committed: all of them, or with ``emission_aborted``
-    those before the emission's transaction (which aborted after its releases were written)."""
+    those before the emission's transaction (which aborted after its releases were written). ``partitions``: of the
+    source topic (one by default)."""
     retention = spec.window.retention_s * 1000
     ledgers = {m.name: MetricLedger(m.name, m.budget, retention) for m in spec.metrics}
     st = ReleaserState(
-        1,
+        partitions,
         ledgers,
         retention,
         window_ms=spec.window.size_s * 1000,

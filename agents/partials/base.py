@@ -226,8 +226,12 @@ class Partial(ABC):
         return h.digest()
 
     def is_empty(self) -> bool:
-        """No report (counted or over the bound) reached this partial."""
-        return self.n == 0 and self.over_bound == 0
+        """No report (counted or over the bound) reached this partial: at most exclusions (:attr:`excluded`), as a
+        partial that stage 1 opened only to carry a refusal. Its count shape and key capacity are then those of the
+        spec it was opened under, no report's, so :func:`merge` takes its exclusions only: a refused report never
+        decides how the window's counted ones are merged, capped or released (docs/privacy.md, "Reports not
+        counted")."""
+        return self.n == 0 and self.over_bound == 0 and self.max_partition_keys == 0
 
     def to_bytes(self) -> bytes:
         """Binary form: ``PTP1``, a 4-byte header length, a JSON header, then the dense arrays' bytes."""
@@ -321,8 +325,23 @@ class Conflicted(Partial):
     (:func:`agents.stage2.releaser.conflicted`)."""
 
     @classmethod
-    def of(cls, partial: Partial) -> Conflicted:
-        return cls(metric=partial.metric, kind=partial.kind, window_start_ms=partial.window_start_ms)
+    def of(cls, *partials: Partial) -> Conflicted:
+        """The conflict of ``partials`` (one window's, at least one): their counts dropped, their ``n``,
+        ``over_bound`` and :attr:`excluded` summed -- numbers of reports (a function of their transport, published for
+        the local kinds like any window's), so a refused window's record still says how many reports it did not
+        release and why (records written before the sums hold 0)."""
+        first = partials[0]
+        out = cls(metric=first.metric, kind=first.kind, window_start_ms=first.window_start_ms)
+        for p in partials:
+            out.n += p.n
+            out.over_bound += p.over_bound
+            _add_exclusions(out, p)
+        return out
+
+    def is_empty(self) -> bool:
+        """Never: counts of two spec versions reached this window (an older record's sums may be 0), and a
+        conflict is never merged away."""
+        return False
 
     def sections(self) -> Sections:
         return Sections(zeros(CONFLICT_SHAPE), zeros(), {}, {})
@@ -339,30 +358,42 @@ P = TypeVar("P", bound=Partial)
 
 
 def merge(partials: Iterable[P]) -> P:
-    """Sum of partials of one (metric, window): every count added element-wise (client maps dropped)."""
-    it = iter(partials)
-    try:
-        first = next(it)
-    except StopIteration:
-        raise StateError("merge of no partials") from None
-    out = first.counts_only()
-    for p in it:
-        if (p.metric, p.kind, p.window_start_ms) != (out.metric, out.kind, out.window_start_ms):
-            raise StateError(
-                f"cannot merge {p.metric}@{p.window_start_ms} ({p.kind}) into "
-                f"{out.metric}@{out.window_start_ms} ({out.kind})"
-            )
+    """Sum of partials of one (metric, window): every count added element-wise (client maps dropped), and the
+    exclusions of all. A partial no report reached (:meth:`Partial.is_empty`) adds its exclusions only: its shape,
+    kind and key capacity are not checked or merged (unless every partial is empty: then the first one's)."""
+    items = list(partials)
+    if not items:
+        raise StateError("merge of no partials")
+    counted = [p for p in items if not p.is_empty()] or items[:1]
+    out = counted[0].counts_only()
+    for p in items:
+        if (p.metric, p.window_start_ms) != (out.metric, out.window_start_ms):
+            raise _other_window(p, out)
+        if p is not counted[0]:
+            _add_exclusions(out, p)
+    for p in counted[1:]:
+        if p.kind != out.kind:
+            raise _other_window(p, out)
         if type(p) is not type(out) or p.array_shapes() != out.array_shapes():
             raise StateError(
                 f"cannot merge {p.metric}: count shapes {p.array_shapes()[0]} and {out.array_shapes()[0]} differ"
             )
         out.n += p.n
         out.over_bound += p.over_bound
-        for reason, reports in p.excluded.items():
-            out.excluded[reason] = out.excluded.get(reason, 0) + reports
         _merge_key_capacity(out, p)
         out.add_counts(p)
     return out
+
+
+def _other_window(p: Partial, out: Partial) -> StateError:
+    return StateError(
+        f"cannot merge {p.metric}@{p.window_start_ms} ({p.kind}) into {out.metric}@{out.window_start_ms} ({out.kind})"
+    )
+
+
+def _add_exclusions(out: Partial, p: Partial) -> None:
+    for reason, reports in p.excluded.items():
+        out.excluded[reason] = out.excluded.get(reason, 0) + reports
 
 
 def _unknown_capacity(layout: type[Partial], header: dict[str, Any]) -> int:

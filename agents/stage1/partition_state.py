@@ -217,6 +217,7 @@ class PartitionState:
         for i in positions:
             rec = records[i]
             start, mark = int(starts[i]), int(marks[i])
+            open_at = mark if mark != NO_MARK and start < mark else start  # the window open for it (a late one's mark)
             t = int(table_of[i])
             if t >= 0:  # a record decoded with its table, refused here: placement, late or spec_changed
                 name, offsets = tables[t].metric, tables[t].offsets
@@ -226,7 +227,7 @@ class PartitionState:
                         f"1 of 1 reports belong to another partition of {name!r} (their pseudonym or cohort maps "
                         f"elsewhere): a copy here would count beside the original"
                     )
-                    self._reject(out, rec, "wrong_partition", detail, 1, (name, start))
+                    self._reject(out, rec, "wrong_partition", detail, 1, (name, open_at))
                 elif mark != NO_MARK and start < mark:
                     detail = f"window {start} closed on partition {partition} (open from {mark})"
                     self._reject(out, rec, "late", detail, reports, (name, mark))
@@ -239,7 +240,7 @@ class PartitionState:
             if placement is not None and isinstance(verdict, Accepted):
                 misplaced = placement.misplaced(verdict, partition)
                 if misplaced is not None:
-                    verdict = self._misplaced(out, rec, verdict, misplaced, start)
+                    verdict = self._misplaced(out, rec, verdict, misplaced, open_at)
             if verdict is None:
                 pass  # every report of the record belongs to another partition (dead-lettered)
             elif isinstance(verdict, Rejection):
@@ -262,8 +263,8 @@ class PartitionState:
     def _misplaced(
         self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray, start: int
     ) -> Accepted | None:
-        """Dead-letter the rows of ``verdict`` (of broker window ``start``) that belong to another partition
-        (``wrong_partition``); the rest."""
+        """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``), counted in
+        window ``start`` (the one open for the record: its broker window, or the mark if that had closed); the rest."""
         n = int(np.count_nonzero(wrong))
         detail = (
             f"{n} of {verdict.reports} reports belong to another partition of {verdict.metric.name!r} (their "
@@ -303,8 +304,6 @@ class PartitionState:
         """Bound and count ``accepted`` into the partial of (``name``, window ``start``); whether dead letters were
         added (reports refused for the key capacity)."""
         partial = self._partial(name, start, recs[0].offset)
-        if partial.first_offset < 0 and partial.is_empty():  # opened by an exclusion (:meth:`_reject`)
-            partial.first_offset = recs[0].offset
         added = self.aggregator.add_bounded(partial, accepted)
         out.counted += added.counted
         self._dirty.add((name, start))
@@ -330,7 +329,8 @@ class PartitionState:
         if key in changed:
             return changed[key]
         partial = self.partials.get(key)
-        why = changed[key] = None if partial is None else self.aggregator.mismatch(partial)
+        # a partial of exclusions only counts no report: nothing to add new-shape reports to (see _partial)
+        why = changed[key] = None if partial is None or partial.first_offset < 0 else self.aggregator.mismatch(partial)
         return why
 
     def _in_window(
@@ -446,10 +446,17 @@ class PartitionState:
         return i >= 0 and self.future_refused[i][0] <= offset < self.future_refused[i][1]
 
     def _partial(self, metric: str, start: int, first_offset: int) -> Partial:
+        """The open partial of (``metric``, window ``start``); a new one under the spec now if there is none, or if
+        a record (the one at ``first_offset >= 0``) is counted into a partial of exclusions only
+        (``first_offset < 0``: opened by :meth:`_reject`, which passes -1; its exclusions kept). So a window's count
+        shape and key capacity are those of the spec when its first report is counted, whoever was refused there
+        before: no client's presence changes how another's reports count (docs/privacy.md)."""
         partial = self.partials.get((metric, start))
-        if partial is None:
-            partial = self.partials[(metric, start)] = self.aggregator.empty(metric, start)
-            partial.first_offset = first_offset
+        if partial is None or (first_offset >= 0 > partial.first_offset):
+            fresh = self.partials[(metric, start)] = self.aggregator.empty(metric, start)
+            fresh.first_offset = first_offset
+            fresh.excluded = {} if partial is None else partial.excluded
+            return fresh
         return partial
 
     def advance_idle(self, now_wall_ms: int, last_activity_wall_ms: int, caught_up: bool, fetch_wall_ms: int) -> bool:
@@ -565,8 +572,8 @@ class PartitionState:
         readmitted = 0
         for key, accepted, recs in targets:
             partial = self.partials.get(key)
-            if partial is None or self._stale(changed, *key) is not None:
-                continue  # not open, or counted under another spec (process() refuses it)
+            if partial is None or partial.first_offset < 0 or self._stale(changed, *key) is not None:
+                continue  # not open, no record counted, or counted under another spec (process() refuses it)
             # records before the window's first counted one were not counted here
             counted = [a for a, r in zip(accepted, recs, strict=True) if r.offset >= partial.first_offset]
             if not counted:

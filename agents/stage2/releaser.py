@@ -116,10 +116,12 @@ class ApplyResult:
     conflicts: int = 0
 
 
-def conflicted(partial: Partial) -> Partial:
+def conflicted(*partials: Partial) -> Partial:
     """The pending counts of a window whose partials cannot be merged: nothing of either is ever released (counts of
-    :data:`agents.partials.CONFLICT_SHAPE`, which matches no metric of any spec, so the release refuses the window)."""
-    return Conflicted.of(partial)
+    :data:`agents.partials.CONFLICT_SHAPE`, which matches no metric of any spec, so the release refuses the window);
+    their numbers of reports (``n``, ``over_bound``, ``excluded``) summed, for its refused record
+    (:meth:`agents.partials.Conflicted.of`)."""
+    return Conflicted.of(*partials)
 
 
 def _wall_ms() -> int:
@@ -225,7 +227,7 @@ class ReleaserState:
             except StateError:
                 # partials of two spec versions (another kind or count shape) for one window: never add them
                 # up; the window is refused at release ("spec changed") -- see :func:`conflicted`
-                self.pending[key] = conflicted(partial)
+                self.pending[key] = conflicted(*(p for p in (current, partial) if p is not None))
                 out.conflicts += 1
             self._dirty.add(_pending_key(*key))
         self.frontier = self.frontier.with_mark(handover.partition, handover.closed_before_ms)
@@ -285,8 +287,10 @@ class ReleaserState:
             self._dirty.add(recorded)  # tombstoned with the emission
         for metric, start in self.due():
             merged = self.pending.pop((metric, start), None)
-            if merged is None:
+            if merged is None or merged.is_empty():  # no report counted: zero counts of the spec now
+                excluded = {} if merged is None else merged.excluded  # (an exclusions-only partial's shape is stale)
                 merged = self.empty(metric, start)
+                merged.excluded = dict(excluded)
             ledger = self.ledgers[metric]
             ledger.noise_key = self.noise_key
             rel = build(merged, ledger)

@@ -169,6 +169,21 @@ def _num(x: float | None, width: int = 10) -> str:
     return f"{x:{width}.4g}" if abs(x) < 1e5 else f"{x:{width}.0f}"
 
 
+#: Reasons of ``excluded`` whose reports are of another window than the record's, as ``ptel releases`` labels them:
+#: they ride on the record of the window they arrived in (docs/privacy.md, "Which record carries a report").
+OTHER_WINDOWS = {"late": "late (of earlier windows)", "window_mismatch": "window_mismatch (of later windows)"}
+
+
+def _not_counted(excluded: dict[str, int]) -> str:
+    """The head line's reports not counted, besides ``over_bound``: this window's own by reason, then -- labelled as
+    such -- those of other windows that arrived in this one (``late``, ``window_mismatch``)."""
+    own = [f"{r}={k}" for r, k in excluded.items() if k and r != "over_bound" and r not in OTHER_WINDOWS]
+    other = [f"{OTHER_WINDOWS[r]}={k}" for r, k in excluded.items() if k and r in OTHER_WINDOWS]
+    return ("  not counted: " + ", ".join(own) if own else "") + (
+        "  not counted here: " + ", ".join(other) if other else ""
+    )
+
+
 def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> str:
     """A release as a small table: header line, then one row per estimate (largest first), truth beside."""
     p = rel.privacy
@@ -200,10 +215,7 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     )
     if rel.over_bound:
         head += f"  over-bound={rel.over_bound}"
-    # other reports not counted, by reason (late ones are of earlier windows: docs/privacy.md, "Reports not counted")
-    others = {r: k for r, k in (rel.excluded or {}).items() if k and r != "over_bound"}
-    if others:
-        head += "  not counted: " + ", ".join(f"{r}={k}" for r, k in others.items())
+    head += _not_counted(rel.excluded or {})
     lines = [head]
     if rel.refused:
         lines.append(f"  REFUSED: {rel.refused}")

@@ -1,7 +1,8 @@
 """The sender learns when its report will not count (issue 23 item 3): the gateway's 202 says ``"late": true`` when
 Kafka appended the reports at or after their window's end plus the grace (the agents' rule for ``late``), and the
 device's :class:`GatewaySink` counts it, logs it and calls ``on_late``. Against the real broker; a gateway clock set
-back three minutes stands for reports held past their window (the broker stamps its own time)."""
+back three minutes stands for reports held past their window (the broker stamps its own time); set ahead three
+minutes, for a gateway clock ahead of the broker's: the 202 says ``"window_mismatch": true`` (the agents' rule)."""
 
 from __future__ import annotations
 
@@ -39,5 +40,12 @@ async def test_a_202_says_late_when_kafka_appended_the_reports_after_their_grace
             window_end_s = sink.last_accepted["window_start"] + spec.window.size_s
             assert window_end_s + spec.window.grace_s <= time.time()  # its deadline has passed indeed
             assert sink.stats.late_messages == sink.stats.late_reports == 1 and told == [sink.last_accepted]
+            assert sink.last_accepted["window_mismatch"] is False
+            # the gateway's clock three minutes ahead: Kafka appends the reports before their window began
+            served.gateway.clock = lambda: time.time() + 180
+            assert await client.send("crashed", True)
+            assert sink.last_accepted["window_mismatch"] is True and sink.last_accepted["late"] is False
+            assert sink.last_accepted["window_start"] > time.time()  # their window has not begun on the broker
+            assert sink.stats.mismatch_reports == 1 and told[-1] == sink.last_accepted and len(told) == 2
     finally:
         await delete_worker_topics(kafka_bootstrap, spec, group)

@@ -132,15 +132,15 @@ def test_merge_refuses_mismatch() -> None:
     a = DenseCounts.empty("m", Shape("bool", categories=2), 0)
     with pytest.raises(StateError):
         merge([a, DenseCounts.empty("m", Shape("bool", categories=2), 10_000)])
+    k3, k4 = (DenseCounts.empty("m", Shape("categorical", categories=k), 0) for k in (3, 4))
+    k3.n = k4.n = 1  # counted reports of two shapes: a conflict
     with pytest.raises(StateError):
-        merge(
-            [
-                DenseCounts.empty("m", Shape("categorical", categories=3), 0),
-                DenseCounts.empty("m", Shape("categorical", categories=4), 0),
-            ]
-        )
+        merge([k3, k4])
     with pytest.raises(StateError):
         merge([])
+    # a partial no report reached (exclusions only) adds its exclusions, whatever shape it was opened with
+    k4.n, k4.excluded = 0, {"late": 2}
+    assert merge([k3, k4]).array_shapes() == k3.array_shapes() and merge([k4, k3]).excluded == {"late": 2}
 
 
 def test_report_bound_fast_path_agrees_with_the_general_rule() -> None:

@@ -161,8 +161,9 @@ def _partials() -> dict[str, Partial]:
     out["regression_empty"] = CellCounts.empty("lat", REGRESSION, 0)
     out["rappor_merged"] = merge([r, r])
     out["keyed_handed"] = k.counts_only()
-    for kind in METRIC_KINDS:
-        out[f"conflicted_{kind}"] = conflicted(out[kind])
+    for kind in METRIC_KINDS:  # as written before a conflict summed its partials' n, over_bound and excluded
+        first = out[kind]
+        out[f"conflicted_{kind}"] = Conflicted(metric=first.metric, kind=kind, window_start_ms=first.window_start_ms)
     return out
 
 
@@ -211,10 +212,16 @@ def test_partials_built_through_the_typed_api_encode_as_before(name: str) -> Non
 def test_the_conflict_sentinel_keeps_its_shape_and_refuses_merges() -> None:
     for kind in METRIC_KINDS:
         sentinel = Partial.from_bytes(bytes.fromhex(ENCODED[f"conflicted_{kind}"]))
-        assert sentinel.array_shapes() == (CONFLICT_SHAPE, (0,)) and sentinel.is_empty()
+        assert sentinel.array_shapes() == (CONFLICT_SHAPE, (0,)) and not sentinel.is_empty()  # never merged away
         assert type(merge([sentinel, sentinel])) is Conflicted
+        counts = Partial.from_bytes(bytes.fromhex(ENCODED[kind]))
         with pytest.raises(Exception, match="count shapes"):
-            merge([sentinel, Partial.from_bytes(bytes.fromhex(ENCODED[kind]))])
+            merge([sentinel, counts])
+        # a conflict sums its partials' numbers of reports (transport only), for its refused record
+        counts.excluded = {"late": 1}
+        both = conflicted(counts, counts)
+        assert (both.n, both.over_bound, both.excluded) == (2 * counts.n, 2 * counts.over_bound, {"late": 2})
+        assert same_counts(Partial.from_bytes(both.to_bytes()), both)
 
 
 def test_every_kind_has_a_partial_type_of_its_handler() -> None:

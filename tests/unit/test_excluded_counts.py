@@ -18,12 +18,13 @@ from agents.ledger import MetricLedger
 from agents.partials import Partial, merge
 from agents.stage1.aggregator import Aggregator
 from agents.stage1.partition_state import PartitionState
+from agents.stage1.placement import Placement
 from agents.stage1.records import SourceRecord
 from agents.stage2.release import build_release
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
 from mechanisms.core.rng import SeededRandom
-from schemas.conformance import Validator, resolve_protocols
+from schemas.conformance import Accepted, Validator, resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, KeyedColumns, Report, ReportBatch, encode_batch, encode_report
@@ -50,13 +51,14 @@ FP = {m.name: m.fingerprint for m in SPEC.metrics}
 PROTOCOLS = resolve_protocols(SPEC)
 
 
-def _state() -> PartitionState:
+def _state(placement: Placement | None = None) -> PartitionState:
     return PartitionState(
         0,
         WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
         Validator(SPEC, PROTOCOLS),
         Aggregator(SPEC),
         IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
+        placement,
     )
 
 
@@ -184,3 +186,29 @@ def test_the_check_catches_an_exact_count_published_for_a_central_kind(monkeypat
     late = _run(KEYED_PLUS_ONE)[("errors", 10_000)].excluded
     assert late is not None and late["late"] == 1  # the added client's late report, exactly
     assert _exact_fields_differ(_run)
+
+
+@pytest.mark.parametrize("padding", [0, 20])  # one by one, and in a batch of the columnar path
+def test_a_late_report_of_another_partition_counts_on_the_window_it_arrived_in(padding: int) -> None:
+    """A report both misplaced and late (its broker window closed here) is counted in the exclusions of the window
+    open for it -- the partition's mark -- as a late one is. Before the fix it reopened its own, closed window 0,
+    whose record was already out: the exclusion was lost (a stale hand-over)."""
+    placement = Placement(2)
+    away = next(c for c in range(1, 1_000) if placement.misplaced(_accepted(_bool(c, 5)), 0) is not None)
+    home = [c for c in range(1, 1_000) if placement.misplaced(_accepted(_bool(c, 5)), 0) is None]
+    st = _state(placement)
+    st.process([SourceRecord(0, 1_000, None, _bool(home[0], 1)), SourceRecord(1, 13_000, None, _bool(home[1], 13))])
+    handover = st.take_closed()
+    assert handover is not None and {p.window_start_ms for p in handover.partials} == {0}
+    batch = [SourceRecord(2, 5_000, None, _bool(away, 5))]  # broker window 0, closed on this partition
+    batch += [SourceRecord(3 + i, 14_000, None, _bool(home[2 + i], 14)) for i in range(padding)]
+    result = st.process(batch)
+    assert [d.reason for d in result.dead_letters] == ["wrong_partition"]
+    assert ("crashed", 0) not in st.partials
+    assert st.partials[("crashed", 10_000)].excluded == {"wrong_partition": 1}
+
+
+def _accepted(value: bytes) -> Accepted:
+    verdict = Validator(SPEC, PROTOCOLS).check(value)
+    assert isinstance(verdict, Accepted)
+    return verdict

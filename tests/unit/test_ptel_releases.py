@@ -79,7 +79,15 @@ def test_format_release_shows_estimates_beside_truth() -> None:
     assert "theme|20000" in release_line(_release())
     assert "not counted" not in lines[0]  # nothing excluded (or a record without the field)
     late = _release().model_copy(update={"excluded": {"over_bound": 0, "late": 7, "window_mismatch": 0}})
-    assert "not counted: late=7" in format_release(late, TRUTH).splitlines()[0]
+    head = format_release(late, TRUTH).splitlines()[0]
+    # reports of earlier windows that arrived in this one: never shown as this window's own
+    assert head.endswith("  not counted here: late (of earlier windows)=7") and "not counted:" not in head
+    mixed = {"over_bound": 1, "late": 2, "window_mismatch": 3, "wrong_partition": 4, "spec_changed": 0}
+    head = format_release(_release().model_copy(update={"excluded": mixed}), TRUTH).splitlines()[0]
+    assert head.endswith(
+        "ε∞=1  not counted: wrong_partition=4"
+        "  not counted here: late (of earlier windows)=2, window_mismatch (of later windows)=3"
+    )
 
 
 def test_central_release_without_n_formats_and_plots(tmp_path: Path) -> None:

@@ -11,8 +11,11 @@ on who reported.
 
 from __future__ import annotations
 
-from agents.partials import KeyedCounts, merge
+from agents.partials import KeyedCounts, Partial, merge
+from agents.stage1.aggregator import Aggregator
+from agents.stage1.records import Handover, SourceRecord
 from producers.client_secret import ClientSecret
+from schemas.spec import CollectionSpec
 from tests.privacy_harness import (
     KEYED,
     T0_S,
@@ -76,3 +79,99 @@ def test_partials_of_different_capacities_merge_to_each_partitions_distance_from
     for order in ((a, b, c), (c, b, a), (b, a, c)):
         merged = merge(order)
         assert (merged.key_capacity, merged.max_partition_keys) == (4, 3)
+
+
+# --- a refused report never decides how a window counts (issue 23, review M1) ----------------------------------------
+#: A bool metric whose report moves the partition's mark to ``T0`` (window ``T0 - SIZE`` closes).
+PING: dict[str, object] = {"name": "ping", "kind": "bool", "prob": 0.75}
+COLOR_OLD: dict[str, object] = {"name": "color", "kind": "categorical", "categories": ["a", "b", "c"], "prob": 0.75}
+COLOR_NEW: dict[str, object] = {**COLOR_OLD, "categories": ["a", "b", "c", "d"]}
+
+
+def _late_client_then_restart(
+    old: CollectionSpec, new: CollectionSpec, late: Send, after: list[SourceRecord], with_late: bool
+) -> list[Handover]:
+    """Under ``old``: a ping at ``T0 + 3`` (window ``T0 - SIZE`` closes), then -- ``with_late`` -- the late client's
+    report of window ``T0 - SIZE`` appended at ``T0 + 4``: refused ``late``, counted in window ``T0``'s exclusions,
+    the first thing that window holds. A restart under ``new``, ``after`` (reports of window ``T0``, privatized once
+    for both neighbours), window ``T0`` closes: stage 1's hand-overs."""
+    before = records(old, [("ping", True, ClientSecret.generate(), T0_S + 3), late])
+    ping, late_rec = before[0], SourceRecord(1, (T0_S + 4) * 1000, None, before[1].value)
+    recs = [ping, late_rec] if with_late else [ping]
+    then = [SourceRecord(len(recs) + r.offset, r.timestamp, None, r.value) for r in after]
+    return stage1(old, recs, restart_as=new, then=then)
+
+
+def _window(handovers: list[Handover], metric: str) -> Partial:
+    (partial,) = [p for h in handovers for p in h.partials if (p.metric, p.window_start_ms) == (metric, T0_S * 1000)]
+    return partial
+
+
+def test_a_late_client_does_not_fix_the_key_capacity_of_the_window_it_arrives_in() -> None:
+    """The late client's refused report opened window ``T0``'s partial under the old capacity 3; the window's first
+    counted reports come after a restart under 5,000. Its capacity must be the one of its first counted report, with
+    or without the late client: 5,000, four keys counted, the same release. On the code before the fix: capacity 3,
+    a fourth key refused ``key_capacity`` -- only when the late client was there."""
+    old = make_spec([{**KEYED, "max_keys_per_partition": 3}, PING])
+    new = make_spec([{**KEYED, "max_keys_per_partition": 5000}, PING])
+    late: Send = ("errors", ("a", True), ClientSecret.generate(), T0_S - 5)
+    after = records(new, [("errors", (k, True), ClientSecret.generate(), T0_S + 5) for k in "abcd" for _ in range(40)])
+    got = []
+    for with_late in (False, True):
+        partial = _window(_late_client_then_restart(old, new, late, after, with_late), "errors")
+        assert (partial.key_capacity, partial.max_partition_keys, partial.n) == (5000, 4, 160), with_late
+        assert partial.excluded == ({"late": 1} if with_late else {})
+        got.append(partial.digest())
+    assert got[0] == got[1]
+
+
+def test_a_late_client_does_not_make_a_window_refuse_reports_after_a_spec_edit() -> None:
+    """Categories 3 -> 4 while window ``T0`` holds only the late client's exclusion: the reports counted after the
+    restart are the window's first. Before the fix, the exclusion's partial had the old shape, so every later report
+    of the window was refused ``spec_changed`` and the window refused -- only when the late client was there."""
+    old, new = make_spec([COLOR_OLD, PING]), make_spec([COLOR_NEW, PING])
+    late: Send = ("color", "a", ClientSecret.generate(), T0_S - 5)
+    after = records(new, [("color", "d", ClientSecret.generate(), T0_S + 5) for _ in range(30)])
+    for with_late in (False, True):
+        handovers = _late_client_then_restart(old, new, late, after, with_late)
+        assert _window(handovers, "color").n == 30
+        (rel,) = [r for r in stage2(new, handovers)[0] if r.key == f"color|{T0_S * 1000}"]
+        assert rel.refused is None and rel.n == 30, with_late
+        assert rel.excluded is not None and rel.excluded["late"] == int(with_late)
+        assert rel.excluded["spec_changed"] == 0
+
+
+def test_an_exclusions_only_partial_of_an_old_spec_merges_as_no_counts() -> None:
+    """Stage 2: a partition that handed over window ``T0`` holding only an exclusion, under the old spec (before the
+    restart), and one that counted it under the new one. The first adds its exclusions and nothing else: not a
+    conflict (before the fix: the window refused as "spec changed"), and not a smaller key capacity."""
+    old, new = make_spec([COLOR_OLD, PING]), make_spec([COLOR_NEW, PING])
+    excl = Aggregator(old).empty("color", T0_S * 1000)
+    excl.excluded = {"wrong_partition": 2}
+    sends: list[Send] = [("color", "b", ClientSecret.generate(), T0_S + 1) for _ in range(3)]
+    counted = _window(stage1(new, records(new, sends)), "color")
+    for order in ((excl, counted), (counted, excl)):
+        merged = merge(order)
+        assert (merged.n, merged.array_shapes(), merged.excluded) == (3, counted.array_shapes(), excl.excluded)
+    alone = Handover(0, (T0_S + 10) * 1000, (excl,))  # the window's only partial: released as no data, not refused
+    (rel,) = [r for r in stage2(new, [alone])[0] if r.key == f"color|{T0_S * 1000}"]
+    assert rel.refused is None and rel.no_data and rel.excluded is not None and rel.excluded["wrong_partition"] == 2
+    capped = Aggregator(make_spec([{**KEYED, "max_keys_per_partition": 3}])).empty("errors", 0)
+    wide = KeyedCounts(metric="errors", kind="keyed", window_start_ms=0, n=5, key_capacity=5000, max_partition_keys=4)
+    assert (merge([capped, wide]).key_capacity, merge([wide, capped]).key_capacity) == (5000, 5000)
+
+
+def test_a_conflicted_window_says_how_many_reports_it_did_not_release() -> None:
+    """Two partitions counted window ``T0`` under two spec versions: the window is refused ("spec changed"), and its
+    record sums both partials' ``n`` and ``excluded`` (before the fix: exact zeros, even ``spec_changed`` 0 on a
+    window refused for a spec change)."""
+    old, new = make_spec([COLOR_OLD, PING]), make_spec([COLOR_NEW, PING])
+    parts = []
+    for spec, clients in ((old, 3), (new, 2)):
+        sends: list[Send] = [("color", "a", ClientSecret.generate(), T0_S + 1) for _ in range(clients)]
+        parts.append(_window(stage1(spec, records(spec, sends)), "color"))
+    parts[1].excluded = {"spec_changed": 4}
+    handovers = [Handover(p, (T0_S + 10) * 1000, (part,)) for p, part in enumerate(parts)]
+    (rel,) = [r for r in stage2(new, handovers, partitions=2)[0] if r.key == f"color|{T0_S * 1000}"]
+    assert rel.refused is not None and rel.refused.startswith("spec changed")
+    assert rel.n == 5 and rel.excluded is not None and rel.excluded["spec_changed"] == 4
