@@ -8,6 +8,7 @@ import pytest
 from scipy.stats import binomtest
 
 from mechanisms.central.capacity_test import make_capacity_test, smallest_passable_capacity
+from mechanisms.central.samplers import draw_discrete_laplace_int
 from mechanisms.core.errors import ParameterError
 from mechanisms.core.rng import SeededRandom
 
@@ -38,15 +39,32 @@ def test_parameters_are_checked_by_name() -> None:
 @pytest.mark.statistical
 def test_unsafe_datasets_pass_at_most_delta_and_safe_ones_almost_always() -> None:
     """A full partition (statistic = capacity) passes with probability at most δ'; a statistic well below the
-    threshold passes with probability 1 - P(Z > gap). Seeded; binomial tests at 1e-6 each."""
+    threshold passes with probability 1 - P(Z > gap). Seeded; binomial tests at 1e-6 each.
+
+    ``passes(S)`` is ``S + Z <= τ`` for one scalar draw ``Z ~ DLap(b)``, so one stream of ``n`` draws decides all
+    three statistics: the test draws ``Z`` with the sampler ``passes`` uses (``draw_discrete_laplace_int``, the
+    same keystream) and checks on the first ``n_rule`` draws that ``passes`` itself gives exactly ``S + Z <= τ`` for
+    each statistic (three more keystreams in lockstep: each call consumes one draw's bytes). The rates are then
+    those of ``n`` draws each, as when each statistic had its own ``n`` calls (same power: the binomial tests below
+    are unchanged), at ``n + 3·n_rule`` draws instead of ``3·n``. The rule check also sees a boundary mistake
+    (``<`` for ``<=``), which the rates alone cannot: ``Z`` hits one of the three boundaries ``τ - S`` with
+    probability about 0.0044 a draw, so ``n_rule = 2000`` draws meet one about 9 times (this seed: checked below)."""
     t = make_capacity_test(200, 2, 1.0, 0.01)  # δ' large enough to measure: margin small
-    rng = SeededRandom("capacity-test")
-    n = 20_000
-    full = sum(t.passes(200, rng) for _ in range(n))
-    edge = sum(t.passes(200 - t.d_in + 1, rng) for _ in range(n))  # the least unsafe statistic
+    n, n_rule = 20_000, 2000
+    z_stream = SeededRandom("capacity-test")
+    edge_s = 200 - t.d_in + 1  # the least unsafe statistic
+    statistics = {"full": 200, "edge": edge_s, "safe": t.threshold - 20}
+    streams = {name: SeededRandom("capacity-test") for name in statistics}
+    draws = [draw_discrete_laplace_int(t.scale, z_stream) for _ in range(n)]
+    boundaries = 0
+    for z in draws[:n_rule]:
+        for name, s in statistics.items():
+            assert t.passes(s, streams[name]) == (s + z <= t.threshold), (name, s, z)
+            boundaries += s + z == t.threshold
+    assert boundaries >= 1  # the rule was checked at its boundary
+    full, edge, safe = (sum(s + z <= t.threshold for z in draws) for s in statistics.values())
     assert binomtest(edge, n, t.failure_probability(), alternative="greater").pvalue > 1e-6
     assert full <= edge
-    safe = sum(t.passes(t.threshold - 20, rng) for _ in range(n))
     alpha = math.exp(-1.0 / float(t.scale))
     p_fail_safe = alpha**21 / (1 + alpha)  # P(Z > 20)
     assert binomtest(n - safe, n, p_fail_safe, alternative="greater").pvalue > 1e-6
