@@ -28,7 +28,6 @@ The numbers are in docs/privacy.md; ``-s`` prints them.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -112,37 +111,8 @@ def audit(scenario: str, trials: int, counts: tuple[int, int], claim: tuple[floa
     return out
 
 
-#: The two sides of the scenario that :func:`repeat` is running, read by its forked workers.
-_SIDES: tuple[Callable[[], bool], Callable[[], bool]] | None = None
-
-
-def _hits(side_and_trials: tuple[int, int]) -> int:
-    """Events in ``trials`` runs of side ``side`` of :data:`_SIDES` (in a forked worker of :func:`repeat`)."""
-    side, trials = side_and_trials
-    assert _SIDES is not None
-    return sum(_SIDES[side]() for _ in range(trials))
-
-
 def repeat(trials: int, sides: tuple[Callable[[], bool], Callable[[], bool]]) -> tuple[int, int]:
-    """How often each side's event occurs in ``trials`` independent runs.
-
-    The runs are independent (each draws its noise under a fresh ``os.urandom`` key, and the device secrets are fixed
-    before), so they are split over one forked worker per usable core: the same trials, the same counts in law, in
-    half the wall time on the 2-core CI machine. A forked worker inherits the scenario and any mutation patched in;
-    ``os.urandom`` and :class:`mechanisms.core.rng.CryptoRandom` (rekeyed after ``fork``) give each worker its own
-    randomness."""
-    global _SIDES
-    workers = min(len(os.sched_getaffinity(0)), 4)
-    if workers < 2 or trials < 2 * workers:
-        return sum(sides[0]() for _ in range(trials)), sum(sides[1]() for _ in range(trials))
-    shares = [trials // workers + (i < trials % workers) for i in range(workers)]
-    _SIDES = sides
-    try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            counts = pool.map_async(_hits, [(side, n) for side in (0, 1) for n in shares]).get(timeout=500)
-    finally:
-        _SIDES = None
-    return sum(counts[:workers]), sum(counts[workers:])
+    return sum(sides[0]() for _ in range(trials)), sum(sides[1]() for _ in range(trials))
 
 
 def holds(out: Outcome) -> None:
