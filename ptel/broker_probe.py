@@ -41,6 +41,36 @@ def run_coroutine(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return result[0]
 
 
+class _QuietAiokafka:
+    """aiokafka's logger at CRITICAL while at least one probe runs (connection-refused noise while a broker starts).
+
+    Probes run concurrently (several brokers started at once, each probe on its own thread), so the level is saved
+    by the first probe in and restored by the last one out, under a lock: saving and restoring per probe would let
+    an overlapping pair restore CRITICAL for good and silence aiokafka's warnings in the whole process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._saved = logging.NOTSET
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                logger = logging.getLogger("aiokafka")
+                self._saved = logger.level
+                logger.setLevel(logging.CRITICAL)
+            self._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                logging.getLogger("aiokafka").setLevel(self._saved)
+
+
+_QUIET = _QuietAiokafka()
+
+
 async def probe_metadata(bootstrap: str, timeout: float = 5.0, node_id: int | None = NODE_ID) -> dict[str, Any]:
     """Send a Metadata request through aiokafka's admin client; return the cluster description.
 
@@ -50,23 +80,20 @@ async def probe_metadata(bootstrap: str, timeout: float = 5.0, node_id: int | No
     """
     from aiokafka.admin import AIOKafkaAdminClient
 
-    quiet = logging.getLogger("aiokafka")
-    saved_level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # connection-refused noise while the broker is still starting
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="ptel-readiness-probe",
         request_timeout_ms=max(1000, int(timeout * 1000)),
     )
-    try:
-        await asyncio.wait_for(admin.start(), timeout)
-        cluster: dict[str, Any] = await asyncio.wait_for(admin.describe_cluster(), timeout)
-    except Exception as exc:
-        raise BrokerError(f"metadata request to {bootstrap} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
-        quiet.setLevel(saved_level)
+    with _QUIET:
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            cluster: dict[str, Any] = await asyncio.wait_for(admin.describe_cluster(), timeout)
+        except Exception as exc:
+            raise BrokerError(f"metadata request to {bootstrap} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
     nodes = {int(b["node_id"]) for b in cluster.get("brokers", [])}
     if node_id is not None and node_id not in nodes:
         raise BrokerError(f"broker {node_id} not yet registered at {bootstrap} (live brokers: {sorted(nodes)})")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ptel.broker_probe import _QUIET
 from ptel.cli import main
 from ptel.logs import RepeatLimiter, configure
 
@@ -68,9 +69,12 @@ def test_retried_kafka_warnings_go_to_debug() -> None:
     out = io.StringIO()
     configure("WARNING", "text", out)
     sender = logging.getLogger("aiokafka.producer.sender")
-    # an in-process Faust app earlier in the session (mode's dictConfig, disable_existing_loggers) may have disabled it
-    sender.disabled, sender.propagate = False, True
-    sender.setLevel(logging.NOTSET)
+    # an in-process Faust app earlier in the session (mode's dictConfig, disable_existing_loggers) may have disabled
+    # the chain, or a test left a level on it: this test is about the handler's filter, so the chain passes all
+    for name in ("aiokafka", "aiokafka.producer", "aiokafka.producer.sender"):
+        chain = logging.getLogger(name)
+        chain.disabled, chain.propagate = False, True
+        chain.setLevel(logging.NOTSET)
     sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "NotEnoughReplicasError")
     sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "MessageSizeTooLargeError")
     text = out.getvalue()
@@ -88,3 +92,24 @@ def test_a_bad_level_or_format_is_a_one_line_error(
     assert "--log-level" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["schema", "release", "--log-format", "xml"])
+
+
+def test_overlapping_broker_probes_leave_aiokafka_logging_as_it_was() -> None:
+    """Two readiness probes overlap (brokers started at once, each probed on its own thread): aiokafka's level is
+    CRITICAL while either runs and back to what it was after both. Saving and restoring per probe -- the old code --
+    lets the second probe restore the first one's CRITICAL for good (this test's A-in, B-in, A-out, B-out order),
+    silencing aiokafka's warnings in the whole process."""
+    logger = logging.getLogger("aiokafka")
+    before = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        a, b = _QUIET, _QUIET
+        a.__enter__()
+        b.__enter__()
+        assert logger.level == logging.CRITICAL
+        a.__exit__(None, None, None)
+        assert logger.level == logging.CRITICAL  # b still probing
+        b.__exit__(None, None, None)
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(before)
