@@ -66,7 +66,6 @@ from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
 from ptel.broker_config import default_port
 from ptel.kafka_broker import LocalKafka
-from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import (
     BoolColumns,
@@ -406,7 +405,7 @@ def stage1_cpu(pseudonyms: str, rounds: int = 9) -> dict[str, float]:
     to ``PartitionState.process`` one partition batch of 500 messages × 1,000 reports, and to process four
     such batches into one window (the bound against a growing window)."""
     spec = make_spec("cpu")
-    validator = Validator(spec, resolve_protocols(spec))
+    validator = Validator(spec)
     aggregator = Aggregator(spec)
     msgs = batch_messages(2000, 1000, pseudonyms, client_time=1_700_000_000)
     records = [SourceRecord(i, 1_700_000_000_000, k, v) for i, (k, v) in enumerate(msgs)]
@@ -447,7 +446,7 @@ def stage1_single_cpu(rounds: int = 5) -> dict[str, dict[str, float]]:
     records of partition 0 of the ``single``, ``keyed`` and ``mixed`` shapes, in batches of 2,000 (the worker's
     ``max_batch``)."""
     spec = make_spec("cpu", size_s=THROUGHPUT_WINDOW_S)
-    validator = Validator(spec, resolve_protocols(spec))
+    validator = Validator(spec)
     aggregator = Aggregator(spec)
     placement = Placement(PARTITIONS)
     window = WindowSpec(THROUGHPUT_WINDOW_S, 1)

@@ -156,19 +156,17 @@ class MetricRules:
 
 
 class Validator:
-    """Checks records against a spec; ``protocols`` gives the resolved protocol of each categorical metric
-    (``auto`` resolved by the mechanisms, see :func:`resolve_protocol`)."""
+    """Checks records against a spec; each categorical metric's protocol and OLH range are the metric's own, as
+    devices resolve them (:func:`resolve_protocol`, :func:`olh_ranges`)."""
 
-    def __init__(
-        self, spec: CollectionSpec, protocols: dict[str, Protocol], olh_range: dict[str, int] | None = None
-    ) -> None:
+    def __init__(self, spec: CollectionSpec) -> None:
         self.spec = spec
         self.rules: dict[str, MetricRules] = {}
+        protocols = resolve_protocols(spec)
+        olh_range = olh_ranges(spec, protocols)
         for metric in spec.metrics:
-            protocol = protocols.get(metric.name) if metric.CHOOSES_PROTOCOL else None
-            if metric.CHOOSES_PROTOCOL and protocol is None:
-                raise ConformanceError(f"protocol of {metric.name} (None) must be resolved before validation")
-            g = (olh_range or {}).get(metric.name, 0)
+            protocol = protocols.get(metric.name)
+            g = olh_range.get(metric.name, 0)
             if protocol == "olh" and g < 2:
                 raise ConformanceError(f"olh range g of {metric.name} ({g!r}) must be an integer in [2, ∞)")
             k, m, max_key_bytes = metric.payload_bounds()
@@ -185,9 +183,8 @@ class Validator:
 
     @classmethod
     def for_spec(cls, spec: CollectionSpec) -> Validator:
-        """The validator of ``spec`` with its protocols resolved as devices resolve them."""
-        protocols = resolve_protocols(spec)
-        return cls(spec, protocols, olh_ranges(spec, protocols))
+        """The validator of ``spec`` (the same as ``Validator(spec)``)."""
+        return cls(spec)
 
     def check(self, value: bytes | None) -> Accepted | Rejection:
         """Decode ``value`` and check it against the spec; never raises on bad input."""

@@ -24,7 +24,6 @@ from agents.stage2.release import build_release
 from mechanisms.central.threshold import make_laplace_threshold
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.encoder import encode_batch_packed
-from schemas.conformance import resolve_protocols
 from schemas.releases import EstimateRecord, KeyRelease, Release
 from schemas.spec import BudgetSpec, CategoricalMetric, KeyedMetric, RapporMetric, parse_spec
 
@@ -84,7 +83,6 @@ SPEC = parse_spec(
         ],
     }
 )
-PROTOCOLS = resolve_protocols(SPEC)
 _BIG_BUDGET = BudgetSpec(epsilon=1e9, delta=0.5)
 
 
@@ -108,7 +106,7 @@ class Tally:
 
 def _release(p: Partial, seed: int) -> Release:
     ledger = MetricLedger(p.metric, _BIG_BUDGET if p.kind == "keyed" else None, SPEC.window.retention_s * 1000)
-    return build_release(SPEC, p, ledger, partitions=1, protocols=PROTOCOLS, rng=SeededRandom(f"central|{seed}"))
+    return build_release(SPEC, p, ledger, partitions=1, rng=SeededRandom(f"central|{seed}"))
 
 
 # ------------------------------------------------------------------------------------------ keyed
@@ -117,7 +115,7 @@ def _release(p: Partial, seed: int) -> Release:
 def keyed_partial(rng: SeededRandom, start_ms: int, truth: dict[str, tuple[int, int]] = KEYED_TRUTH) -> KeyedCounts:
     """One window of keyed reports: every report's value through the device's RR (bit = value w.p. p)."""
     p = KeyedCounts.empty("crash_signature", shape_of(SPEC.metric("crash_signature")), start_ms)
-    rr = local_measurement(SPEC.metric("crash_signature"), None)
+    rr = local_measurement(SPEC.metric("crash_signature"))
     for key, (reports, true) in truth.items():
         values = np.arange(reports) < true
         bits = rr.randomize(values, rng=rng)
@@ -197,7 +195,7 @@ def local_windows(name: str, windows: int, n: int, seed: int) -> Iterator[tuple[
         if metric.kind == "bool":
             values = np.asarray(rng.uniform(n) < 0.23)
             dense = DenseCounts.empty(name, shape, start)
-            dense.add_bool(local_measurement(metric, None).randomize(values, rng=rng))
+            dense.add_bool(local_measurement(metric).randomize(values, rng=rng))
             p = dense
             truth = {"true": float(values.sum()), "true_fraction": float(values.mean())}
         elif metric.kind == "categorical":
@@ -205,11 +203,11 @@ def local_windows(name: str, windows: int, n: int, seed: int) -> Iterator[tuple[
             k = shape.categories
             probs = np.linspace(1, 3, k) / np.linspace(1, 3, k).sum()
             idx = np.searchsorted(np.cumsum(probs), rng.uniform(n), side="right").clip(0, k - 1)
-            m = local_measurement(metric, PROTOCOLS[name])
+            m = local_measurement(metric)
             dense = DenseCounts.empty(name, shape, start)
-            if PROTOCOLS[name] == "krr":
+            if metric.resolved_protocol() == "krr":
                 dense.add_categories(m.randomize_indices(idx, rng=rng))
-            elif PROTOCOLS[name] == "oue":
+            elif metric.resolved_protocol() == "oue":
                 from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
                 dense.add_support_counts(unary_support_counts(m.randomize_indices(idx, rng=rng), k), n)
@@ -256,7 +254,8 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, n in [("used_dark_mode", 2000), ("page_load_bucket", 2000), ("bins_oue", 2000), ("olh", 2000)]:
         t = local_coverage(name, windows, n, seed=1)
-        kind = f"{SPEC.metric(name).kind} ({name}, {PROTOCOLS.get(name) or 'RR'})"
+        metric = SPEC.metric(name)
+        kind = f"{metric.kind} ({name}, {metric.resolved_protocol() if metric.CHOOSES_PROTOCOL else 'RR'})"
         print(f"| {kind} | every estimate | {t.windows} | {t.seen.get('all', 0)} | {t.rate('all'):.4f} |")
     t = local_coverage("homepage_host", windows // 4, 2000, seed=1)
     print(f"| rappor (homepage_host) | candidate counts | {t.windows} | {t.seen.get('all', 0)} | {t.rate('all'):.4f} |")

@@ -25,7 +25,6 @@ from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
 from producers.client_secret import ClientSecret
 from producers.privatizers import make_privatizers
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import encode_report
@@ -104,8 +103,7 @@ def neighbours(
 
 def _partition(spec: CollectionSpec) -> PartitionState:
     window = WindowSpec(spec.window.size_s, spec.window.grace_s)
-    protocols = resolve_protocols(spec)
-    return PartitionState(0, window, Validator(spec, protocols), Aggregator(spec), IdlePolicy(1_000, 500))
+    return PartitionState(0, window, Validator(spec), Aggregator(spec), IdlePolicy(1_000, 500))
 
 
 def stage1(
@@ -181,7 +179,7 @@ def stage2(
     written = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
     for h in handovers:
         st.apply(h)
-    build = release_builder(spec, resolve_protocols(spec))
+    build = release_builder(spec)
     releases = st.release(build)  # a restored outbox (an adopted ledger) is emitted first; due windows are built
     built = [kv for kv in st.state_records() if is_dataset_key(kv[0])]
     if not STAGED and emission_aborted:

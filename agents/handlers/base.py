@@ -15,7 +15,7 @@ from agents.handlers.release_fields import WindowFields
 from agents.ledger import MetricLedger
 from agents.partials import Partial, Shape
 from mechanisms.core.rng import RandomSource
-from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
+from schemas.conformance import Accepted, AnyMetric, MetricRules
 from schemas.kinds import MetricKind
 from schemas.releases import Release
 from schemas.spec import CollectionSpec
@@ -38,8 +38,8 @@ class Added:
 @dataclass(frozen=True)
 class ReleaseJob(Generic[M, P]):
     """One window's release to build: the merged counts of ``metric`` (shapes checked against the spec), its
-    ledger, the release id ``rid``, the fields every record of the window carries, the metric's local protocol
-    (categorical) and the central noise source."""
+    ledger, the release id ``rid``, the fields every record of the window carries and the central noise source
+    (a categorical metric's local protocol is the metric's own: :func:`schemas.conformance.resolve_protocol`)."""
 
     spec: CollectionSpec
     metric: M
@@ -47,7 +47,6 @@ class ReleaseJob(Generic[M, P]):
     ledger: MetricLedger
     rid: str
     base: WindowFields
-    protocol: Protocol | None
     rng: RandomSource | None
 
 
@@ -105,7 +104,7 @@ class KindHandler(ABC, Generic[M, P]):
     ) -> Added:
         """Bound and count ``accepted`` (reports of ``metric``, in record order; ``pseudonyms`` theirs, in order)."""
 
-    def local_measurement(self, metric: M, protocol: Protocol | None) -> Any:
+    def local_measurement(self, metric: M) -> Any:
         """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``);
         ``None`` without local randomization."""
         return None
@@ -115,7 +114,7 @@ class KindHandler(ABC, Generic[M, P]):
         return "client"
 
     @abstractmethod
-    def mechanism_name(self, metric: M, protocol: Protocol | None) -> str:
+    def mechanism_name(self, metric: M) -> str:
         """The mechanism, as a release record names it."""
 
     @abstractmethod

@@ -12,7 +12,6 @@ from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.local import local_release
 from agents.partials import DenseCounts, Shape
 from mechanisms.local.randomized_response.randomizer import make_randomized_response_bool
-from schemas.conformance import Protocol
 from schemas.releases import Release
 from schemas.spec import BoolMetric
 from schemas.wire import BoolColumns
@@ -35,10 +34,10 @@ class BoolHandler(BoundedHandler[BoolMetric, DenseCounts]):
     ) -> None:
         partial.add_bool(column(columns, "bits", keep))
 
-    def local_measurement(self, metric: BoolMetric, protocol: Protocol | None) -> Any:
+    def local_measurement(self, metric: BoolMetric) -> Any:
         return make_randomized_response_bool(metric.resolved_prob())
 
-    def mechanism_name(self, metric: BoolMetric, protocol: Protocol | None) -> str:
+    def mechanism_name(self, metric: BoolMetric) -> str:
         return f"boolean randomized response (p={metric.resolved_prob():.6g})"
 
     def release(self, job: ReleaseJob[BoolMetric, DenseCounts]) -> Release:

@@ -21,7 +21,7 @@ from mechanisms.local.randomized_response.randomizer import (
 )
 from mechanisms.local.unary_encoding.estimator import unary_support_counts
 from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
-from schemas.conformance import MetricRules, Protocol
+from schemas.conformance import MetricRules, resolve_protocol
 from schemas.releases import Release
 from schemas.spec import CategoricalMetric
 from schemas.wire import CategoryColumns, LocalHashColumns, UnaryColumns, olh_seeds_in_family
@@ -72,9 +72,10 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
             counts = olh_support_counts(seeds, values, metric.k, olh_range(metric))
             partial.add_support_counts(counts, int(seeds.size))
 
-    def local_measurement(self, metric: CategoricalMetric, protocol: Protocol | None) -> Any:
-        """k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``."""
-        cats = range(metric.k)
+    def local_measurement(self, metric: CategoricalMetric) -> Any:
+        """k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``, by the metric's resolved protocol
+        (:func:`schemas.conformance.resolve_protocol`: the one the validator expects the payloads of)."""
+        cats, protocol = range(metric.k), resolve_protocol(metric)
         if protocol == "krr":
             if metric.prob is not None:
                 return make_randomized_response(cats, float(metric.prob))
@@ -85,8 +86,9 @@ class CategoricalHandler(BoundedHandler[CategoricalMetric, DenseCounts]):
             return make_optimized_local_hashing(cats, float(metric.resolved_epsilon()))
         raise ConfigurationError(f"protocol of {metric.name}", protocol, "must be one of krr, oue, olh")
 
-    def mechanism_name(self, metric: CategoricalMetric, protocol: Protocol | None) -> str:
-        name = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}.get(protocol or "krr", str(protocol))
+    def mechanism_name(self, metric: CategoricalMetric) -> str:
+        protocol = resolve_protocol(metric)
+        name = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}.get(protocol, str(protocol))
         return f"{name} (k={metric.k}, ε={metric.resolved_epsilon():.6g})"
 
     def release(self, job: ReleaseJob[CategoricalMetric, DenseCounts]) -> Release:

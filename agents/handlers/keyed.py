@@ -30,7 +30,7 @@ from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.central.key_threshold import make_key_threshold
 from mechanisms.core.estimates import Estimate
 from mechanisms.local.randomized_response.randomizer import make_randomized_response_bool
-from schemas.conformance import Accepted, MetricRules, Protocol
+from schemas.conformance import Accepted, MetricRules
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import KeyedMetric
 from schemas.wire import KeyedColumns
@@ -79,11 +79,11 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
             return Added(int(ok.sum()))
         return Added(int(ok.sum()), refused)
 
-    def local_measurement(self, metric: KeyedMetric, protocol: Protocol | None) -> Any:
+    def local_measurement(self, metric: KeyedMetric) -> Any:
         """The boolean RR of the value."""
         return make_randomized_response_bool(metric.value.resolved_prob())
 
-    def mechanism_name(self, metric: KeyedMetric, protocol: Protocol | None) -> str:
+    def mechanism_name(self, metric: KeyedMetric) -> str:
         r = metric.release
         cells = f"scale={r.scale}, τ={r.threshold}, Δ0={metric.keys_per_window}"
         return f"thresholded {r.mechanism} on (key, RR bit) cells, a key released when its noisy total > τ ({cells})"
@@ -98,7 +98,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         entry = job.ledger.charge(
             job.rid, merged.window_start_ms, (charged_first, charged_delta), str(m.output_measure)
         )
-        value_rr = self.local_measurement(metric, None)
+        value_rr = self.local_measurement(metric)
         eps1 = float(value_rr.map(1))
         test = _capacity_test(metric, merged)
         spent = (
@@ -111,7 +111,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         # release's own stream, so a retry draws the same
         if not test.passes(min(merged.max_partition_keys, test.capacity), rng):
             return job.base.release(
-                mechanism=self.mechanism_name(metric, None),
+                mechanism=self.mechanism_name(metric),
                 privacy=spent,
                 ledger=entry,
                 refused=(
@@ -135,7 +135,7 @@ class KeyedHandler(KindHandler[KeyedMetric, KeyedCounts]):
         return job.base.release(
             estimates=tuple(records),
             released_keys=tuple(released),
-            mechanism=self.mechanism_name(metric, None),
+            mechanism=self.mechanism_name(metric),
             privacy=spent,
             ledger=entry,
         )

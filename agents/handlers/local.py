@@ -24,7 +24,7 @@ def local_release(
     """The release of ``support`` (one count per label) of ``job``'s window; ``fraction``: also the first label's
     share of the reports (``<label>_fraction``, for ``n > 0``)."""
     metric, merged = job.metric, job.merged
-    m = handler.local_measurement(metric, job.protocol)
+    m = handler.local_measurement(metric)
     eps1 = float(m.map(1))
     r = metric.reports_per_window
     eps_window = mul_up(r, eps1)  # r fresh randomizations of one client in one window compose: ε = r·ε₁, rounded up
@@ -41,7 +41,7 @@ def local_release(
     return job.base.release(
         estimates=tuple(records),
         released_keys=tuple(released),
-        mechanism=handler.mechanism_name(metric, job.protocol),
+        mechanism=handler.mechanism_name(metric),
         privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
         ledger=entry,
     )

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records, finite
 from agents.partials import CohortCounts, Shape
-from schemas.conformance import MetricRules, Protocol
+from schemas.conformance import MetricRules
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import RapporMetric
 from schemas.wire import RapporColumns
@@ -55,7 +55,7 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
     def privacy_unit(self, metric: RapporMetric) -> Literal["client", "client_value"]:
         return "client_value" if metric.guarantee == "client_value" else "client"
 
-    def mechanism_name(self, metric: RapporMetric, protocol: Protocol | None) -> str:
+    def mechanism_name(self, metric: RapporMetric) -> str:
         m = metric
         return f"RAPPOR {m.variant} (k={m.bits}, h={m.h}, m={m.m}, f={m.f}, p={m.p}, q={m.q})"
 
@@ -103,7 +103,7 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         return job.base.release(
             estimates=tuple(records),
             released_keys=tuple(released),
-            mechanism=self.mechanism_name(metric, None),
+            mechanism=self.mechanism_name(metric),
             privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
             ledger=entry,
         )

@@ -18,7 +18,6 @@ from agents.handlers.release_fields import finite
 from agents.partials import CellCounts, Shape
 from mechanisms.central.samplers import sample_discrete_laplace
 from mechanisms.core.rng import RandomSource, resolve
-from schemas.conformance import Protocol
 from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
 from schemas.spec import RegressionMetric
 from schemas.spec.regression_metric import PointCountTestSpec
@@ -47,7 +46,7 @@ class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
     ) -> None:
         partial.add_points(column(columns, "x", keep), column(columns, "y", keep), self.shape(metric))
 
-    def mechanism_name(self, metric: RegressionMetric, protocol: Protocol | None) -> str:
+    def mechanism_name(self, metric: RegressionMetric) -> str:
         m = metric
         return f"DP Theil-Sen (scale={m.scale}, runs={m.runs}, {m.candidates} candidates, {m.measure})"
 
@@ -66,16 +65,14 @@ class RegressionHandler(BoundedHandler[RegressionMetric, CellCounts]):
         test = metric.point_count_test
         if test is not None and not enough_points(int(x.size), metric.reports_per_window, test, job.rng):
             # "no data": derived from the DP count, never from the exact one (which one client can change)
-            return job.base.release(
-                mechanism=self.mechanism_name(metric, None), privacy=privacy, ledger=entry, no_data=True
-            )
+            return job.base.release(mechanism=self.mechanism_name(metric), privacy=privacy, ledger=entry, no_data=True)
         slope, intercept = m(np.column_stack([x, y]) if x.size else np.zeros((0, 2)))
         return job.base.release(
             estimates=(
                 EstimateRecord(label="slope", value=finite(slope)),
                 EstimateRecord(label="intercept", value=finite(intercept)),
             ),
-            mechanism=self.mechanism_name(metric, None),
+            mechanism=self.mechanism_name(metric),
             privacy=privacy,
             ledger=entry,
         )

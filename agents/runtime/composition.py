@@ -16,10 +16,8 @@ from agents.kafka_io.changelog import shorten_concurrent_transactions_backoff
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.runtime.worker import Worker, WorkerSettings
-from agents.stage1.validation import Protocol
 from agents.stage2.release import build_release
 from mechanisms.core.rng import DerivedRandom, RandomSource, SeededRandom
-from schemas.conformance import olh_ranges, resolve_protocols
 from schemas.releases import Release, release_key
 from schemas.spec import CollectionSpec
 
@@ -30,7 +28,7 @@ def default_group(spec: CollectionSpec) -> str:
 
 
 def release_builder(
-    spec: CollectionSpec, protocols: dict[str, Protocol], *, insecure_noise_seed: str | None = None
+    spec: CollectionSpec, *, insecure_noise_seed: str | None = None
 ) -> Callable[[Partial, MetricLedger], Release]:
     """The stage-2 release builder: :func:`agents.stage2.release.build_release` with each release's noise source.
 
@@ -55,7 +53,7 @@ def release_builder(
             raise StateError(f"no release noise key for {context}: stage 2 hands it over on the ledger")
         else:
             rng = DerivedRandom(ledger.noise_key, context)
-        return build_release(spec, merged, ledger, partitions=spec.topics.partitions, protocols=protocols, rng=rng)
+        return build_release(spec, merged, ledger, partitions=spec.topics.partitions, rng=rng)
 
     return builder
 
@@ -82,12 +80,9 @@ def build_worker(
     partition no longer wait 20 ms each.
     """
     shorten_concurrent_transactions_backoff()
-    protocols = resolve_protocols(spec)
     return Worker(
         spec,
         settings,
-        protocols=protocols,
-        olh_range=olh_ranges(spec, protocols),
-        builder=release_builder(spec, protocols, insecure_noise_seed=insecure_noise_seed),
+        builder=release_builder(spec, insecure_noise_seed=insecure_noise_seed),
         on_release=on_release,
     )

@@ -44,7 +44,7 @@ from agents.stage1.aggregator import Aggregator
 from agents.stage1.partition_state import PartitionState
 from agents.stage1.placement import Placement
 from agents.stage1.records import Handover, SourceRecord
-from agents.stage1.validation import Protocol, Validator
+from agents.stage1.validation import Validator
 from agents.stage2.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
 from agents.stage2.lost_ledger import lost_ledger
 from agents.stage2.releaser import ReleaserState, is_dataset_key, ledger_owner
@@ -77,8 +77,6 @@ class Worker:
         spec: CollectionSpec,
         settings: WorkerSettings,
         *,
-        protocols: dict[str, Protocol],
-        olh_range: dict[str, int],
         builder: Builder,
         on_release: Callable[[Release], None] | None = None,
     ) -> None:
@@ -86,7 +84,7 @@ class Worker:
         self.settings = settings
         self.topics = WorkerTopics.for_spec(spec, settings.group)
         self.window = WindowSpec(spec.window.size_s, spec.window.grace_s)
-        self.validator = Validator(spec, protocols, olh_range)
+        self.validator = Validator.for_spec(spec)
         self.aggregator = Aggregator(spec)
         self.placement = Placement(spec.topics.partitions)
         self.builder = builder
@@ -593,4 +591,3 @@ class Worker:
         times = [consumer.last_poll_timestamp(tp) for tp in assigned]
         known = [t for t in times if t is not None]
         return max(known) if known else 0
-

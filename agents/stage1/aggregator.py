@@ -22,7 +22,7 @@ from agents.errors import ConfigurationError
 from agents.handlers.base import Added, KindHandler, concat
 from agents.handlers.registry import HANDLERS, handler_of
 from agents.partials import Partial, Shape
-from schemas.conformance import Accepted, AnyMetric, MetricRules, Protocol
+from schemas.conformance import Accepted, AnyMetric, MetricRules
 from schemas.spec import CollectionSpec
 from schemas.wire.columns import RecordColumns
 
@@ -118,8 +118,8 @@ def columns_fit(rules: MetricRules, table: RecordColumns) -> NDArray[np.bool_] |
     return ok
 
 
-def local_measurement(metric: AnyMetric, protocol: Protocol | None) -> Any:
+def local_measurement(metric: AnyMetric) -> Any:
     """The device-side measurement of an LDP metric (for its ``support_probabilities`` and ``map(1) = ε₁``):
     bool: boolean RR; categorical: k-RR (``prob`` or ``epsilon``), OUE or OLH over ``range(k)``; keyed: the boolean
     RR of the value. ``None`` for regression (no local randomization)."""
-    return handler_of(metric).local_measurement(metric, protocol)
+    return handler_of(metric).local_measurement(metric)

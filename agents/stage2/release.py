@@ -40,7 +40,6 @@ from agents.handlers.release_fields import WindowFields
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1.aggregator import shape_mismatch
-from agents.stage1.validation import Protocol
 from mechanisms.core.errors import MechanismError
 from mechanisms.core.rng import RandomSource
 from schemas.releases import PrivacySpent, Release, release_key
@@ -55,7 +54,6 @@ def build_release(
     ledger: MetricLedger,
     *,
     partitions: int,
-    protocols: dict[str, Protocol],
     rng: RandomSource | None = None,
 ) -> Release:
     """The release record of ``merged`` (all partitions' counts of one metric and window).
@@ -82,7 +80,7 @@ def build_release(
     )
     rid = release_key(metric.name, merged.window_start_ms)
     try:
-        job = ReleaseJob(spec, metric, handler.own(merged), ledger, rid, base, protocols.get(metric.name), rng)
+        job = ReleaseJob(spec, metric, handler.own(merged), ledger, rid, base, rng)
         return _marked(handler.release(job))
     except BudgetError as err:
         reason = f"budget exhausted: {err}"
@@ -97,7 +95,7 @@ def build_release(
         reason = f"release failed: {type(err).__name__}: {err}"
     return _marked(
         base.release(
-            mechanism=handler.mechanism_name(metric, protocols.get(metric.name)),
+            mechanism=handler.mechanism_name(metric),
             privacy=PrivacySpent(),
             ledger=ledger.summary(),
             refused=reason,

@@ -58,3 +58,36 @@ def test_the_olh_range_counted_with_is_the_one_the_validator_checks() -> None:
         if metric.name in ranges:
             assert isinstance(metric, CategoricalMetric) and olh_range(metric) == ranges[metric.name]
     assert len(set(ranges.values())) > 3  # the ε above give different ranges: a constant would fail
+
+
+def test_the_protocol_released_with_is_the_one_the_validator_checks() -> None:
+    """The categorical handler reads a metric's local protocol from the metric itself (no signature carries it): it
+    must be the protocol whose payloads the validator accepts, for ``auto`` (chosen by k and ε), ``prob`` and written
+    protocols alike -- and the metrics below resolve to all three, so a constant answer would fail."""
+    from agents.handlers.categorical import CategoricalHandler
+    from schemas.conformance import Validator
+    from schemas.spec import CategoricalMetric, parse_spec
+
+    def categorical(name: str, k: int, **how: object) -> dict[str, object]:
+        return {"name": name, "kind": "categorical", "categories": [f"c{j}" for j in range(k)], **how}
+
+    metrics = [
+        categorical(f"auto{k}_{eps}", k, protocol="auto", epsilon=eps)
+        for k in (2, 5, 40, 200)
+        for eps in (0.5, 1.0, 4.0)
+    ] + [categorical("by_prob", 30, prob=0.6)]
+    metrics += [categorical(p, 6, protocol=p, epsilon=1.0) for p in ("krr", "oue", "olh")]
+    spec = parse_spec({"name": "unit", "window": {"size_s": 10, "grace_s": 2, "retention_s": 30}, "metrics": metrics})
+    rules, handler = Validator(spec).rules, CategoricalHandler()
+    names = {"krr": "k-RR", "oue": "OUE", "olh": "OLH"}
+    seen = set()
+    for metric in spec.metrics:
+        assert isinstance(metric, CategoricalMetric)
+        protocol = rules[metric.name].protocol
+        assert protocol is not None
+        seen.add(protocol)
+        assert handler.mechanism_name(metric).startswith(f"{names[protocol]} "), (metric.name, protocol)
+        measurement = handler.local_measurement(metric)
+        expected = {"krr": "RandomizedResponse", "oue": "UnaryEncoding", "olh": "LocalHashing"}[protocol]
+        assert expected in type(measurement).__name__, (metric.name, protocol, type(measurement).__name__)
+    assert seen == {"krr", "oue", "olh"}

@@ -38,7 +38,6 @@ from agents.stage1.records import Handover, SourceRecord, watermark_key
 from agents.stage1.validation import Validator
 from agents.windowing.watermarks import FUTURE_TOLERANCE_MS, LOG_APPEND_TIME, IdlePolicy
 from agents.windowing.windows import WindowSpec
-from schemas.conformance import resolve_protocols
 from tests.unit.test_agents_worker import SPEC, _bool
 
 P = ParamSpec("P")
@@ -52,7 +51,7 @@ BATCH = 5
 HANG_S = 5.0
 TOPICS = WorkerTopics.for_spec(SPEC, "unit")
 WINDOW = WindowSpec(SPEC.window.size_s, SPEC.window.grace_s)
-VALIDATOR = Validator(SPEC, resolve_protocols(SPEC), {})
+VALIDATOR = Validator(SPEC)
 AGGREGATOR = Aggregator(SPEC)
 IDLE = IdlePolicy(idle_timeout_ms=0, clock_skew_ms=1_000)
 

@@ -16,7 +16,6 @@ from agents.stage2.release import build_release
 from agents.stage2.releaser import ReleaserState
 from mechanisms.core.rng import SeededRandom
 from mechanisms.local.rappor.encoder import encode_batch_packed
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import BudgetSpec, CategoricalMetric, CollectionSpec, RapporMetric, parse_spec
 
@@ -75,7 +74,6 @@ SPEC = parse_spec(
         ],
     }
 )
-PROTOCOLS = resolve_protocols(SPEC)
 
 
 def _ledger(name: str) -> MetricLedger:
@@ -88,9 +86,7 @@ def _dense(p: Partial) -> DenseCounts:
 
 
 def _release(p: Partial, seed: int = 1, ledger: MetricLedger | None = None) -> Release:
-    return build_release(
-        SPEC, p, ledger or _ledger(p.metric), partitions=4, protocols=PROTOCOLS, rng=SeededRandom(seed)
-    )
+    return build_release(SPEC, p, ledger or _ledger(p.metric), partitions=4, rng=SeededRandom(seed))
 
 
 def _covers(rel: Release, truth: dict[str, float]) -> int:
@@ -107,7 +103,7 @@ def test_bool_release_covers_truth() -> None:
     rng = SeededRandom(2024)
     n = 20_000
     truth = np.asarray(rng.uniform(n) < 0.23)
-    reported = local_measurement(SPEC.metric("crashed"), None).randomize(truth, rng=rng)
+    reported = local_measurement(SPEC.metric("crashed")).randomize(truth, rng=rng)
     p = DenseCounts.empty("crashed", shape_of(SPEC.metric("crashed")), 10_000)
     p.add_bool(reported)
     rel = _release(p)
@@ -129,11 +125,11 @@ def test_categorical_release_covers_truth(name: str) -> None:
     probs = np.linspace(1, 2, k)
     probs /= probs.sum()
     truth = np.searchsorted(np.cumsum(probs), rng.uniform(n), side="right").clip(0, k - 1)
-    m = local_measurement(metric, PROTOCOLS[name])
+    m = local_measurement(metric)
     p = DenseCounts.empty(name, shape_of(metric), 0)
-    if PROTOCOLS[name] == "krr":
+    if metric.resolved_protocol() == "krr":
         p.add_categories(m.randomize_indices(truth, rng=rng))
-    elif PROTOCOLS[name] == "oue":
+    elif metric.resolved_protocol() == "oue":
         from mechanisms.local.unary_encoding.estimator import unary_support_counts
 
         packed = m.randomize_indices(truth, rng=rng)
@@ -239,7 +235,7 @@ def test_stage2_merges_all_partitions_and_releases_once() -> None:
 
     def build(p: Partial, ledger: MetricLedger) -> Release:
         calls.append(p)
-        return build_release(SPEC, p, ledger, partitions=2, protocols=PROTOCOLS, rng=SeededRandom(0))
+        return build_release(SPEC, p, ledger, partitions=2, rng=SeededRandom(0))
 
     st.apply(Handover(0, 10_000, (a,)))
     assert st.release(build) == []  # partition 1 has not closed the window yet (and the origin is unwritten)
@@ -320,7 +316,7 @@ def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
     from agents.runtime.composition import release_builder
     from agents.stage2.releaser import NOISE_KEY
 
-    build = release_builder(SPEC, PROTOCOLS)
+    build = release_builder(SPEC)
     st = _stage2(1, {m.name: _ledger(m.name) for m in SPEC.metrics}, 30_000)
     st.restore([])
     st.apply(Handover(0, 10_000, (_keyed_window(0),)))
@@ -352,7 +348,7 @@ def test_retried_release_is_byte_identical_and_needs_a_written_key() -> None:
 def test_seeded_noise_is_marked_insecure() -> None:
     from agents.runtime.composition import release_builder
 
-    seeded = release_builder(SPEC, PROTOCOLS, insecure_noise_seed="t")
+    seeded = release_builder(SPEC, insecure_noise_seed="t")
     rel = seeded(_keyed_window(0), _ledger("errors"))
     assert rel.insecure_noise and "INSECURE" in rel.mechanism
     assert rel.to_bytes() == seeded(_keyed_window(0), _ledger("errors")).to_bytes()
@@ -373,13 +369,13 @@ def test_rappor_ledger_follows_the_spec_budget_rule_over_many_windows() -> None:
     metric = spec.metric("homepage")
     assert isinstance(metric, RapporMetric) and metric.budget is not None and metric.budget.epsilon is not None
     ledger = MetricLedger(metric.name, metric.budget, spec.window.retention_s * 1000)
-    protocols, aggregator = resolve_protocols(spec), Aggregator(spec)
+    aggregator = Aggregator(spec)
     horizon = spec.window.windows_per_horizon
     size_ms = spec.window.size_s * 1000
     eps1 = float(metric.params().epsilon_one)
     r = metric.reports_per_window
     for w in range(horizon + 15):
-        rel = build_release(spec, aggregator.empty(metric.name, w * size_ms), ledger, partitions=1, protocols=protocols)
+        rel = build_release(spec, aggregator.empty(metric.name, w * size_ms), ledger, partitions=1)
         assert rel.refused is None, (w, rel.refused)
         live = min(w + 1, horizon)
         assert rel.ledger.spent_epsilon is not None
@@ -426,7 +422,7 @@ def test_spec_change_with_open_windows_refuses_instead_of_crashing() -> None:
         assert result.conflicts == len(new)  # old (3,) and new (4,) counts are never added up
 
         def build(merged: Partial, ledger: MetricLedger, spec: CollectionSpec = v2) -> Release:
-            return build_release(spec, merged, ledger, partitions=2, protocols=resolve_protocols(spec))
+            return build_release(spec, merged, ledger, partitions=2)
 
         releases = restored.release(build)
         if categories is None:
@@ -470,11 +466,11 @@ def test_local_window_charges_round_r_times_eps1_toward_the_larger_loss() -> Non
         ]
         window = {"size_s": 10, "grace_s": 2, "retention_s": 60}
         spec = parse_spec({"name": "grid", "window": window, "metrics": metrics})
-        protocols, aggregator = resolve_protocols(spec), Aggregator(spec)
+        aggregator = Aggregator(spec)
         for r in range(1, 22):
             name = f"b{r}"
             ledger = MetricLedger(name, None, 60_000)
-            rel = build_release(spec, aggregator.empty(name, 0), ledger, partitions=1, protocols=protocols)
+            rel = build_release(spec, aggregator.empty(name, 0), ledger, partitions=1)
             eps1 = rel.privacy.epsilon_1
             assert eps1 is not None and rel.privacy.epsilon_inf is not None
             exact = r * Fraction(eps1)
@@ -515,7 +511,7 @@ def test_a_spec_change_that_lowers_eps1_never_credits_the_old_charges_to_the_new
         metric = spec.metric("home")
         assert isinstance(metric, RapporMetric)
         empty = Aggregator(spec).empty("home", w * 10_000)
-        rel = build_release(spec, empty, ledger, partitions=1, protocols=resolve_protocols(spec))
+        rel = build_release(spec, empty, ledger, partitions=1)
         # the loss over the 60 windows of the horizon: each spec's own rule over its windows there
         loss = Fraction(0)
         for s in (old, new):

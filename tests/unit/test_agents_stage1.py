@@ -16,7 +16,6 @@ from agents.stage1.records import Handover, SourceRecord
 from agents.stage1.validation import REJECTION_REASONS, Accepted, Rejection, Validator
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
-from schemas.conformance import resolve_protocols
 from schemas.spec import parse_spec
 from schemas.wire import (
     BoolColumns,
@@ -81,11 +80,10 @@ def _keyed(partial: Partial) -> KeyedCounts:
 
 
 def _state(partition: int = 0, idle: IdlePolicy | None = None) -> PartitionState:
-    protocols = resolve_protocols(SPEC)
     return PartitionState(
         partition,
         WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
-        Validator(SPEC, protocols),
+        Validator(SPEC),
         Aggregator(SPEC),
         idle or IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
     )
@@ -249,7 +247,7 @@ def test_garbage_handover_raises() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_validator_never_raises_on_arbitrary_bytes(data: bytes) -> None:
-    validator = Validator(SPEC, resolve_protocols(SPEC))
+    validator = Validator(SPEC)
     verdict = validator.check(data)
     assert isinstance(verdict, Rejection | Accepted)
     if isinstance(verdict, Rejection):
@@ -403,8 +401,7 @@ def _spec_with_theme(categories: list[str]) -> tuple[Any, PartitionState]:
             ],
         }
     )
-    protocols = resolve_protocols(spec)
-    state = PartitionState(0, WindowSpec(10, 2), Validator(spec, protocols), Aggregator(spec), IdlePolicy())
+    state = PartitionState(0, WindowSpec(10, 2), Validator(spec), Aggregator(spec), IdlePolicy())
     return spec, state
 
 
@@ -483,7 +480,7 @@ def _capped_state(cap: int) -> PartitionState:
         }
     )
     assert spec.metrics[0].fingerprint == FP["errors"]  # the capacity is agent-side: devices send the same
-    return PartitionState(0, WindowSpec(10, 2), Validator(spec, {}), Aggregator(spec))
+    return PartitionState(0, WindowSpec(10, 2), Validator(spec), Aggregator(spec))
 
 
 def _keyed_batch(rows: list[tuple[int, str]], times: list[int] | None = None) -> bytes:

@@ -29,7 +29,6 @@ from agents.windowing.watermarks import (
     caught_up_at_fetch,
     untrusted_timestamp,
 )
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, Report, encode_report
@@ -53,8 +52,6 @@ def worker() -> Iterator[Worker]:
     w = Worker(
         SPEC,
         WorkerSettings("127.0.0.1:1", "unit"),
-        protocols=resolve_protocols(SPEC),
-        olh_range={},
         builder=_no_release,
     )
     yield w
@@ -127,8 +124,6 @@ def test_worker_settings_are_validated(field: str, value: object) -> None:
         Worker(
             SPEC,
             WorkerSettings("127.0.0.1:1", "unit", **{field: value}),  # type: ignore[arg-type]
-            protocols=resolve_protocols(SPEC),
-            olh_range={},
             builder=_no_release,
         )
 
@@ -275,7 +270,7 @@ def test_a_release_too_large_for_the_topic_is_refused() -> None:
     from agents.runtime.composition import release_builder
     from agents.stage1.records import Handover
 
-    build = release_builder(SPEC, resolve_protocols(SPEC))
+    build = release_builder(SPEC)
 
     def state() -> ReleaserState:
         st = ReleaserState(

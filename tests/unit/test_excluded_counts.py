@@ -24,7 +24,7 @@ from agents.stage2.release import build_release
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
 from mechanisms.core.rng import SeededRandom
-from schemas.conformance import Accepted, Validator, resolve_protocols
+from schemas.conformance import Accepted, Validator
 from schemas.releases import Release
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, KeyedColumns, Report, ReportBatch, encode_batch, encode_report
@@ -48,14 +48,13 @@ SPEC = parse_spec(
     }
 )
 FP = {m.name: m.fingerprint for m in SPEC.metrics}
-PROTOCOLS = resolve_protocols(SPEC)
 
 
 def _state(placement: Placement | None = None) -> PartitionState:
     return PartitionState(
         0,
         WindowSpec(SPEC.window.size_s, SPEC.window.grace_s),
-        Validator(SPEC, PROTOCOLS),
+        Validator(SPEC),
         Aggregator(SPEC),
         IdlePolicy(idle_timeout_ms=1_000, clock_skew_ms=500),
         placement,
@@ -107,7 +106,7 @@ def _run(stream: list[tuple[int, bytes]], batch: int = 1) -> dict[tuple[str, int
     out = {}
     for key in sorted({(p.metric, p.window_start_ms) for p in closed}):
         merged = merge([p for p in closed if (p.metric, p.window_start_ms) == key])
-        rel = build_release(SPEC, merged, ledgers[key[0]], partitions=1, protocols=PROTOCOLS, rng=SeededRandom(7))
+        rel = build_release(SPEC, merged, ledgers[key[0]], partitions=1, rng=SeededRandom(7))
         out[key] = rel
     return out
 
@@ -209,6 +208,6 @@ def test_a_late_report_of_another_partition_counts_on_the_window_it_arrived_in(p
 
 
 def _accepted(value: bytes) -> Accepted:
-    verdict = Validator(SPEC, PROTOCOLS).check(value)
+    verdict = Validator(SPEC).check(value)
     assert isinstance(verdict, Accepted)
     return verdict

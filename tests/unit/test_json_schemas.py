@@ -40,15 +40,12 @@ def test_a_release_record_passes_the_release_schema() -> None:
     from agents.ledger import MetricLedger
     from agents.partials import DenseCounts
     from agents.stage2.release import build_release
-    from schemas.conformance import resolve_protocols
 
     spec = load_spec(DEMO)
     p = DenseCounts(metric="crashed_today", kind="bool", window_start_ms=0)
     p.counts = np.array([700, 300], np.int64)
     p.n = 1000
-    rel = build_release(
-        spec, p, MetricLedger("crashed_today", None, 600_000), partitions=6, protocols=resolve_protocols(spec)
-    )
+    rel = build_release(spec, p, MetricLedger("crashed_today", None, 600_000), partitions=6)
     schema = json.loads((SCHEMA_DIR / "release.schema.json").read_text(encoding="utf-8"))
     jsonschema.validate(json.loads(rel.to_bytes()), schema)
 

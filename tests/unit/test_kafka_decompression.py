@@ -203,7 +203,7 @@ SPEC = parse_spec(
 
 
 def test_the_worker_dead_letters_a_refused_batch_and_never_windows_it() -> None:
-    state = PartitionState(0, WindowSpec(10, 2), Validator(SPEC, {}), Aggregator(SPEC))
+    state = PartitionState(0, WindowSpec(10, 2), Validator(SPEC), Aggregator(SPEC))
     refused = RefusedBatch("r", 0, 41, 5_000, 1, None, b"gz", None, -1, 2, [], reason="unsupported_codec", detail="d")
     source, dead = screen_timestamps(state, [refused], state.validator, 60_000, now=5_000)
     assert not source and [(d.record, d.reason, d.detail, d.reports) for d in dead] == [

@@ -12,7 +12,6 @@ from agents.partials import CellCounts, CohortCounts, DenseCounts, KeyedCounts, 
 from agents.stage1.aggregator import shape_of
 from agents.stage2.release import build_release
 from mechanisms.core.rng import SeededRandom
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import RegressionMetric, parse_spec
 from tests.coverage import SPEC as COVERAGE_SPEC
@@ -36,12 +35,11 @@ SPEC = parse_spec(
         ],
     }
 )
-PROTOCOLS = resolve_protocols(SPEC)
 
 
 def _release(p: Partial, seed: int = 1) -> Release:
     ledger = MetricLedger(p.metric, None, 10_000)
-    return build_release(SPEC, p, ledger, partitions=2, protocols=PROTOCOLS, rng=SeededRandom(seed))
+    return build_release(SPEC, p, ledger, partitions=2, rng=SeededRandom(seed))
 
 
 def _empty(name: str) -> Partial:

@@ -26,7 +26,6 @@ from agents.runtime.worker import Worker, WorkerSettings
 from agents.stage1.aggregator import Aggregator
 from agents.stage1.records import Handover
 from agents.stage2.releaser import OWNER_KEY, ReleaserState, is_dataset_key
-from schemas.conformance import resolve_protocols
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, RapporMetric, SpecError, parse_spec
 
@@ -47,7 +46,6 @@ SPEC = parse_spec(
         ],
     }
 )
-PROTOCOLS = resolve_protocols(SPEC)
 WINDOW_MS = SPEC.window.size_s * 1000
 
 
@@ -84,7 +82,7 @@ def test_a_full_partition_refuses_the_keyed_window_whoever_took_the_last_slot() 
     """The finding: capacity 3, a key held by 500 clients is counted when the target is absent and crowded out
     when the target's key takes the last slot. With the capacity test both windows are refused (each draw with
     fresh noise: a pass on a full partition has probability at most δ' = 1e-9)."""
-    build = release_builder(SPEC, PROTOCOLS)
+    build = release_builder(SPEC)
     absent = _keyed(["a"] * 30 + ["b"] * 30 + ["popular"] * 500)
     present = _keyed(["a"] * 30 + ["b"] * 30 + ["target"])  # the popular key's reports were refused
     ledger = MetricLedger("errors", None, 600_000)
@@ -101,7 +99,7 @@ def test_a_window_far_from_capacity_is_released() -> None:
     doc = SPEC.model_dump(mode="json", exclude_none=True)
     doc["metrics"][1]["max_keys_per_partition"] = 5000
     spec = parse_spec(doc)
-    build = release_builder(spec, resolve_protocols(spec))
+    build = release_builder(spec)
     partial = _keyed(["a"] * 300 + ["b"] * 300, spec=spec)  # opened under C = 5000 (tested against the C it had)
     ledger = MetricLedger("errors", None, 600_000, noise_key=os.urandom(32))
     rel = build(partial, ledger)
@@ -109,7 +107,7 @@ def test_a_window_far_from_capacity_is_released() -> None:
 
 
 def test_every_window_of_every_metric_gets_one_record_data_or_not() -> None:
-    build = release_builder(SPEC, PROTOCOLS)
+    build = release_builder(SPEC)
     st = _stage2("g")
     st.restore([])
     st.state_records()
@@ -124,7 +122,7 @@ def test_every_window_of_every_metric_gets_one_record_data_or_not() -> None:
 
 
 def test_an_adopting_group_continues_the_cursors_and_never_releases_a_window_twice() -> None:
-    build = release_builder(SPEC, PROTOCOLS)
+    build = release_builder(SPEC)
     first = _stage2("first")
     first.restore([])
     first.claim()
@@ -150,7 +148,7 @@ def test_an_adopting_group_continues_the_cursors_and_never_releases_a_window_twi
 
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    w = Worker(SPEC, WorkerSettings("127.0.0.1:1", "second"), protocols=PROTOCOLS, olh_range={}, builder=_never)
+    w = Worker(SPEC, WorkerSettings("127.0.0.1:1", "second"), builder=_never)
     yield w
     w._cpu.shutdown(wait=True)
 
@@ -169,8 +167,6 @@ def test_a_second_group_releases_nothing_unless_it_adopts_the_ledger(worker: Wor
     adopting = Worker(
         SPEC,
         WorkerSettings("127.0.0.1:1", "second", adopt_ledger=True),
-        protocols=PROTOCOLS,
-        olh_range={},
         builder=_never,
     )
     try:

@@ -14,7 +14,6 @@ from agents.ledger import MetricLedger
 from agents.partials import KeyedCounts
 from agents.runtime.composition import noise_commitment, release_builder
 from agents.stage1.aggregator import Aggregator
-from schemas.conformance import resolve_protocols
 from schemas.spec import CollectionSpec, parse_spec
 
 
@@ -41,7 +40,7 @@ def _partial(spec: CollectionSpec, counts: dict[str, int], start: int = 0) -> Ke
 
 
 def _count(spec: CollectionSpec, partial: KeyedCounts, key: bytes, metric_key: str = "k") -> float:
-    rel = release_builder(spec, resolve_protocols(spec))(partial, MetricLedger("errors", None, 600_000, noise_key=key))
+    rel = release_builder(spec)(partial, MetricLedger("errors", None, 600_000, noise_key=key))
     (got,) = [k.count for k in rel.released_keys if k.key == metric_key]
     return got
 
@@ -59,7 +58,7 @@ def test_the_same_counts_give_byte_identical_releases_whatever_their_order() -> 
     key = os.urandom(32)
     a, b = _partial(spec, {"k": 100, "x": 50}), _partial(spec, {"x": 50, "k": 100})
     assert list(a.keyed) != list(b.keyed)
-    build = release_builder(spec, resolve_protocols(spec))
+    build = release_builder(spec)
     first = build(a, MetricLedger("errors", None, 600_000, noise_key=key))
     again = build(b, MetricLedger("errors", None, 600_000, noise_key=key))
     assert first.to_bytes() == again.to_bytes()

@@ -22,7 +22,6 @@ from agents.stage2.releaser import ReleaserState
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
 from producers.client_secret import ClientSecret
-from schemas.conformance import resolve_protocols
 from tests.privacy_harness import KEYED, SIZE_S, T0_S, make_spec, records
 
 POLL_MS = 100
@@ -39,14 +38,14 @@ def _release_time(target_at_ms: int | None, hold_ms: int | None) -> int:
         recs.append(type(late)(1, T0_S * 1000 + target_at_ms, None, late.value))
     arrivals = {r.timestamp: r for r in recs}
     window = WindowSpec(spec.window.size_s, spec.window.grace_s)
-    part = PartitionState(0, window, Validator(spec, resolve_protocols(spec)), Aggregator(spec), idle)
+    part = PartitionState(0, window, Validator(spec), Aggregator(spec), idle)
     now = [T0_S * 1000]
     ledgers = {m.name: MetricLedger(m.name, m.budget, 600_000) for m in spec.metrics}
     st = ReleaserState(1, ledgers, 600_000, window_ms=SIZE_S * 1000, empty=Aggregator(spec).empty,
                        backlog_windows=0, clock=lambda: now[0], hold_ms=hold_ms)  # fmt: skip
     st.restore([])
     st.state_records()
-    build = release_builder(spec, resolve_protocols(spec))
+    build = release_builder(spec)
     last_activity = now[0]
     for t in range(T0_S * 1000, (T0_S + 40) * 1000, POLL_MS):
         now[0] = t
