@@ -13,9 +13,9 @@ where that happened, and the largest delay past a window's end seen.
 outage an acknowledged report's retries must ride out. A stopped broker is continued (SIGCONT) and stopped at the
 end, whatever happens.
 
-    .venv/bin/python bench/grace_boundaries.py --bootstrap 127.0.0.1:9092 --size 2 --duration 40
-    .venv/bin/python bench/grace_boundaries.py --pause-s 8 --size 10 --duration 40 --clients 5000
-    .venv/bin/python bench/grace_boundaries.py --pause-s 8 --pause-lead-s 0 --size 10 --duration 40 --clients 5000
+    .venv/bin/python -m bench.grace_boundaries --bootstrap 127.0.0.1:9092 --size 2 --duration 40
+    .venv/bin/python -m bench.grace_boundaries --pause-s 8 --size 10 --duration 40 --clients 5000
+    .venv/bin/python -m bench.grace_boundaries --pause-s 8 --pause-lead-s 0 --size 10 --duration 40 --clients 5000
 
 Writes bench/results/grace_boundaries[-pause<P>].json.
 """

@@ -6,7 +6,7 @@ metadata request listing the broker. Then produces N small messages with an idem
 consumes them all back, and reports messages per second for each phase and for the round trip
 (N / (produce seconds + consume seconds)). Stops the broker it started; refuses to touch a port already in use.
 
-    .venv/bin/python bench/kafka_roundtrip.py [--port 19092] [--messages 200000] [--size 100]
+    .venv/bin/python -m bench.kafka_roundtrip [--port 19092] [--messages 200000] [--size 100]
 
 Writes bench/results/kafka_roundtrip.json.
 """

@@ -14,7 +14,7 @@ Ratios edge/bare are computed inside the run, so machine speed cancels out. Size
 report of a single-report message and of a report inside a batch message, binary vs JSON, plus the
 gzip-compressed batch (Kafka's record-batch compression approximated by gzip of the messages).
 
-    .venv/bin/python bench/producer_throughput.py [--port 19392] [--clients 2000] [--rounds 3] [--batch-size 500]
+    .venv/bin/python -m bench.producer_throughput [--port 19392] [--clients 2000] [--rounds 3] [--batch-size 500]
         [--repeat 5]
 
 Writes bench/results/producer_throughput.json and prints a markdown summary.
