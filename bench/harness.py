@@ -88,7 +88,8 @@ def write_result(
     results: dict[str, Any],
     machine_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write one benchmark's results file (the shape in the module docstring) to ``path`` and say so; return it.
+    """Write one benchmark's results file (the shape in the module docstring) to ``path``, print where (with the
+    load averages), and return it.
 
     ``argv`` is the command line's arguments (``None``: ``sys.argv[1:]``), recorded as the command that reruns it."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -103,7 +104,8 @@ def write_result(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    loads = doc["machine"]["load_average_before"][0], doc["machine"]["load_average_after"][0]
+    print(f"wrote {path} (1-min load average {loads[0]:.1f} before, {loads[1]:.1f} after)")
     return doc
 
 
