@@ -93,6 +93,10 @@ def write_result(
 
     ``argv`` is the command line's arguments (``None``: ``sys.argv[1:]``), recorded as the command that reruns it."""
     args = list(sys.argv[1:] if argv is None else argv)
+    header = ("benchmark", "when", "git_commit", "command", "machine", "parameters")
+    clash = sorted(set(header) & set(results))
+    if clash:
+        raise ValueError(f"results of {benchmark} must not hold the header's fields {clash}")
     doc = {
         "benchmark": benchmark,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -111,7 +115,7 @@ def write_result(
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (``0 <= q <= 1``), nearest rank on the sorted values: the element at index
-    ``round(q * (n - 1))`` (so ``q = 0.5`` of an odd count is its median; p99 of fewer than 51 values is the
+    ``round(q * (n - 1))`` (so ``q = 0.5`` of an odd count is its median; p99 of 51 values or fewer is their
     maximum). ``ValueError`` when ``values`` is empty or ``q`` is outside [0, 1]."""
     if not values:
         raise ValueError("percentile of no values")
