@@ -21,7 +21,7 @@ Phase 2 (latency): a worker runs while reports of ``--metrics`` metrics are prod
 ``--live`` seconds in 2 s windows (1 s grace); release latency = wall time of the release transaction
 minus (window end + grace), median and p99 over the windows that closed while reports were flowing.
 
-    .venv/bin/python bench/agent_throughput.py [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
+    .venv/bin/python -m bench.agent_throughput [--bootstrap HOST:PORT] [--batches 500] [--batch-size 1000]
         [--repeat 5] [--pseudonyms random|sequential] [--phases batch,single,latency,stage1]
 
 Phase ``stage1`` (not run by default; no broker needed) times ``PartitionState.process`` without Kafka: a batch
@@ -37,16 +37,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import platform
 import statistics
-import sys
 import threading
 import time
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +60,7 @@ from agents.stage1.records import SourceRecord
 from agents.stage1.validation import Accepted, Validator
 from agents.windowing.watermarks import IdlePolicy
 from agents.windowing.windows import WindowSpec
-from ptel.broker_config import default_port
-from ptel.kafka_broker import LocalKafka
+from bench.harness import RESULTS, kafka, write_result
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import (
     BoolColumns,
@@ -78,7 +73,7 @@ from schemas.wire import (
     partition_key,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "agent_throughput.json"
+RESULT_FILE = RESULTS / "agent_throughput.json"
 PARTITIONS = 4
 
 
@@ -643,44 +638,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stage1-threads", type=int, default=None, help="WorkerSettings.stage1_threads (default: its)")
     parser.add_argument("--max-batch", type=int, default=None, help="WorkerSettings.max_batch (default: its)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=RESULT_FILE)
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     global MAX_BATCH
     MAX_BATCH = args.max_batch
     load_before = os.getloadavg()
-    broker = None
     kafka_phases = {p.strip() for p in args.phases.split(",")} & {"batch", "single", "mixed", "keyed", "latency"}
-    if args.bootstrap or not kafka_phases:  # the stage1 phase alone needs no broker
-        bootstrap = args.bootstrap or ""
-    else:
-        broker = LocalKafka(port=default_port())
-        bootstrap = broker.acquire()
-    try:
+    with kafka(args.bootstrap, needed=bool(kafka_phases)) as bootstrap:  # the stage1 phase alone needs no broker
         results = asyncio.run(run(args, bootstrap))
-    finally:
-        if broker is not None:
-            broker.release()
-    doc = {
-        "benchmark": "agent_throughput",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
-        },
-        "command": " ".join(
-            [".venv/bin/python", "bench/agent_throughput.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "parameters": {k: v for k, v in vars(args).items() if k != "output"} | {"partitions": PARTITIONS},
-        **results,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"wrote {args.output}")
+    write_result(
+        args.output,
+        "agent_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "output"} | {"partitions": PARTITIONS},
+        results=results,
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the live dashboard in headless Chromium against a real agents worker and ``ptel monitor``.
 
-The pipeline is the browser test's (``tests/integration/dashboard_support.py``): the demo spec's six metrics in
+The pipeline is the browser test's (:mod:`testbed.dashboard`): the demo spec's six metrics in
 windows of 2 s, a worker in this process, the monitor in a subprocess, one round of simulated devices. Measured:
 
 - *page load*: from navigation to the moment the stream's snapshot is drawn (``--loads`` fresh tabs);
@@ -21,30 +21,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ptel.broker_config import default_port
-from ptel.kafka_broker import LocalKafka
-from tests.integration.dashboard_support import SIZE_S, browser, demo_pipeline, open_dashboard, release_delays
+from bench.harness import RESULTS, kafka, percentile, write_result
+from testbed.browser import browser
+from testbed.dashboard import SIZE_S, demo_pipeline, open_dashboard, release_delays
 
-RESULTS = Path(__file__).resolve().parent / "results" / "dashboard_latency.json"
+RESULT_FILE = RESULTS / "dashboard_latency.json"
 
 
 def _summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
         "n": len(ordered),
         "median_ms": round(statistics.median(ordered), 1),
-        "p99_ms": round(p99, 1),
+        "p99_ms": round(percentile(ordered, 0.99), 1),
         "max_ms": round(ordered[-1], 1),
         "min_ms": round(ordered[0], 1),
     }
@@ -69,18 +65,13 @@ def main() -> int:
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the local broker)")
     parser.add_argument("--releases", type=int, default=60, help="releases timed from commit to screen (default 60)")
     parser.add_argument("--loads", type=int, default=20, help="page loads timed (default 20)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS.name})")
+    parser.add_argument("--out", type=Path, default=RESULT_FILE, help=f"results file (default {RESULT_FILE.name})")
     args = parser.parse_args()
     if args.releases < 30:
         parser.error("--releases must be at least 30 (a p99 of fewer says little)")
     load_before = os.getloadavg()
-    broker = None if args.bootstrap else LocalKafka(port=default_port())
-    bootstrap = args.bootstrap if broker is None else broker.acquire()
-    try:
+    with kafka(args.bootstrap) as bootstrap:
         result = asyncio.run(measure(bootstrap, args.releases, args.loads))
-    finally:
-        if broker is not None:
-            broker.release()
     load, delay = result["page_load"], result["release_to_screen"]
     print(f"page load ({load['n']}): median {load['median_ms']} ms, p99 {load['p99_ms']} ms, max {load['max_ms']} ms")
     print(
@@ -88,24 +79,15 @@ def main() -> int:
         f"max {delay['max_ms']} ms"
     )
     print(f"console errors: {len(result['console_errors'])}")
-    doc = {
-        "benchmark": "dashboard_latency",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "-m", "bench.dashboard_latency", *sys.argv[1:]]),
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "chromium": "/usr/bin/chromium (Debian), headless, driven by Playwright",
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
-        },
-        "parameters": {"releases": args.releases, "loads": args.loads, "window_s": SIZE_S, "metrics": 6},
-        **result,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(
+        args.out,
+        "dashboard_latency",
+        argv=None,
+        load_before=load_before,
+        parameters={"releases": args.releases, "loads": args.loads, "window_s": SIZE_S, "metrics": 6},
+        results=result,
+        machine_extra={"chromium": "/usr/bin/chromium (Debian), headless, driven by Playwright"},
+    )
     return 0 if not result["console_errors"] else 1
 
 

@@ -3,7 +3,7 @@ metrics at once (issue 23, "done when")?
 
 Usage::
 
-    .venv/bin/python bench/gateway_all_metrics.py [--bootstrap HOST:PORT] [--connections 1000] [--devices 4000]
+    .venv/bin/python -m bench.gateway_all_metrics [--bootstrap HOST:PORT] [--connections 1000] [--devices 4000]
 
 The demo spec (every kind: bool, categorical, binned categorical, RAPPOR, keyed, regression) on fresh topics;
 ``--devices`` devices each POST one privatized report of every metric (``reports_per_window: 1``: one device per
@@ -19,13 +19,11 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +31,18 @@ import aiohttp
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from bench.harness import RESULTS, ROOT, kafka, write_result
+from gateway.keys import GatewayKeys
+from producers.client_secret import ClientSecret
+from producers.edge_client import EdgeClient
+from ptel.local_process import free_port
+from schemas.spec import parse_spec
+from schemas.wire import encode_report
+from testbed.reports import read_reports
+from workloads.population import Population
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics  # noqa: E402
-from gateway.keys import GatewayKeys  # noqa: E402
-from producers.client_secret import ClientSecret  # noqa: E402
-from producers.edge_client import EdgeClient  # noqa: E402
-from ptel.local_process import free_port  # noqa: E402
-from schemas.spec import parse_spec  # noqa: E402
-from schemas.wire import encode_report  # noqa: E402
-from tests.integration.gateway_support import read_reports  # noqa: E402
-from workloads.population import Population  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results" / "gateway_all_metrics.json"
+RESULT_FILE = RESULTS / "gateway_all_metrics.json"
 
 
 class _Unused:
@@ -156,22 +152,33 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": round(float(np.percentile(lat, 99)), 1),
         "max_ms": round(float(lat.max()), 1),
         "reports_in_kafka": in_kafka,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return result
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else the local broker, leased)",
+    )
     p.add_argument("--connections", type=int, default=1000)
     p.add_argument("--devices", type=int, default=4000)
+    p.add_argument("--output", type=Path, default=RESULT_FILE)
     args = p.parse_args()
-    result = asyncio.run(run(args))
+    load_before = os.getloadavg()
+    with kafka(args.bootstrap) as args.bootstrap:
+        result = asyncio.run(run(args))
     print(json.dumps(result, indent=1))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(
+        args.output,
+        "gateway_all_metrics",
+        argv=None,
+        load_before=load_before,
+        parameters={"connections": args.connections, "devices": args.devices},
+        results=result,
+    )
     ok = result["answered"] == result["requests"] and result["reports_in_kafka"] == result["statuses"].get("202", 0)
     return 0 if ok else 1
 

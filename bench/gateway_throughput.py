@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/gateway_throughput.py [--bootstrap HOST:PORT] [--seconds 8] [--connections 256]
+    .venv/bin/python -m bench.gateway_throughput [--bootstrap HOST:PORT] [--seconds 8] [--connections 256]
         [--repeat 3] [--client wrk|python]
 
 Two servers answer ``POST /v1/reports`` on loopback, one after the other, interleaved ``--repeat`` times:
@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -37,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +45,13 @@ import yaml
 from aiohttp import web
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from bench.harness import RESULTS, ROOT, kafka, write_result
 from gateway.keys import GatewayKeys
-from ptel.broker_config import default_port
-from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import BoolPayload, Report, ReportBatch, encode_batch, encode_report
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "gateway_throughput.json"
+RESULT_FILE = RESULTS / "gateway_throughput.json"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -318,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of each server (median)")
     parser.add_argument("--client", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
     parser.add_argument("--serve-bare", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=RESULT_FILE)
     args = parser.parse_args(argv)
     if args.serve_bare is not None:
         serve_bare(args.serve_bare)
@@ -326,38 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1 or args.connections < 1 or args.seconds <= 0:
         parser.error("--repeat and --connections must be at least 1, --seconds positive")
     load_before = os.getloadavg()
-    broker = None
-    if args.bootstrap:
-        bootstrap = args.bootstrap
-    else:
-        broker = LocalKafka(port=default_port())
-        bootstrap = broker.acquire()
-    try:
-        with tempfile.TemporaryDirectory(prefix="ptel-gw-bench-") as tmp:
-            args.tmp = Path(tmp)
-            results = asyncio.run(run(args, bootstrap))
-    finally:
-        if broker is not None:
-            broker.release()
-    doc = {
-        "benchmark": "gateway_throughput",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
-        },
-        "command": " ".join(
-            [".venv/bin/python", "bench/gateway_throughput.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "parameters": {k: v for k, v in vars(args).items() if k not in ("output", "tmp", "serve_bare")},
-        **results,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"wrote {args.output}")
+    with kafka(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory(prefix="ptel-gw-bench-") as tmp:
+        args.tmp = Path(tmp)
+        results = asyncio.run(run(args, bootstrap))
+    write_result(
+        args.output,
+        "gateway_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k not in ("output", "tmp", "serve_bare")},
+        results=results,
+    )
     return 0
 
 

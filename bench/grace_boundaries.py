@@ -13,9 +13,9 @@ where that happened, and the largest delay past a window's end seen.
 outage an acknowledged report's retries must ride out. A stopped broker is continued (SIGCONT) and stopped at the
 end, whatever happens.
 
-    .venv/bin/python bench/grace_boundaries.py --bootstrap 127.0.0.1:9092 --size 2 --duration 40
-    .venv/bin/python bench/grace_boundaries.py --pause-s 8 --size 10 --duration 40 --clients 5000
-    .venv/bin/python bench/grace_boundaries.py --pause-s 8 --pause-lead-s 0 --size 10 --duration 40 --clients 5000
+    .venv/bin/python -m bench.grace_boundaries --bootstrap 127.0.0.1:9092 --size 2 --duration 40
+    .venv/bin/python -m bench.grace_boundaries --pause-s 8 --size 10 --duration 40 --clients 5000
+    .venv/bin/python -m bench.grace_boundaries --pause-s 8 --pause-lead-s 0 --size 10 --duration 40 --clients 5000
 
 Writes bench/results/grace_boundaries[-pause<P>].json.
 """
@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,10 @@ import numpy as np
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench.harness import RESULTS, ROOT, write_result
 from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 from schemas.wire import Report, decode
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 
 
 def write_spec(directory: Path, size_s: int, partitions: int) -> tuple[Path, str]:
@@ -153,8 +150,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         is_late = excess_ms >= g * 1000
         late[str(g)] = {"reports": int(is_late.sum()), "boundaries": int(np.unique(window[is_late]).size)}
     return {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
         "bootstrap": "own broker" if kafka is not None else bootstrap,
         "size_s": args.size,
         "duration_s": args.duration,
@@ -187,12 +182,19 @@ def main() -> None:
     )
     parser.add_argument("--graces", type=int, nargs="+", default=[0, 1, 2, 3, 5, 10])
     args = parser.parse_args()
+    load_before = os.getloadavg()
     result = run(args)
     print(json.dumps(result, indent=2))
-    RESULTS.mkdir(parents=True, exist_ok=True)
     lead = "" if args.pause_lead_s is None else f"-lead{args.pause_lead_s:g}"
     suffix = f"-pause{args.pause_s:g}{lead}" if args.pause_s else ""
-    (RESULTS / f"grace_boundaries{suffix}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(
+        RESULTS / f"grace_boundaries{suffix}.json",
+        "grace_boundaries",
+        argv=None,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "bootstrap"},
+        results=result,
+    )
 
 
 if __name__ == "__main__":

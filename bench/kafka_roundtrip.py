@@ -6,7 +6,7 @@ metadata request listing the broker. Then produces N small messages with an idem
 consumes them all back, and reports messages per second for each phase and for the round trip
 (N / (produce seconds + consume seconds)). Stops the broker it started; refuses to touch a port already in use.
 
-    .venv/bin/python bench/kafka_roundtrip.py [--port 19092] [--messages 200000] [--size 100]
+    .venv/bin/python -m bench.kafka_roundtrip [--port 19092] [--messages 200000] [--size 100]
 
 Writes bench/results/kafka_roundtrip.json.
 """
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +27,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import __version__ as aiokafka_version
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.harness import RESULTS, write_result
 from ptel.broker_config import KAFKA_VERSION
 from ptel.kafka_broker import LocalKafka
 from ptel.local_process import port_is_free
 
-RESULTS = Path(__file__).resolve().parent / "results" / "kafka_roundtrip.json"
+RESULT_FILE = RESULTS / "kafka_roundtrip.json"
 
 
 async def produce(bootstrap: str, topic: str, messages: int, size: int) -> float:
@@ -118,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000, help="messages to round-trip (default 200000)")
     parser.add_argument("--size", type=int, default=100, help="bytes per message, at least 8 (default 100)")
     parser.add_argument("--partitions", type=int, default=3, help="partitions of the benchmark topic (default 3)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results file (default {RESULTS})")
+    parser.add_argument("--output", type=Path, default=RESULT_FILE, help=f"JSON results file (default {RESULT_FILE})")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.size < 8 or args.partitions < 1:
         parser.error("--messages and --partitions must be >= 1 and --size >= 8")
+    load_before = os.getloadavg()
 
     broker = LocalKafka(port=args.port)
     if broker.running_pid() is not None or not port_is_free(args.port):
@@ -137,12 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         broker.reset()
 
     result: dict[str, Any] = {
-        "benchmark": "kafka_roundtrip",
-        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "kafka_version": KAFKA_VERSION,
         "aiokafka_version": aiokafka_version,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
         "heap": broker.heap,
         "messages": args.messages,
         "message_bytes": args.size,
@@ -163,12 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         ("round trip (produce + consume)", f"{rates['roundtrip_msgs_per_s']:,.0f} msg/s"),
     ]
     width = max(len(name) for name, _ in rows)
-    print(f"Apache Kafka {KAFKA_VERSION} local broker, aiokafka {aiokafka_version}, Python {result['python']}")
+    print(f"Apache Kafka {KAFKA_VERSION} local broker, aiokafka {aiokafka_version}, Python {platform.python_version()}")
     for name, value in rows:
         print(f"  {name:<{width}}  {value:>14}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_result(
+        args.output,
+        "kafka_roundtrip",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "output"},
+        results=result,
+    )
     return 0
 
 

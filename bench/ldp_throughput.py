@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-import json
 import math
 import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import RESULTS, write_result
 from mechanisms.core.rng import CryptoRandom, SeededRandom
 from mechanisms.local.local_hashing.estimator import estimate_local_hashing_frequencies, olh_support_counts
 from mechanisms.local.local_hashing.randomizer import make_optimized_local_hashing
@@ -44,7 +43,7 @@ from mechanisms.local.randomized_response.randomizer import (
 from mechanisms.local.unary_encoding.estimator import estimate_unary_frequencies, unary_support_counts
 from mechanisms.local.unary_encoding.randomizer import make_optimized_unary_encoding
 
-RESULTS = Path(__file__).resolve().parent / "results" / "ldp_throughput.json"
+RESULT_FILE = RESULTS / "ldp_throughput.json"
 EPSILON = 2.0  # for k-RR, OUE and OLH; boolean RR uses the seed's p = 0.75
 
 
@@ -242,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchor-reports", type=int, default=20_000, help="per-call sample for the anchors")
     ap.add_argument("--repeats", type=int, default=5, help="timed repetitions for ours (the fastest counts)")
     ap.add_argument("--mse-reps", type=int, default=200, help="repetitions for the MSE / theory ratios")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULT_FILE)
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
 
     ours = _ours(args.reports, args.repeats)
     anchors = _anchors(args.anchor_reports, SeededRandom("bench-anchors"))
@@ -297,30 +297,22 @@ def main(argv: list[str] | None = None) -> int:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = "not installed"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "ldp_throughput",
-                "reports": args.reports,
-                "anchor_reports": args.anchor_reports,
-                "epsilon": EPSILON,
-                "rng": "CryptoRandom (AES-256-CTR) for ours",
-                "machine": {
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "cpus": os.cpu_count(),
-                    "load_average_1min_at_end": os.getloadavg()[0],  # the machine is shared: context for ratios
-                },
-                "versions": versions,
-                "results": rows,
-                "mse_over_theory": mse,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        args.out,
+        "ldp_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "out"},
+        results={
+            "reports": args.reports,
+            "anchor_reports": args.anchor_reports,
+            "epsilon": EPSILON,
+            "rng": "CryptoRandom (AES-256-CTR) for ours",
+            "versions": versions,
+            "results": rows,
+            "mse_over_theory": mse,
+        },
     )
-    print(f"wrote {args.out}")
     return 0
 
 

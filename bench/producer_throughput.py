@@ -14,7 +14,7 @@ Ratios edge/bare are computed inside the run, so machine speed cancels out. Size
 report of a single-report message and of a report inside a batch message, binary vs JSON, plus the
 gzip-compressed batch (Kafka's record-batch compression approximated by gzip of the messages).
 
-    .venv/bin/python bench/producer_throughput.py [--port 19392] [--clients 2000] [--rounds 3] [--batch-size 500]
+    .venv/bin/python -m bench.producer_throughput [--port 19392] [--clients 2000] [--rounds 3] [--batch-size 500]
         [--repeat 5]
 
 Writes bench/results/producer_throughput.json and prints a markdown summary.
@@ -27,12 +27,10 @@ import asyncio
 import gzip
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import __version__ as aiokafka_version
 
 from agents.kafka_io.topics import ensure_plans, reports_plan
+from bench.harness import RESULTS, ROOT, write_result
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
@@ -52,8 +51,7 @@ from schemas.spec import BinsSpec, CategoricalMetric, load_spec
 from schemas.wire import ReportBatch, WireFormat, decode, encode_batch, encode_report
 from workloads.population import Population
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "producer_throughput.json"
+RESULT_FILE = RESULTS / "producer_throughput.json"
 DEMO = ROOT / "examples" / "demo-spec.yaml"
 
 
@@ -270,17 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="runs of each measurement; medians reported (default 5)")
     parser.add_argument("--compression", default="gzip", choices=("none", "gzip"), help="producer compression")
     parser.add_argument("--sizes-only", action="store_true", help="only the encoding sizes (no broker)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results file (default {RESULTS})")
+    parser.add_argument("--output", type=Path, default=RESULT_FILE, help=f"JSON results file (default {RESULT_FILE})")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
 
     result: dict[str, Any] = {
-        "benchmark": "producer_throughput",
-        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "kafka_version": KAFKA_VERSION,
         "aiokafka_version": aiokafka_version,
-        "python": platform.python_version(),
         "numpy": np.__version__,
-        "cpus": os.cpu_count(),
         "clients": args.clients,
         "rounds": args.rounds,
         "partitions": args.partitions,
@@ -301,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
             broker.reset()
     text = markdown(result) if "throughput" in result else json.dumps(result["sizes"], indent=1)
     print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_result(
+        args.output,
+        "producer_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "output"},
+        results=result,
+    )
     return 0
 
 

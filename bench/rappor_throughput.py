@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import importlib.metadata
-import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -35,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import RESULTS, write_result
 from mechanisms.core.rng import CryptoRandom, crypto_random
 from mechanisms.local.rappor.encoder import encode_batch, encode_batch_packed
 from mechanisms.local.rappor.hashing import cohort_of
 from mechanisms.local.rappor.params import RapporParams
 from mechanisms.local.rappor.prr_irr import prr_levels
 
-RESULTS = Path(__file__).resolve().parent / "results" / "rappor_throughput.json"
+RESULT_FILE = RESULTS / "rappor_throughput.json"
 
 
 def _clients(n: int, m: int, distinct_values: int) -> tuple[list[bytes], list[str], np.ndarray]:
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--anchor-reports", type=int, default=20_000)
     ap.add_argument("--google-rappor-client", type=Path, default=None, help="path to google/rappor's rappor.py")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULT_FILE)
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
@@ -185,30 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     target = 500_000
     ok = rows["ours_k128_packed"]["reports_per_s"] >= target
     print(f"  target >= {target:,} reports/s (k=128, h=2, m=64, PRR+IRR): {'met' if ok else 'NOT met'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "rappor_throughput",
-                "params": {"k": 128, "h": 2, "m": 64, "f": 0.5, "p": 0.5, "q": 0.75, "variant": "standard"},
-                "environment": {
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "numpy": np.__version__,
-                    "cpu_count_note": "2 cores shared with other jobs",
-                    "loadavg_1min_before": load_before[0],
-                    "loadavg_1min_after": load_after[0],
-                },
-                "results": rows,
-                "ratios": ratios,
-                "target_reports_per_s": target,
-                "target_met": ok,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        args.out,
+        "rappor_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={k: v for k, v in vars(args).items() if k != "out"},
+        results={
+            "params": {"k": 128, "h": 2, "m": 64, "f": 0.5, "p": 0.5, "q": 0.75, "variant": "standard"},
+            "environment": {"numpy": np.__version__, "cpu_count_note": "2 cores shared with other jobs"},
+            "results": rows,
+            "ratios": ratios,
+            "target_reports_per_s": target,
+            "target_met": ok,
+        },
+        machine_extra={"load_average_1min_after": load_after[0]},
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -26,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +32,13 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from bench.harness import RESULTS, ROOT, write_result
 from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 from schemas.spec import parse_spec
 from schemas.wire import BoolPayload, Report, encode_report, partition_key
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "rejoin.json"
+RESULT_FILE = RESULTS / "rejoin.json"
 
 
 async def _stream(bootstrap: str, topic: str, fingerprint: int, stop: asyncio.Event) -> None:
@@ -151,21 +149,21 @@ async def _run(repeat: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument("--output", type=Path, default=RESULT_FILE)
     args = ap.parse_args()
     if args.repeat < 1:
         print("--repeat must be at least 1", file=sys.stderr)
         return 2
+    load_before = os.getloadavg()
     summary = asyncio.run(_run(args.repeat))
-    result = {
-        "benchmark": "rejoin",
-        "command": " ".join(sys.argv),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
-        "summary": summary,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_result(
+        args.output,
+        "rejoin",
+        argv=None,
+        load_before=load_before,
+        parameters={"repeat": args.repeat},
+        results={"summary": summary},
+    )
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,6 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +33,13 @@ import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import RESULTS, ROOT, write_result
 from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 from schemas.releases import Release
 from schemas.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "soak.json"
+RESULT_FILE = RESULTS / "soak.json"
 DEMO = ROOT / "examples" / "demo-spec.yaml"
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -90,11 +88,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load (default 600)")
     ap.add_argument("--clients", type=int, default=500, help="simulated devices (default 500)")
     ap.add_argument("--every", type=float, default=10.0, help="seconds between samples (default 10)")
-    ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument("--output", type=Path, default=RESULT_FILE)
     args = ap.parse_args()
     if args.duration <= 0 or args.clients < 1 or args.every <= 0:
         print("--duration and --every must be positive, --clients at least 1", file=sys.stderr)
         return 2
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ptel-soak-"))
     base = load_spec(DEMO)
     doc = base.model_dump(mode="json")
@@ -186,18 +185,18 @@ def main() -> int:
     }
     lats = [s["release_latency_s"] for s in samples if s["release_latency_s"] is not None]
     summary["release_latency_s_mean"] = round(sum(lats) / len(lats), 3) if lats else None
-    result = {
-        "benchmark": "soak",
-        "command": " ".join(sys.argv),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
-        "parameters": {"duration_s": args.duration, "clients": args.clients, "every_s": args.every},
-        "summary": summary,
-        "missing": {k: list(v) for k, v in list(missing.items())[:20]},
-        "samples": samples,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_result(
+        args.output,
+        "soak",
+        argv=None,
+        load_before=load_before,
+        parameters={"duration_s": args.duration, "clients": args.clients, "every_s": args.every},
+        results={
+            "summary": summary,
+            "missing": {k: list(v) for k, v in list(missing.items())[:20]},
+            "samples": samples,
+        },
+    )
     print(json.dumps(summary, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     ok = not missing and summary["duplicate_releases"] == 0 and produced == 0

@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
-import platform
-import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.harness import RESULTS, write_result
 from mechanisms.central.threshold import ThresholdMeasurement, make_gaussian_threshold, make_laplace_threshold
 from mechanisms.core.rng import CryptoRandom
 
-RESULTS = Path(__file__).resolve().parent / "results" / "threshold_throughput.json"
+RESULT_FILE = RESULTS / "threshold_throughput.json"
 SCALE, THRESHOLD, VALUE_RANGE = 10.0, 500, 1000.0
 
 MECHANISMS = (
@@ -94,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--opendp-limit", type=float, default=60.0)
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
 
     rows: list[dict[str, Any]] = []
     print(f"{'mechanism':<16}{'keys':>10}{'ours dict/s':>14}{'ours arrays/s':>15}{'OpenDP/s':>12}{'ratio':>8}")
@@ -135,23 +132,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['ours_arrays_keys_per_s']:>15,.0f}{opendp_s:>12}{ratio:>8}",
                 flush=True,
             )
-    meta = {
-        "benchmark": "threshold_throughput",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "opendp": importlib.metadata.version("opendp"),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-        "scale": SCALE,
-        "threshold": THRESHOLD,
-        "values": f"uniform on [0, {VALUE_RANGE:g})",
-        "rng": "CryptoRandom (AES-256-CTR)",
-        "command": "python -m bench.threshold_throughput " + " ".join(sys.argv[1:] if argv is None else argv),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {RESULTS} (1-min load average {meta['load_average_1min']:.1f})")
+    write_result(
+        RESULT_FILE,
+        "threshold_throughput",
+        argv=argv,
+        load_before=load_before,
+        parameters={"sizes": args.sizes, "repeat": args.repeat, "opendp_limit": args.opendp_limit},
+        results={
+            "meta": {
+                "numpy": np.__version__,
+                "opendp": importlib.metadata.version("opendp"),
+                "scale": SCALE,
+                "threshold": THRESHOLD,
+                "values": f"uniform on [0, {VALUE_RANGE:g})",
+                "rng": "CryptoRandom (AES-256-CTR)",
+            },
+            "rows": rows,
+        },
+    )
     return 0
 
 

@@ -11,7 +11,7 @@ stage-1 batch. Two settings of the same aiokafka producer, alternating in the sa
 Prints and writes the mean, median, p90, maximum and share above 20 ms of ``--transactions`` transactions per
 round, ``--rounds`` rounds (the defaults' latencies are bimodal: ~3 ms, or ~23 ms after a refusal).
 
-    .venv/bin/python bench/transaction_latency.py [--bootstrap HOST:PORT] [--transactions 40] [--rounds 3]
+    .venv/bin/python -m bench.transaction_latency [--bootstrap HOST:PORT] [--transactions 40] [--rounds 3]
 
 Uses the broker at ``--bootstrap``, else the local broker on $PTEL_KAFKA_PORT/9092 (started if needed).
 Writes bench/results/transaction_latency.json.
@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
-import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +38,9 @@ from agents.kafka_io.changelog import (
     shorten_concurrent_transactions_backoff,
     start_transactional_producer,
 )
-from ptel.broker_config import default_port
-from ptel.kafka_broker import LocalKafka
+from bench.harness import RESULTS, kafka, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results" / "transaction_latency.json"
+RESULT_FILE = RESULTS / "transaction_latency.json"
 AIOKAFKA_BACKOFF_OVERRIDE_S = aiokafka_sender.BACKOFF_OVERRIDE  # read at import: 0.02 in aiokafka 0.14
 
 
@@ -114,42 +109,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--transactions", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=RESULT_FILE)
     args = parser.parse_args(argv)
     if args.transactions < 2 or args.rounds < 1:
         parser.error("--transactions must be at least 2 and --rounds at least 1")
     load_before = os.getloadavg()
-    broker = None if args.bootstrap else LocalKafka(port=default_port())
-    bootstrap = args.bootstrap if broker is None else broker.acquire()
-    try:
+    with kafka(args.bootstrap) as bootstrap:
         results = asyncio.run(run(bootstrap, args.transactions, args.rounds))
-    finally:
-        if broker is not None:
-            broker.release()
     for name, line in results.items():
         print(
             f"{name}: mean {line['mean_ms']:.1f} ms, median {line['median_ms']:.1f} ms, p90 {line['p90_ms']:.1f} ms, "
             f"max {line['max_ms']:.1f} ms, {100 * line['share_over_20ms']:.0f} % over 20 ms ({line['transactions']})"
         )
-    doc = {
-        "benchmark": "transaction_latency",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(
-            [".venv/bin/python", "bench/transaction_latency.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
-        },
-        "parameters": {"transactions": args.transactions, "rounds": args.rounds},
-        **results,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.output}")
+    write_result(
+        args.output,
+        "transaction_latency",
+        argv=argv,
+        load_before=load_before,
+        parameters={"transactions": args.transactions, "rounds": args.rounds},
+        results=results,
+    )
     return 0
 
 

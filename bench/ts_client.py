@@ -27,27 +27,24 @@ import asyncio
 import gzip
 import json
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from bench.harness import RESULTS, ROOT, percentile, write_result
 from producers.client_secret import ClientSecret
 from producers.privatizers import make_privatizer
 from schemas.spec import load_spec, parse_spec
 from schemas.spec_document import spec_document_json
 from schemas.wire import encode_report
-from tests.integration.dashboard_support import browser
-from tests.integration.ts_client_support import PACKAGE, build_bundle, serve_page
+from testbed.browser import browser
+from testbed.ts_client_page import PACKAGE, build_bundle, serve_page
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "ts_client.json"
+RESULT_FILE = RESULTS / "ts_client.json"
 DEMO = ROOT / "ptel" / "examples" / "demo-spec.yaml"
 #: The demo spec's local metrics and one value each.
 EVENTS: dict[str, Any] = {
@@ -191,7 +188,7 @@ async def browser_measurements(seconds: float, sends: int) -> tuple[dict[str, fl
         "main_thread_ms_per_send": round((after["TaskDuration"] - before["TaskDuration"]) * 1000 / (sends + 20), 3),
         "script_ms_per_send": round((after["ScriptDuration"] - before["ScriptDuration"]) * 1000 / (sends + 20), 3),
         "wall_median_ms": round(statistics.median(ordered), 2),
-        "wall_p99_ms": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 2),
+        "wall_p99_ms": round(percentile(ordered, 0.99), 2),
     }
     return throughput, send
 
@@ -200,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per metric and language (default 2)")
     parser.add_argument("--sends", type=int, default=300, help="sends on the page (default 300)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULT_FILE)
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
     sizes = bundle_sizes()
     ts, send = asyncio.run(browser_measurements(args.seconds, args.sends))
     py = python_throughput(args.seconds)
@@ -209,17 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         m: {"ts_chromium_per_s": round(ts[m]), "python_per_s": round(py[m]), "ts_over_python": round(ts[m] / py[m], 2)}
         for m in EVENTS
     }
-    result = {
-        "command": " ".join([sys.executable.rsplit("/", 1)[-1], "-m", "bench.ts_client", *(argv or sys.argv[1:])]),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()},
-        "bundle": sizes,
-        "privatize_encode": throughput,
-        "send_on_page": send,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=2))
+    doc = write_result(
+        args.out,
+        "ts_client",
+        argv=argv,
+        load_before=load_before,
+        parameters={"seconds": args.seconds, "sends": args.sends},
+        results={"bundle": sizes, "privatize_encode": throughput, "send_on_page": send},
+    )
+    print(json.dumps(doc, indent=2))
     return 0
 
 

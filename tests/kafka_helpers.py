@@ -6,11 +6,13 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from testbed.topics import delete_topics as delete_topics
 
 _TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -58,20 +60,6 @@ async def wait_topic_ready(admin: AIOKafkaAdminClient, name: str, partitions: in
                 return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"topic {name!r} not ready with {partitions} partitions after {timeout} s: {last}")
-
-
-async def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
-    """Delete topics (best effort: errors are ignored, the broker may already be gone)."""
-    if not names:
-        return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="ptel-test-admin")
-    try:
-        await admin.start()
-        await admin.delete_topics(list(names))
-    except Exception:
-        pass
-    finally:
-        await admin.close()
 
 
 async def end_offsets(bootstrap: str, topic: str, isolation_level: str = "read_uncommitted") -> dict[int, int]:

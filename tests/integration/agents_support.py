@@ -1,72 +1,37 @@
-"""Helpers for the agents' integration tests: specs, worker processes, window alignment, reading outputs."""
+"""Helpers for the agents' integration tests: worker processes, sending, reading outputs.
+
+The spec, in-process worker, simulated rounds, monitor and topic cleanup live in :mod:`testbed` (shared with the
+benchmarks) and are re-exported here for the tests."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics
-from agents.runtime.composition import build_worker
-from agents.runtime.worker import WorkerSettings
 from agents.stage1.records import Handover
 from schemas.releases import Release
-from schemas.spec import CollectionSpec, parse_spec
-from tests.kafka_helpers import delete_topics
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_spec(
-    tmp: Path,
-    metrics: list[dict[str, Any]],
-    *,
-    partitions: int = 4,
-    size_s: int = 4,
-    grace_s: int = 1,
-    retention_s: int = 3600,
-) -> tuple[CollectionSpec, Path]:
-    """A spec with unique topic names, written to ``tmp/spec.yaml`` for worker processes."""
-    tag = uuid.uuid4().hex[:8]
-    doc = {
-        "version": 1,
-        "name": f"it{tag}",
-        "topics": {
-            "reports": f"ptel-test-ag-{tag}.reports",
-            "releases": f"ptel-test-ag-{tag}.releases",
-            "dead_letter": f"ptel-test-ag-{tag}.dead-letter",
-            "partitions": partitions,
-        },
-        "window": {"size_s": size_s, "grace_s": grace_s, "retention_s": retention_s},
-        "confidence": 0.95,
-        "metrics": metrics,
-    }
-    path = tmp / f"spec-{tag}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    return parse_spec(doc), path
-
-
-async def wait_for_window_start(size_s: int, margin_s: float = 0.3) -> int:
-    """Sleep until ``margin_s`` after the next window boundary; return that window's start in ms."""
-    now = time.time()
-    start = (int(now) // size_s + 1) * size_s
-    await asyncio.sleep(start + margin_s - now)
-    return start * 1000
+from testbed.monitor import get_json as get_json
+from testbed.monitor import start_monitor as start_monitor
+from testbed.monitor import stop_monitor as stop_monitor
+from testbed.monitor import wait_view as wait_view
+from testbed.pipeline import ROOT as ROOT
+from testbed.pipeline import make_spec as make_spec
+from testbed.pipeline import produce_rounds as produce_rounds
+from testbed.pipeline import start_worker as start_worker
+from testbed.pipeline import wait_for_window_start as wait_for_window_start
+from testbed.topics import app_topics as app_topics
+from testbed.topics import delete_app_topics as delete_app_topics
+from testbed.topics import delete_worker_topics as delete_worker_topics
 
 
 async def send_all(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes]]) -> None:
@@ -149,14 +114,6 @@ async def end_offset(bootstrap: str, topic: str) -> int:
         await consumer.stop()
 
 
-async def start_worker(bootstrap: str, spec: CollectionSpec, settings: WorkerSettings) -> tuple[Any, asyncio.Task[Any]]:
-    """An agents worker of ``spec`` running in this process (its topics created first) and the task running it."""
-    await ensure_topics(bootstrap, WorkerTopics.for_spec(spec, settings.group))
-    worker = build_worker(spec, settings)
-    await worker.start()
-    return worker, asyncio.create_task(worker.run())
-
-
 def releases_of(records: list[Any]) -> list[Release]:
     return [Release.from_bytes(r.value) for r in records]
 
@@ -223,139 +180,3 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-
-class _RecordingSink:
-    """A :class:`producers.edge_client.MessageSink` that keeps each send's future (for its LogAppendTime)."""
-
-    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
-        self.producer = producer
-        self.topic = topic
-        self.futures: list[Any] = []
-
-    async def publish(self, key: bytes | None, value: bytes) -> None:
-        self.futures.append(await self.producer.send(self.topic, value, key=key))
-
-
-async def produce_rounds(
-    bootstrap: str, spec: CollectionSpec, *, clients: int, rounds: int, batch_sizes: list[int], seed: int
-) -> dict[int, list[Any]]:
-    """One simulated round per window (``workloads.population.Population``, privatized with a *seeded* rng):
-    each round starts just after a window boundary and must be acknowledged inside that window.
-
-    Returns window start (ms) -> the round's raw events (``MetricEvents`` per metric).
-    """
-    from mechanisms.core.rng import SeededRandom
-    from producers.client_secret import ClientSecret
-    from producers.edge_client import EdgeClient
-    from workloads.population import Population
-
-    population = Population(spec, clients, seed=seed, master=ClientSecret(b"\x01" * 32))
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=10, max_request_size=8 << 20
-    )
-    await producer.start()
-    out: dict[int, list[Any]] = {}
-    try:
-        for r in range(rounds):
-            sink = _RecordingSink(producer, spec.topics.reports)
-            client = EdgeClient(
-                spec,
-                sink,
-                batch_size=batch_sizes[r % len(batch_sizes)],
-                rng=SeededRandom(f"privatize/{seed}/{r}"),
-                quota_file=None,  # simulated devices
-            )
-            start_ms = await wait_for_window_start(spec.window.size_s, margin_s=0.2)
-            events = population.round()
-            for ev in events:  # stamped with the send time, inside the window (checked below)
-                await client.send_many(ev.metric, ev.values, secrets=population.secrets_of(ev.clients))
-            metas = await asyncio.gather(*sink.futures)
-            windows = {m.timestamp // (spec.window.size_s * 1000) * spec.window.size_s * 1000 for m in metas}
-            if windows != {start_ms}:
-                raise AssertionError(f"round {r} straddled windows {sorted(windows)} (machine too slow?)")
-            out[start_ms] = events
-    finally:
-        await producer.stop()
-    return out
-
-
-async def delete_worker_topics(bootstrap: str, spec: CollectionSpec, *groups: str) -> None:
-    """Delete the spec's topics and each group's internal topics (best effort: cleanup only)."""
-    await delete_topics(bootstrap, sorted({p.name for g in groups for p in WorkerTopics.for_spec(spec, g).plans()}))
-
-
-# ---------------------------------------------------------------------------------------------- the monitor
-
-VIEW_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 45.0
-
-
-def get_json(url: str) -> tuple[int, Any]:
-    """``(status, JSON body)`` of a GET of ``url`` (error statuses included)."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
-
-
-async def wait_view(
-    proc: subprocess.Popen[bytes],
-    log: Path,
-    url: str,
-    ok: Callable[[int, Any], bool],
-    timeout_s: float = VIEW_TIMEOUT_S,
-) -> Any:
-    """Poll ``url`` until ``ok(status, body)``; fail with the monitor's log on timeout or exit."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"monitor exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            status, body = await asyncio.to_thread(get_json, url)
-            last = (status, body)
-            if ok(status, body):
-                return body
-        except (OSError, ValueError) as err:
-            last = repr(err)
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{url} never matched; last: {last}\n{log.read_text(errors='replace')[-4000:]}")
-
-
-def start_monitor(spec_path: Path, bootstrap: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """``ptel monitor`` for ``spec_path`` in a subprocess, serving on ``port``, its output appended to ``log``."""
-    out = log.open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap", bootstrap]
-    cmd += ["--web-port", str(port), "--log-level", "warning"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def stop_monitor(proc: subprocess.Popen[bytes]) -> int:
-    """SIGINT, then its exit status (fails if it does not stop within :data:`STOP_TIMEOUT_S`)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-            raise AssertionError("the monitor did not stop within 45 s of SIGINT") from None
-    return proc.returncode
-
-
-async def app_topics(bootstrap: str, app_id: str) -> list[str]:
-    """The internal topics (changelogs, leader topic) of the Faust app ``app_id``."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return [t for t in await admin.list_topics() if t.startswith(app_id)]
-    finally:
-        await admin.close()
-
-
-async def delete_app_topics(bootstrap: str, app_id: str) -> None:
-    """Delete the internal topics of the Faust app ``app_id``."""
-    await delete_topics(bootstrap, await app_topics(bootstrap, app_id))

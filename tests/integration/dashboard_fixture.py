@@ -1,6 +1,6 @@
 """A finished run of the demo spec's metrics, as release records, served to the dashboard in a real browser.
 
-The live pipeline (``dashboard_support.demo_pipeline``) releases what one round of devices happens to give; the
+The live pipeline (``testbed.dashboard.demo_pipeline``) releases what one round of devices happens to give; the
 layout checks need the cases that made the dashboard wrong (issue 24), every time: 56 windows of 2 s (enough for
 the time axis to crowd its labels), the first three and the newest window without reports (``n = 0``, estimates at
 0 as the worker releases them), a regression window whose release says ``no_data`` (the explicit field takes

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -33,8 +32,9 @@ from kafka_settings.connection import Connection
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from schemas.spec import CollectionSpec
-from schemas.wire import Report, ReportBatch, decode, encode_report, reports_of
-from tests.integration.agents_support import delete_worker_topics
+from schemas.wire import Report, encode_report
+from testbed.reports import read_reports as read_reports
+from testbed.topics import delete_worker_topics
 from workloads.population import Population
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,36 +153,6 @@ async def post(
         headers["Idempotency-Key"] = idempotency_key
     async with session.post(f"{url}/v1/reports", data=body, headers=headers) as response:
         return response.status, await response.json(content_type=None), response.headers
-
-
-async def read_reports(
-    bootstrap: str, topic: str, partitions: int, *, expect: int | None = None, timeout_s: float = 30.0
-) -> list[Report]:
-    """Every report in ``topic`` from the beginning (until ``expect`` reports, or until the end offsets)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    out: list[Report] = []
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            positions = {tp: await consumer.position(tp) for tp in tps}
-            if (expect is None and all(positions[tp] >= ends[tp] for tp in tps)) or (
-                expect is not None and len(out) >= expect
-            ):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"read {len(out)} reports of {topic} in {timeout_s} s (expected {expect})")
-            for records in (await consumer.getmany(timeout_ms=300)).values():
-                for record in records:
-                    message = decode(record.value)
-                    out.extend(reports_of(message) if isinstance(message, ReportBatch) else [message])
-    finally:
-        await consumer.stop()
-    return out
 
 
 @dataclass

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.browser import browser
+from testbed.dashboard import demo_pipeline, open_dashboard, release_delays
 from tests.integration.dashboard_checks import empty_window_problems, picker_problems, text_problems, width_problems
-from tests.integration.dashboard_support import browser, demo_pipeline, open_dashboard, release_delays
 
 #: The issue's bound: a committed release is on the page within 2 s.
 MAX_DELAY_MS = 2000.0

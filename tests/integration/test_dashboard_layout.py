@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from testbed.browser import browser
+from testbed.dashboard import open_dashboard
 from tests.integration.dashboard_checks import (
     drawn_points,
     empty_window_problems,
@@ -22,7 +24,6 @@ from tests.integration.dashboard_checks import (
     width_problems,
 )
 from tests.integration.dashboard_fixture import STATIC, WINDOWS, fixture_server, windows_with_data
-from tests.integration.dashboard_support import browser, open_dashboard
 
 STATIC_DIR = Path(os.environ.get("PTEL_DASHBOARD_STATIC", "") or STATIC)
 #: Local kinds whose newest window is empty (n = 0), with the series each draws over time.

@@ -36,6 +36,8 @@ from agents.windowing.watermarks import IdlePolicy
 from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
 from schemas.releases import Release
+from testbed.browser import browser
+from testbed.ts_client_page import build_bundle, serve_page
 from tests.integration.agents_support import (
     delete_worker_topics,
     make_spec,
@@ -44,9 +46,7 @@ from tests.integration.agents_support import (
     start_worker,
     wait_for_window_start,
 )
-from tests.integration.dashboard_support import browser
 from tests.integration.gateway_support import GatewayProcess
-from tests.integration.ts_client_support import build_bundle, serve_page
 
 DEVICES = 60
 SIZE_S = 12

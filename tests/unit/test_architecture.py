@@ -35,7 +35,14 @@ FORBIDDEN: dict[str, set[str]] = {
     "workloads": {"agents", "faust", "ptel", "gateway", "aiokafka"},
     # Kafka client settings: read by gateway, agents and ptel; they know no wire, spec or device code
     "kafka_settings": {"aiokafka", "faust", "producers", "agents", "gateway", "ptel", "workloads", "mechanisms"},
+    # the benchmarks never depend on the tests, nor the tests on the benchmarks: what both need is in testbed
+    "bench": {"tests"},
+    "tests": {"bench"},
+    "testbed": {"tests", "bench"},
 }
+#: The product's packages: none imports the tests, the benchmarks or their shared rigs.
+PRODUCT = ("mechanisms", "schemas", "agents", "producers", "gateway", "ptel", "workloads", "kafka_settings")
+NOT_PRODUCT = {"tests", "bench", "testbed"}
 
 
 def _imported_top_levels(path: Path) -> set[str]:
@@ -49,14 +56,43 @@ def _imported_top_levels(path: Path) -> set[str]:
     return names
 
 
+def _offenders(root: Path, package: str, forbidden: set[str]) -> dict[str, list[str]]:
+    """File of ``root/package`` -> the forbidden top-level modules it imports (function-level imports included)."""
+    found = {
+        str(path.relative_to(root)): sorted(_imported_top_levels(path) & forbidden)
+        for path in sorted((root / package).rglob("*.py"))
+    }
+    return {k: v for k, v in found.items() if v}
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_respects_dependency_direction(package: str) -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(_imported_top_levels(path) & FORBIDDEN[package])
-        for path in sorted((ROOT / package).rglob("*.py"))
-    }
-    offenders = {k: v for k, v in offenders.items() if v}
+    offenders = _offenders(ROOT, package, FORBIDDEN[package])
     assert not offenders, f"forbidden imports: {offenders}"
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_no_product_module_imports_tests_or_benchmarks(package: str) -> None:
+    offenders = _offenders(ROOT, package, NOT_PRODUCT)
+    assert not offenders, f"product modules importing tests, bench or testbed: {offenders}"
+
+
+def test_a_benchmark_importing_the_tests_is_caught(tmp_path: Path) -> None:
+    """Mutation: a copy of bench/ where one benchmark imports a test helper (inside a function, as a deferred import
+    would) fails the check; the unchanged copy passes it."""
+    copy = tmp_path / "bench"
+    copy.mkdir()
+    for path in (ROOT / "bench").glob("*.py"):
+        (copy / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert not _offenders(tmp_path, "bench", FORBIDDEN["bench"])
+    bench = copy / "gateway_all_metrics.py"
+    bench.write_text(
+        bench.read_text(encoding="utf-8")
+        + "\n\ndef _reports():\n    from tests.integration.gateway_support import read_reports\n"
+        + "\n    return read_reports\n",
+        encoding="utf-8",
+    )
+    assert _offenders(tmp_path, "bench", FORBIDDEN["bench"]) == {"bench/gateway_all_metrics.py": ["tests"]}
 
 
 #: mechanisms' families and the families each may import (besides itself); ``core`` imports no family

@@ -1,13 +1,12 @@
-"""The dashboard in a real browser against a real pipeline: an agents worker (in this process) releasing every metric
-of the demo spec, ``ptel monitor`` (a subprocess) serving the page, headless Chromium (Debian's ``chromium``, driven
-by Playwright with ``executable_path``) reading it. Shared by ``tests/integration/test_dashboard_browser.py`` and
+"""The dashboard against a real pipeline: an agents worker (in this process) releasing every metric of the demo
+spec, ``ptel monitor`` (a subprocess) serving the page, and a tab of :func:`testbed.browser.browser` reading it.
+Used by ``tests/integration/test_dashboard_browser.py``, ``test_dashboard_layout.py`` and
 ``bench/dashboard_latency.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,34 +21,10 @@ from agents.runtime.worker import WorkerSettings
 from agents.windowing.watermarks import IdlePolicy
 from ptel.local_process import free_port
 from schemas.spec import CollectionSpec
-from tests.integration.agents_support import (
-    ROOT,
-    delete_app_topics,
-    delete_worker_topics,
-    make_spec,
-    produce_rounds,
-    start_monitor,
-    start_worker,
-    stop_monitor,
-    wait_view,
-)
+from testbed.monitor import start_monitor, stop_monitor, wait_view
+from testbed.pipeline import ROOT, make_spec, produce_rounds, start_worker
+from testbed.topics import delete_app_topics, delete_worker_topics
 
-#: Debian's Chromium (``apt-get install -y chromium``); ``make setup`` installs it as root on Debian/Ubuntu.
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-INSTALL_HINT = (
-    "the dashboard's browser tests need Debian's Chromium at /usr/bin/chromium: run `make setup` as root on "
-    "Debian/Ubuntu, or `sudo apt-get update && sudo apt-get install -y chromium` (Playwright drives it through "
-    "executable_path; `playwright install` is never needed)"
-)
 #: The demo spec's metrics (one of every kind), in windows of 2 s with the demo's horizon of 60 windows.
 DEMO_SPEC = ROOT / "ptel" / "examples" / "demo-spec.yaml"
 SIZE_S = 2
@@ -59,17 +34,6 @@ def demo_metrics() -> list[dict[str, Any]]:
     """The metrics of the demo spec, as written in ``ptel/examples/demo-spec.yaml``."""
     doc = yaml.safe_load(DEMO_SPEC.read_text(encoding="utf-8"))
     return list(doc["metrics"])
-
-
-def browser_problem() -> str | None:
-    """Why the browser tests cannot run here (the message they fail with), or ``None``."""
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed: run `make setup` (the `test` extra pins it). " + INSTALL_HINT
-    if not CHROMIUM.exists() and shutil.which("chromium") is None:
-        return INSTALL_HINT
-    return None
 
 
 @dataclass
@@ -134,26 +98,6 @@ class Page:
     page: Any
     errors: list[str]
     load_ms: float
-
-
-@contextlib.asynccontextmanager
-async def browser() -> AsyncIterator[Any]:
-    """A headless Chromium (fresh profile). Fails with :data:`INSTALL_HINT` when it cannot be had."""
-    problem = browser_problem()
-    if problem is not None:
-        raise AssertionError(problem)
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        chromium = await pw.chromium.launch(
-            executable_path=str(CHROMIUM if CHROMIUM.exists() else shutil.which("chromium")),
-            headless=True,
-            args=CHROMIUM_ARGS,
-        )
-        try:
-            yield chromium
-        finally:
-            await chromium.close()
 
 
 async def open_dashboard(chromium: Any, url: str) -> Page:

@@ -1,4 +1,5 @@
-"""The TypeScript client's bundle, built from ``clients/typescript`` and served on a test page of its own origin.
+"""The TypeScript client's bundle, built from ``clients/typescript`` and served on a page of its own origin (for the
+browser tests and ``bench/ts_client.py``).
 
 :func:`build_bundle` runs the package's esbuild script (``node build.mjs``: under a second) so that the page loads
 what the working tree holds; the Node dependencies come from the committed lockfile (``make setup`` runs ``npm
@@ -18,8 +19,8 @@ from pathlib import Path
 from aiohttp import web
 
 from ptel.local_process import free_port
+from testbed.pipeline import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
 BUNDLE = PACKAGE / "dist" / "browser" / "ptel-client.js"
 SETUP_HINT = (
