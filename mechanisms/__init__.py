@@ -36,4 +36,5 @@ this package and its subpackages re-export nothing, so a device that privatizes 
     accounting/           what releases cost
         zcdp              zCDP to (ε, δ)-DP conversion
         accountant        PrivacyBudget, the ledger, PrivacyAccountant
+        shuffle           amplification by shuffling: the central (ε, δ) of n shuffled ε₀-LDP reports (FMT21)
 """
