@@ -66,7 +66,7 @@ $(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
 	@touch $@
 
 demo: setup
-	$(BIN)/ptel demo
+	$(BIN)/ptel demo $(ARGS)
 
 test: setup
 	$(BIN)/pytest

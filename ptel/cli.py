@@ -14,13 +14,28 @@ from types import ModuleType
 from aiokafka.errors import KafkaError
 
 from ptel import __version__
-from ptel.commands import broker, demo, gateway, gateway_keys, monitor, produce, releases, schema, spec, worker
+from ptel.commands import (
+    broker,
+    demo,
+    gateway,
+    gateway_keys,
+    monitor,
+    produce,
+    releases,
+    schema,
+    simulate,
+    spec,
+    up,
+    worker,
+)
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
 #: Every command module, in the order ``ptel --help`` lists them; each has ``register(subparsers)`` and ``run(args)``.
 COMMANDS: tuple[ModuleType, ...] = (
     broker,
     demo,
+    up,
+    simulate,
     produce,
     worker,
     releases,

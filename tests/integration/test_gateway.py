@@ -232,29 +232,62 @@ async def test_a_graceful_stop_answers_every_accepted_request_and_forwards_it(
     assert np.unique(xs).size == len(xs)
 
 
-async def test_the_readme_device_example_sends_through_a_real_gateway(kafka_bootstrap: str, tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### A device sending through the gateway", 1)[1]
+@pytest.mark.parametrize(
+    ("document", "heading", "url", "spec_file", "metrics"),
+    [
+        (
+            "README.md",
+            "### A device sending through the gateway",
+            "http://127.0.0.1:8088",
+            "examples/demo-spec.yaml",
+            [{"name": "crashed_today", "kind": "bool", "prob": 0.75}],
+        ),
+        (
+            "docs/gateway.md",
+            "## Devices",
+            "https://collect.example.org",
+            "collection-spec.yaml",
+            [
+                {"name": "crashed", "kind": "bool", "prob": 0.75},
+                {"name": "theme", "kind": "categorical", "categories": ["light", "dark"], "prob": 0.75},
+            ],
+        ),
+    ],
+)
+async def test_the_documented_device_example_sends_through_a_real_gateway(
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    document: str,
+    heading: str,
+    url: str,
+    spec_file: str,
+    metrics: list[dict[str, Any]],
+) -> None:
+    """The device examples of README.md and docs/gateway.md, run against a gateway served here."""
+    readme = (ROOT / document).read_text(encoding="utf-8")
+    section = readme.split(heading, 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    spec, spec_path = make_spec(tmp_path, [{"name": "crashed_today", "kind": "bool", "prob": 0.75}], partitions=2)
+    spec, spec_path = make_spec(tmp_path, metrics, partitions=2)
     await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
     home = tmp_path / "device"
     home.mkdir(mode=0o700)
     async with served_gateway(spec, kafka_bootstrap) as served:
         (home / "device.token").write_text(served.keys.issue("readme-device") + "\n")
-        assert code.count('"http://127.0.0.1:8088"') == 1 and code.count('"examples/demo-spec.yaml"') == 1
-        code = code.replace('"http://127.0.0.1:8088"', repr(served.url))
-        code = code.replace('"examples/demo-spec.yaml"', repr(str(spec_path)))
+        assert code.count(f'"{url}"') == 1 and code.count(f'"{spec_file}"') == 1
+        code = code.replace(f'"{url}"', repr(served.url))
+        code = code.replace(f'"{spec_file}"', repr(str(spec_path)))
         code = code.replace('Path.home() / ".ptel"', f"Path({str(home)!r})")
         code = code.replace("asyncio.run(main())", "")
         namespace: dict[str, Any] = {}
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, document, "exec"), namespace)
         await namespace["main"]()
-        assert served.gateway.metrics.count(202, "accepted") == 1
-    (report,) = await read_reports(kafka_bootstrap, spec.topics.reports, 2, expect=1)
-    assert report.metric == "crashed_today"
-    window = report.client_time // spec.window.size_s
-    assert report.pseudonym == served.keys.pseudonym("readme-device", "crashed_today", window)
+        sent = code.count("await client.send(")
+        assert served.gateway.metrics.count(202, "accepted") == sent
+    reports = await read_reports(kafka_bootstrap, spec.topics.reports, 2, expect=sent)
+    assert sorted(r.metric for r in reports) == sorted(m["name"] for m in metrics)
+    for report in reports:
+        window = report.client_time // spec.window.size_s
+        assert report.pseudonym == served.keys.pseudonym("readme-device", report.metric, window)
     assert (home / "client.secret.quota").exists() and (home / "client.secret").stat().st_mode & 0o077 == 0
 
 
