@@ -14,7 +14,21 @@ from types import ModuleType
 from aiokafka.errors import KafkaError
 
 from ptel import __version__
-from ptel.commands import broker, demo, gateway, gateway_keys, monitor, produce, releases, schema, spec, worker
+from ptel.commands import (
+    acls,
+    broker,
+    demo,
+    gateway,
+    gateway_keys,
+    ledger,
+    monitor,
+    produce,
+    releases,
+    schema,
+    spec,
+    topics,
+    worker,
+)
 from ptel.logs import LogSetupError, add_logging_arguments, configure
 
 #: Every command module, in the order ``ptel --help`` lists them; each has ``register(subparsers)`` and ``run(args)``.
@@ -29,6 +43,9 @@ COMMANDS: tuple[ModuleType, ...] = (
     gateway_keys,
     schema,
     spec,
+    topics,
+    acls,
+    ledger,
 )
 
 

@@ -46,7 +46,9 @@ KUBERNETES_VERSION = "1.37.0"
 
 def _k8s_objects() -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+    for path in sorted((DEPLOY / "kubernetes" / "base").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
         out += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
     return out
 
@@ -102,7 +104,7 @@ def test_workload_probes_command_and_secrets(obj: dict[str, Any]) -> None:
     # secrets come from Secret objects mounted as files; nothing secret in env or args
     secrets = {o["metadata"]["name"] for _, o in OBJECTS if o["kind"] == "Secret"}
     mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert "ptel-kafka" in mounted and mounted <= secrets
+    assert mounted == {f"ptel-{args[1]}"} and mounted <= secrets  # its own Secret only (test_principal_roles.py)
     assert parsed.kafka_config is not None and str(parsed.kafka_config).startswith("/etc/ptel/kafka/")
     for env in container.get("env", []):
         # a *_FILE variable names a file (its origin is checked below), never a secret itself
@@ -162,7 +164,10 @@ def _secret_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> S
         mode = volume["secret"].get("defaultMode", 0o644)
         if pod.get("securityContext", {}).get("fsGroup") is not None:
             mode |= 0o440
-        return SecretFile(volume["secret"]["secretName"], relative, mode, read_only)
+        items = {i["path"]: i["key"] for i in volume["secret"].get("items", [])}
+        if items and relative not in items:
+            return None  # a file the volume does not project
+        return SecretFile(volume["secret"]["secretName"], items.get(relative, relative), mode, read_only)
     if "emptyDir" in volume:
         for init in pod.get("initContainers", []):
             for destination, (source, mode) in _copies(init).items():
@@ -309,7 +314,7 @@ def test_the_gateway_reads_its_key_file_owner_only_from_its_secret() -> None:
     (pod, gateway) = next((p, c) for _, p, c in _pods(K8S) if c["args"][1] == "gateway")
     keys = str(build_parser().parse_args(gateway["args"][1:]).keys)
     origin = _secret_file(pod, gateway, keys)
-    assert origin is not None and origin.secret == "ptel-gateway-keys" and _owner_only(origin), origin
+    assert origin is not None and origin.secret == "ptel-gateway" and _owner_only(origin), origin
     assert not _owner_only(_secret_file(pod, pod["initContainers"][0], "/etc/ptel/gateway/gateway.keys"))
 
 
