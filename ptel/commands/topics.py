@@ -79,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
         plans = topics.plans()
         existing = asyncio.run(_existing(connection))
         for plan in plans:
-            verb = "exists, check" if plan.name in existing else "create"
-            print(f"{'would ' if args.dry_run else ''}{verb}: {describe(plan, topics.replication_factor)}")
+            if plan.name in existing:
+                verb = "exists, would check" if args.dry_run else "exists, check"
+            else:
+                verb = "would create" if args.dry_run else "create"
+            print(f"{verb}: {describe(plan, topics.replication_factor)}")
         if args.dry_run:
             return 0
         asyncio.run(_create(connection, plans, topics.replication_factor))

@@ -411,3 +411,29 @@ def test_dockerfile_installs_the_project_with_constraints() -> None:
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", ".kafka"} <= ignored
+
+
+def test_kafka_setup_creates_the_topics_and_applies_each_services_acls(compose: dict[str, Any]) -> None:
+    """The secured profile's one-shot administrator: every ``ptel`` command of its script parses with the CLI, it
+    creates the topics first, then applies the ACLs of exactly the roles whose services the profile runs, each for
+    that service's own principal (the user make_secrets.py gives it)."""
+    import shlex
+
+    from ptel.cli import build_parser
+    from ptel.principal_roles import ROLES
+
+    service = compose["services"]["kafka-setup"]
+    assert service["command"][:2] == ["sh", "-ec"]
+    script = service["command"][2].replace("$$", "$")
+    commands = [c.strip().removeprefix("do ").strip() for c in script.split(";")]
+    ptel = [shlex.split(c) for c in commands if c.startswith("ptel ")]
+    assert [argv[1] for argv in ptel] == ["topics", "acls"]
+    loop = next(c for c in commands if c.startswith("for role in "))
+    roles = loop.removeprefix("for role in ").split()
+    for role in roles:
+        argv = [a.replace("$role", role) for a in ptel[1]]
+        args = build_parser().parse_args(argv[1:])
+        assert args.action == "apply" and args.role == role and args.principal == ROLES[role].principal
+    assert build_parser().parse_args(ptel[0][1:]).action == "create"
+    running = {name.removesuffix("-secured") for name in compose["services"] if name.endswith("-secured")} - {"kafka"}
+    assert set(roles) == running
