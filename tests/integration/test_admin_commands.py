@@ -152,9 +152,9 @@ async def test_acls_print_and_apply_give_each_principal_exactly_its_row(admin: A
             admin.run, "acls", "apply", "--role", role, "--principal", f"User:{user}"
         )
         assert code == 0 and "MISSING" not in out and "beyond" not in out, (out, err)
+        print(out)
         want = set(ROLES[role].acls(f"User:{user}", _acl_names(admin)).values())
         assert await principal_acls(admin.broker.plaintext, f"User:{user}") == want, role
-    print(out)
     # with exactly these, each principal does its work
     code, out, err = await asyncio.to_thread(
         admin.run,
@@ -251,7 +251,9 @@ async def test_ledger_inspect_verify_and_restore_a_forged_owner(admin: Admin) ->
     assert sealed is not None
     for secret in (noise_key, sealed):
         assert secret.hex() not in out and secret.hex().upper() not in out, "a noise key was printed"
-    assert (await asyncio.to_thread(admin.run, "ledger", "verify", *key))[0] == 0
+    code, out, err = await asyncio.to_thread(admin.run, "ledger", "verify", *key)
+    print(out)
+    assert code == 0, (out, err)
 
     # the forgery: the owner record rewritten (and a record planted) by a writer without the ledger key
     await _write_ledger(admin, [(b"owner", json.dumps({"group": "evil"}).encode()), (b"cursor/planted", b"0")])
