@@ -10,8 +10,9 @@
 #   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
 #   make bench  -- every benchmark under bench/, with the anchors of the `bench` extra (results in bench/results/)
-#   make check-deploy -- opt-in: Prometheus' promtool (built with `go install` into .tools/, ~15 min the first
-#                  time) runs `check rules` and `test rules` on deploy/prometheus/ (make test checks deploy/ without it)
+#   make check-deploy -- Prometheus' promtool runs `check rules` and `test rules` on deploy/prometheus/ (make setup
+#                  puts Debian's promtool into .tools/, and make test runs the same through tests/unit/test_deploy.py;
+#                  elsewhere it is built with `go install`, ~15 min the first time)
 #   make clean  -- stop this checkout's local brokers, delete .venv, .kafka and caches
 # Every step is idempotent: the install re-runs only when pyproject.toml or constraints.txt change, and the
 # Maven fetch is skipped when the jars are cached.
@@ -25,9 +26,9 @@ TS_CLIENT := clients/typescript
 # re-run only when package.json or package-lock.json change.
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.ptel-npm-ci
 
-.PHONY: setup browser demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
+.PHONY: setup browser promtool demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
 
-setup: $(INSTALLED) browser $(TS_INSTALLED)
+setup: $(INSTALLED) browser promtool $(TS_INSTALLED)
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
 	@$(BIN)/ptel broker fetch
 	@echo "[setup] done: run 'make demo' or 'make test'"
@@ -103,6 +104,18 @@ bench: setup
 
 TOOLS := $(CURDIR)/.tools
 PROMTOOL_VERSION := v0.316.0
+
+# Debian's promtool (package prometheus, ~19 MB): downloaded and unpacked into .tools/ -- not installed, so no
+# Prometheus service is set up -- for `promtool test rules` in make test (tests/unit/test_deploy.py).
+promtool:
+	@if [ -x $(TOOLS)/promtool ]; then echo "      $(TOOLS)/promtool is there"; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then \
+		echo "[setup] Debian's promtool into $(TOOLS) (apt-get download prometheus; unpacked, not installed)"; \
+		rm -rf $(TOOLS)/deb && mkdir -p $(TOOLS)/deb && cd $(TOOLS)/deb && \
+		{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get download prometheus >/dev/null; }; } && \
+		dpkg-deb -x prometheus_*.deb x && mv x/usr/bin/promtool $(TOOLS)/promtool && cd $(TOOLS) && rm -rf deb || \
+		{ echo "make setup: could not fetch Debian's promtool; tests/unit/test_deploy.py needs $(TOOLS)/promtool"; exit 1; }; \
+	else echo "make setup: put promtool at $(TOOLS)/promtool (make check-deploy builds it with go install)"; fi
 
 check-deploy: setup
 	@command -v go >/dev/null 2>&1 || { echo "make check-deploy needs the Go toolchain (apt-get install golang-go)"; exit 1; }

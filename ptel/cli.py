@@ -15,16 +15,19 @@ from aiokafka.errors import KafkaError
 
 from ptel import __version__
 from ptel.commands import (
+    acls,
     broker,
     demo,
     gateway,
     gateway_keys,
+    ledger,
     monitor,
     produce,
     releases,
     schema,
     simulate,
     spec,
+    topics,
     up,
     worker,
 )
@@ -44,6 +47,9 @@ COMMANDS: tuple[ModuleType, ...] = (
     gateway_keys,
     schema,
     spec,
+    topics,
+    acls,
+    ledger,
 )
 
 

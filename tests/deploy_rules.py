@@ -14,8 +14,11 @@ tests/unit/test_docker_compose.py apply these rules to each deployment file.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 from ptel.cli import build_parser
 from schemas.http_surface import is_loopback_host
@@ -83,3 +86,13 @@ def ledger_key_file(argv: list[str], env: Mapping[str, str]) -> str | None:
     if args.ledger_key_file is not None:
         return str(args.ledger_key_file)
     return env.get("PTEL_LEDGER_KEY_FILE") or None
+
+
+def make_secrets_module() -> ModuleType:
+    """deploy/compose/make_secrets.py (a script, not a package module) loaded for the tests."""
+    path = Path(__file__).resolve().parents[1] / "deploy" / "compose" / "make_secrets.py"
+    spec = importlib.util.spec_from_file_location("make_secrets", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

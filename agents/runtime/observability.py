@@ -61,6 +61,7 @@ from prometheus_client.registry import Collector
 
 from agents.runtime.http_surface import OperatorAccess, RouteTable, is_loopback
 from agents.runtime.worker import Worker
+from agents.stage1.validation import REJECTION_REASONS
 
 #: Reasons of ``ptel_worker_ledger_refused`` (:class:`agents.errors.LedgerError`'s kinds stage 2 can meet).
 LEDGER_REFUSALS = ("tampered", "lost", "legacy", "not_owner")
@@ -158,7 +159,11 @@ class WorkerObserver(Collector):
         )
         now_ms = time.time() * 1000
         for p, state, next_offset, highwater in w.stage1_view():
-            for reason, (records, reports) in sorted(state.rejected_total().items()):
+            # every reason from 0 on (a rate needs a series before the first dead letter; the panel shows 0, not
+            # nothing), plus any reason recorded that is not in the list
+            counts = state.rejected_total()
+            for reason in sorted(REJECTION_REASONS | set(counts)):
+                records, reports = counts.get(reason, (0, 0))
                 rejected.add_metric([reason, str(p)], records)
                 rejected_reports.add_metric([reason, str(p)], reports)
             if highwater is not None:

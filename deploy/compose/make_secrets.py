@@ -1,28 +1,26 @@
 """Credentials of docker-compose.yml's ``secured`` profile, generated at its first start (nothing secret is committed).
 
-``python make_secrets.py DIR [--kafka-host HOST]`` writes into ``DIR`` (the ``ptel-secrets`` volume), once -- a
-second run finds ``DIR/.complete`` and changes nothing:
+``python make_secrets.py DIR [--kafka-host HOST]`` writes one folder per service into ``DIR`` -- each a volume of
+its own in docker-compose.yml, mounted into that service only -- once: a second run finds ``DIR/.complete`` and
+changes nothing. Which files each service's folder holds is its row of the one table,
+:data:`ptel.principal_roles.ROLES` (``Role.secrets``), and nothing more:
 
-====================================  =====  =======================================================================
-file                                  owner  what
-====================================  =====  =======================================================================
-``ca.pem``                            root   a fresh CA (its key is never written): trusted by the clients and Kafka
-``broker-keystore.p12``               kafka  the broker's key and certificate for ``HOST`` (PKCS#12, encrypted)
-``broker-key-password``               kafka  that keystore's password
-``kafka-password``                    kafka  the SCRAM-SHA-512 password of user ``ptel`` (Kafka formats it in)
-``kafka-client.yaml``                 ptel   the clients' ``--kafka-config``: SASL_SSL, SCRAM-SHA-512, that password
-``monitor-operator-token``            ptel   the monitor's operator bearer token
-``worker-operator-token``             ptel   the bearer token of the worker's ``/metrics`` (``--operator-token-file``)
-``gateway-operator-token``            ptel   the bearer token of the gateway's operator listener (``/metrics``)
-``ledger.key``                        ptel   the workers' privacy-ledger key (``PTEL_LEDGER_KEY_FILE``): one file for
-                                             every worker of the group (``agents/stage2/ledger_seal.py``)
-``gateway.keys``                      ptel   the gateway's key file (``ptel gateway-keys``)
-``gateway.pem``, ``gateway.key``      ptel   the gateway's HTTPS certificate (``localhost``, ``gateway-secured``)
-====================================  =====  =======================================================================
+==============  =====  ===========================================================================================
+folder          owner  files
+==============  =====  ===========================================================================================
+``kafka/``      kafka  ``ca.pem``, ``broker-keystore.p12`` and ``broker-key-password`` (the broker's key for
+                       ``HOST``), ``scram-<user>``: the SCRAM-SHA-512 password of each user (Kafka formats them in)
+``admin/``      ptel   ``kafka.yaml`` (user ``ptel-admin``, a super user: ``ptel topics create``, ``ptel acls
+                       apply`` at start), ``ca.pem``
+``worker/``     ptel   ``kafka.yaml`` (user ``ptel-worker``), ``ca.pem``, ``operator-token``, ``ledger.key`` (the
+                       workers' privacy-ledger key, one file for every worker of the group)
+``gateway/``    ptel   ``kafka.yaml`` (user ``ptel-gateway``), ``ca.pem``, ``operator-token``, ``gateway.keys``,
+                       ``gateway.pem`` and ``gateway.key`` (its HTTPS certificate) -- never the ledger key
+``monitor/``    ptel   ``kafka.yaml`` (user ``ptel-monitor``), ``ca.pem``, ``operator-token``
+==============  =====  ===========================================================================================
 
-Each secret is mode 0600 and owned by the one user that reads it (Kafka's image runs as uid 1000, ours as 10001),
-so a service sees only its own secrets' contents. Runs in the project image (it has ``cryptography``). A folder made
-by an older version gets the files it lacks (:data:`ADDED_LATER`) and keeps the others.
+``ca.pem`` is a fresh CA (its key is never written). Each secret is mode 0600 and owned by the one user that reads
+it (Kafka's image runs as uid 1000, ours as 10001). Runs in the project image (it has ``cryptography`` and ``ptel``).
 """
 
 from __future__ import annotations
@@ -40,9 +38,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
+from ptel.principal_roles import ADMIN, ROLES, Role
+
 KAFKA_UID = 1000  # apache/kafka image's appuser
 PTEL_UID = 10001  # the project image's ptel user (Dockerfile)
-USER = "ptel"
 VALIDITY = datetime.timedelta(days=365)
 
 
@@ -75,16 +74,37 @@ def _write(path: Path, data: bytes, uid: int, mode: int = 0o600) -> None:
         os.chown(path, uid, uid)
 
 
-#: Where the services mount the secrets volume (docker-compose.yml): the client file's CA path is there.
+#: Where each service mounts its own secrets volume (docker-compose.yml): the client file's CA path is there.
 MOUNT = Path("/run/secrets/ptel")
+#: The services of the secured profile (their roles' rows say which files their folder gets), and the admin.
+SERVICES = ("admin", "worker", "gateway", "monitor")
+
+
+def _client(role: Role, kafka_host: str, password: str, mount: Path) -> bytes:
+    """The ``--kafka-config`` of ``role``'s own SCRAM user."""
+    client = {
+        "kafka": {
+            "bootstrap_servers": f"{kafka_host}:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": scram_user(role),
+            "sasl_password": password,
+            "ssl_cafile": str(mount / "ca.pem"),
+        }
+    }
+    return yaml.safe_dump(client, sort_keys=False).encode()
+
+
+def scram_user(role: Role) -> str:
+    """The SCRAM user of ``role``'s principal (``User:ptel-worker`` -> ``ptel-worker``)."""
+    return role.principal.split(":", 1)[1]
 
 
 def make_secrets(folder: Path, kafka_host: str, mount: Path = MOUNT) -> bool:
-    """Write the files of the module docstring into ``folder`` (seen by the services at ``mount``); False (and nothing
-    written) if already done."""
+    """Write the folders of the module docstring into ``folder`` (each seen by its service at ``mount``); False (and
+    nothing written) if already done."""
     if (folder / ".complete").exists():
-        return _add_missing(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+        return False
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -100,8 +120,9 @@ def make_secrets(folder: Path, kafka_host: str, mount: Path = MOUNT) -> bool:
     )
     pem = serialization.Encoding.PEM
     ca_pem = ca.public_bytes(pem)
-    _write(folder / "ca.pem", ca_pem, 0, 0o644)
-
+    kafka = folder / "kafka"
+    kafka.mkdir(parents=True, exist_ok=True)
+    _write(kafka / "ca.pem", ca_pem, 0, 0o644)
     broker_key = ec.generate_private_key(ec.SECP256R1())
     broker = _issue(ca_key, ca, broker_key, [kafka_host, "localhost"])
     key_password = secrets.token_urlsafe(24)
@@ -110,65 +131,42 @@ def make_secrets(folder: Path, kafka_host: str, mount: Path = MOUNT) -> bool:
     keystore = pkcs12.serialize_key_and_certificates(
         b"broker", broker_key, broker, [ca], serialization.BestAvailableEncryption(key_password.encode())
     )
-    _write(folder / "broker-keystore.p12", keystore, KAFKA_UID)
-    _write(folder / "broker-key-password", key_password.encode(), KAFKA_UID)
+    _write(kafka / "broker-keystore.p12", keystore, KAFKA_UID)
+    _write(kafka / "broker-key-password", key_password.encode(), KAFKA_UID)
 
-    password = secrets.token_urlsafe(24)
-    _write(folder / "kafka-password", password.encode(), KAFKA_UID)
-    client = {
-        "kafka": {
-            "bootstrap_servers": f"{kafka_host}:9093",
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_username": USER,
-            "sasl_password": password,
-            "ssl_cafile": str(mount / "ca.pem"),
-        }
-    }
-    _write(folder / "kafka-client.yaml", yaml.safe_dump(client, sort_keys=False).encode(), PTEL_UID)
-    _write(folder / "monitor-operator-token", secrets.token_urlsafe(32).encode(), PTEL_UID)
+    from agents.stage2.ledger_seal import LedgerSecret  # the project image's own key formats
+    from gateway.keys import GatewayKeys
 
-    from gateway.keys import GatewayKeys  # the project image's own key format
-
-    GatewayKeys.generate().save(folder / "gateway.keys")
-    if os.geteuid() == 0:
-        os.chown(folder / "gateway.keys", PTEL_UID, PTEL_UID)
-    gateway_key = ec.generate_private_key(ec.SECP256R1())
-    gateway = _issue(ca_key, ca, gateway_key, ["localhost", "gateway-secured"])
-    _write(folder / "gateway.pem", gateway.public_bytes(pem) + ca_pem, PTEL_UID, 0o644)
-    unencrypted = serialization.NoEncryption()
-    _write(
-        folder / "gateway.key",
-        gateway_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, unencrypted),
-        PTEL_UID,
-    )
-    _add_missing(folder)
+    for service in SERVICES:
+        role = ROLES.get(service, ADMIN)
+        out = folder / service
+        out.mkdir(parents=True, exist_ok=True)
+        password = secrets.token_urlsafe(24)
+        _write(kafka / f"scram-{scram_user(role)}", password.encode(), KAFKA_UID)
+        for name in role.secrets:
+            path = out / name
+            if name == "kafka.yaml":
+                _write(path, _client(role, kafka_host, password, mount), PTEL_UID)
+            elif name == "ca.pem":
+                _write(path, ca_pem, PTEL_UID, 0o644)
+            elif name == "operator-token":
+                _write(path, secrets.token_urlsafe(32).encode(), PTEL_UID)
+            elif name == "ledger.key":
+                LedgerSecret.from_file(path, create=True)  # mode 0600
+            elif name == "gateway.keys":
+                GatewayKeys.generate().save(path)
+            elif name == "gateway.pem":
+                gateway_key = ec.generate_private_key(ec.SECP256R1())
+                gateway = _issue(ca_key, ca, gateway_key, ["localhost", "gateway-secured"])
+                _write(path, gateway.public_bytes(pem) + ca_pem, PTEL_UID, 0o644)
+                key = gateway_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+                _write(out / "gateway.key", key, PTEL_UID)
+            elif name != "gateway.key":  # written with gateway.pem
+                raise ValueError(f"make_secrets.py does not know how to make {name!r} (role {role.name})")
+            if os.geteuid() == 0 and path.exists():
+                os.chown(path, PTEL_UID, PTEL_UID)
     (folder / ".complete").write_text("made by deploy/compose/make_secrets.py\n")
     return True
-
-
-#: Files a folder made before they existed lacks: written when absent, never replaced (a new ledger key would make
-#: the workers refuse their own ledger as tampered).
-ADDED_LATER = ("worker-operator-token", "gateway-operator-token", "ledger.key")
-
-
-def _add_missing(folder: Path) -> bool:
-    """Write those of :data:`ADDED_LATER` that ``folder`` lacks; whether any was written."""
-    from agents.stage2.ledger_seal import LedgerSecret  # the project image's own key file format
-
-    made = False
-    for name in ADDED_LATER:
-        path = folder / name
-        if path.exists():
-            continue
-        if name == "ledger.key":
-            LedgerSecret.from_file(path, create=True)  # mode 0600
-            if os.geteuid() == 0:
-                os.chown(path, PTEL_UID, PTEL_UID)
-        else:
-            _write(path, secrets.token_urlsafe(32).encode(), PTEL_UID)
-        made = True
-    return made
 
 
 def main() -> None:

@@ -27,10 +27,11 @@ import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics, ledger_topic
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
 from ptel.local_process import free_port
+from ptel.principal_roles import ROLES, Names
 from schemas.spec import CollectionSpec, load_spec
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec, read_topic, stop_monitor, wait_view
@@ -43,46 +44,16 @@ PRINCIPALS = ("device", "worker", "analyst", "gateway", "monitor")
 STOP_WITHIN_S = 40.0
 
 
+#: The test's SCRAM user of each role of ptel/principal_roles.py.
+ROLE_OF = {"device": "producer", "worker": "worker", "analyst": "analyst", "gateway": "gateway", "monitor": "monitor"}
+
+
 def principal_acls(spec: CollectionSpec, group: str, app_id: str) -> dict[str, dict[str, Acl]]:
-    """The ACLs of docs/operations.md ("Least privilege"), per principal and by a label naming each, for ``spec``,
-    worker group ``group`` and monitor app id ``app_id`` (every topic created beforehand by an administrator)."""
-    reports, releases, dead = spec.topics.reports, spec.topics.releases, spec.topics.dead_letter
-    ledger = ledger_topic(reports)
-    w = "User:worker"
-    worker = {
-        "Read reports": Acl(w, "Read", "Topic", reports),
-        "DescribeConfigs reports": Acl(w, "DescribeConfigs", "Topic", reports),
-        **{
-            f"{op} {label}": Acl(w, op, "Topic", t)
-            for label, t in (("dead-letter", dead), ("releases", releases))
-            for op in ("Write", "DescribeConfigs")
-        },
-        **{
-            f"{op} group topics": Acl(w, op, "Topic", f"{group}.", "PREFIXED")
-            for op in ("Read", "Write", "DescribeConfigs")
-        },
-        **{f"{op} ledger": Acl(w, op, "Topic", ledger) for op in ("Read", "Write", "DescribeConfigs")},
-        "Read group": Acl(w, "Read", "Group", group),
-        "Write stage-1 transactional ids": Acl(w, "Write", "TransactionalId", f"{group}.stage1.", "PREFIXED"),
-        "Write stage-2 transactional id": Acl(w, "Write", "TransactionalId", f"{ledger}.stage2"),
-    }
-    return {
-        "device": {"Write reports": Acl("User:device", "Write", "Topic", reports)},
-        "worker": worker,
-        "analyst": {"Read releases": Acl("User:analyst", "Read", "Topic", releases)},
-        # the idempotent producer's InitProducerId needs no more than Write on a topic (KIP-679); Read: the
-        # idempotency keys of recent windows read back at start (gateway.idempotency_recovery)
-        "gateway": {
-            "Write reports": Acl("User:gateway", "Write", "Topic", reports),
-            "Read reports": Acl("User:gateway", "Read", "Topic", reports),
-        },
-        "monitor": {
-            "Read releases": Acl("User:monitor", "Read", "Topic", releases),
-            "Read dead-letter": Acl("User:monitor", "Read", "Topic", dead),
-            "All app topics": Acl("User:monitor", "All", "Topic", app_id, "PREFIXED"),
-            "All group": Acl("User:monitor", "All", "Group", app_id),
-        },
-    }
+    """The ACLs of the one table (ptel/principal_roles.py; docs/operations.md, "Least privilege"), per principal and
+    by a label naming each, for ``spec``, worker group ``group`` and monitor app id ``app_id`` (every topic created
+    beforehand by an administrator)."""
+    names = Names.for_spec(spec, group, app_id)
+    return {user: ROLES[role].acls(f"User:{user}", names) for user, role in ROLE_OF.items()}
 
 
 #: Every (principal, ACL label) of :func:`principal_acls`; the first five and one each of the gateway and the monitor

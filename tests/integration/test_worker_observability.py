@@ -20,6 +20,7 @@ from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.runtime.composition import build_worker
 from agents.runtime.observability import WorkerObserver, serve
 from agents.runtime.worker import WorkerSettings
+from agents.stage1.validation import REJECTION_REASONS
 from agents.windowing.watermarks import IdlePolicy
 from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
@@ -95,8 +96,16 @@ async def test_metrics_health_and_readiness_follow_the_broker(restartable_broker
             assert name in families, (name, sorted(families))
         counted = next(s.value for s in families["ptel_worker_reports_counted"].samples if s.name.endswith("_total"))
         assert counted == 40
-        reasons = {s.labels["reason"] for s in families["ptel_worker_rejected_records"].samples}
-        assert "wire.empty" in reasons
+        dead = {
+            (s.labels["reason"], s.labels["partition"]): s.value
+            for s in families["ptel_worker_rejected_records"].samples
+            if s.name.endswith("_total")
+        }
+        # every reason of every partition has a series from 0 on (a rate and the panel show 0, not nothing)
+        partitions = {p for _, p in dead}
+        assert {r for r, _ in dead} == set(REJECTION_REASONS) and partitions, sorted(dead)
+        assert sum(dead[("wire.empty", p)] for p in partitions) == 1
+        assert sum(dead.values()) == 1, {k: v for k, v in dead.items() if v}
         assert any(s.labels.get("metric") == "crashed" for s in families["ptel_worker_privacy_spent"].samples)
         assert (await _get(f"{base}/healthz"))[0] == 200
         assert (await _get(f"{base}/readyz"))[0] == 200

@@ -54,6 +54,9 @@ ALL_COMMANDS = {
     "gateway-keys",
     "schema",
     "spec",
+    "topics",
+    "acls",
+    "ledger",
 }
 
 

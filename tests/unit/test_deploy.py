@@ -18,7 +18,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +51,9 @@ KUBERNETES_VERSION = "1.37.0"
 
 def _k8s_objects() -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+    for path in sorted((DEPLOY / "kubernetes" / "base").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
         out += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
     return out
 
@@ -102,7 +109,7 @@ def test_workload_probes_command_and_secrets(obj: dict[str, Any]) -> None:
     # secrets come from Secret objects mounted as files; nothing secret in env or args
     secrets = {o["metadata"]["name"] for _, o in OBJECTS if o["kind"] == "Secret"}
     mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert "ptel-kafka" in mounted and mounted <= secrets
+    assert mounted == {f"ptel-{args[1]}"} and mounted <= secrets  # its own Secret only (test_principal_roles.py)
     assert parsed.kafka_config is not None and str(parsed.kafka_config).startswith("/etc/ptel/kafka/")
     for env in container.get("env", []):
         # a *_FILE variable names a file (its origin is checked below), never a secret itself
@@ -162,7 +169,10 @@ def _secret_file(pod: dict[str, Any], container: dict[str, Any], path: str) -> S
         mode = volume["secret"].get("defaultMode", 0o644)
         if pod.get("securityContext", {}).get("fsGroup") is not None:
             mode |= 0o440
-        return SecretFile(volume["secret"]["secretName"], relative, mode, read_only)
+        items = {i["path"]: i["key"] for i in volume["secret"].get("items", [])}
+        if items and relative not in items:
+            return None  # a file the volume does not project
+        return SecretFile(volume["secret"]["secretName"], items.get(relative, relative), mode, read_only)
     if "emptyDir" in volume:
         for init in pod.get("initContainers", []):
             for destination, (source, mode) in _copies(init).items():
@@ -309,7 +319,7 @@ def test_the_gateway_reads_its_key_file_owner_only_from_its_secret() -> None:
     (pod, gateway) = next((p, c) for _, p, c in _pods(K8S) if c["args"][1] == "gateway")
     keys = str(build_parser().parse_args(gateway["args"][1:]).keys)
     origin = _secret_file(pod, gateway, keys)
-    assert origin is not None and origin.secret == "ptel-gateway-keys" and _owner_only(origin), origin
+    assert origin is not None and origin.secret == "ptel-gateway" and _owner_only(origin), origin
     assert not _owner_only(_secret_file(pod, pod["initContainers"][0], "/etc/ptel/gateway/gateway.keys"))
 
 
@@ -511,6 +521,42 @@ def test_every_alert_has_a_steady_state_case_in_the_promtool_tests() -> None:
             assert name in EXPORTED, name
 
 
+PROMTOOL = ROOT / ".tools" / "promtool"
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    if not os.access(PROMTOOL, os.X_OK):
+        pytest.fail(f"{PROMTOOL} is missing: `make setup` puts Debian's promtool there (or `make check-deploy`)")
+    return subprocess.run([str(PROMTOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_promtool_checks_and_tests_the_rules() -> None:
+    """``promtool check rules`` and ``test rules``: every alert silent at steady state, the budget alerts and the
+    ledger alert firing on their cases."""
+    folder = DEPLOY / "prometheus"
+    done = _promtool("check", "rules", "ptel-rules.yml", cwd=folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = _promtool("test", "rules", "ptel-rules.test.yml", cwd=folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("ptel_worker_ledger_refused) == 1", "ptel_worker_ledger_refused) == 2"),
+        ("(ptel_worker_ledger_refused) == 1\n        for: 1m", "(ptel_worker_ledger_refused) == 1"),
+    ],
+    ids=["never-fires", "fires-on-one-scrape"],
+)
+def test_the_promtool_ledger_case_fails_on_a_broken_alert(tmp_path: Path, old: str, new: str) -> None:
+    rules = (DEPLOY / "prometheus" / "ptel-rules.yml").read_text()
+    assert old in rules
+    (tmp_path / "ptel-rules.yml").write_text(rules.replace(old, new))
+    (tmp_path / "ptel-rules.test.yml").write_text((DEPLOY / "prometheus" / "ptel-rules.test.yml").read_text())
+    done = _promtool("test", "rules", "ptel-rules.test.yml", cwd=tmp_path)
+    assert done.returncode != 0 and "PtelLedgerRefused" in done.stdout + done.stderr, done.stdout
+
+
 # The budget alert, replayed on the real ledger for three horizons of the demo spec's windows.
 DEMO = load_spec(ROOT / "ptel" / "examples" / "demo-spec.yaml")
 AHEAD_MARGIN = 1.001  # the rule's: spent > schedule * 1.001
@@ -597,15 +643,59 @@ def _unit_settings(text: str) -> dict[str, list[str]]:
     return out
 
 
+def systemd_argv(text: str, instance: str) -> tuple[int, list[str], str]:
+    """(exit status, the worker's argv with ``ptel`` first, stderr) of the unit's ExecStart for ``instance``, run as
+    systemd would after its specifier and ``$$`` substitutions -- the shell really runs, with the worker replaced by
+    ``printf`` of its arguments."""
+    (exec_start,) = _unit_settings(text)["ExecStart"]
+    line = exec_start.replace("%i", instance).replace("%d", f"/run/credentials/ptel-worker@{instance}.service")
+    line = line.replace("$$", "$").replace("exec /opt/ptel/venv/bin/ptel ", 'exec printf "%s\\n" ptel ')
+    argv = shlex.split(line)
+    if argv[:2] != ["/bin/sh", "-c"]:
+        return 0, ["ptel", *argv[1:]], ""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    return done.returncode, done.stdout.splitlines(), done.stderr
+
+
+@pytest.mark.parametrize("instance", ["0", "1", "9", "10", "42", "123", "56427"])
+def test_systemd_metrics_port_is_9108_plus_any_instance_number(instance: str) -> None:
+    """The issue's finding: ``--metrics-port 91%i8`` gave ports for instances 0-9 only (``@10``: 91108, invalid)."""
+    code, argv, err = systemd_argv(SYSTEMD_UNIT, instance)
+    assert code == 0, err
+    assert build_parser().parse_args(argv[1:]).metrics_port == 9108 + int(instance)
+
+
+@pytest.mark.parametrize("instance", ["", "x", "1a", "08", "56428", "-1"])
+def test_systemd_refuses_an_instance_that_is_no_port(instance: str) -> None:
+    code, argv, err = systemd_argv(SYSTEMD_UNIT, instance)
+    assert code == 2 and "ptel-worker@" in err and argv == [], (code, argv, err)
+
+
+def test_systemd_unit_is_sandboxed() -> None:
+    """``systemd-analyze security --offline=yes``: the issue measured 8.5 EXPOSED; below 2 now."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze is missing (Debian: apt-get install systemd)")
+    # the offline analysis reads the unit's name: an instance of a template
+    with tempfile.TemporaryDirectory() as folder:
+        unit = Path(folder) / "ptel-worker@.service"
+        unit.write_text(SYSTEMD_UNIT)
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+    assert found is not None, done.stdout[-2000:] + done.stderr
+    assert float(found.group(1)) < 2.0, done.stdout[-3000:]
+
+
 def _systemd_problems(text: str) -> list[str]:
     """The deployment rules on the worker unit: its ledger key file is named, exists before start (the unit asserts
     it) and is not a systemd credential (shown mode 0440: refused); /metrics off loopback has its token."""
     settings = _unit_settings(text)
     credentials = "/run/credentials/ptel-worker@0.service"  # %d
     env = dict(e.replace("%d", credentials).split("=", 1) for e in settings.get("Environment", []))
-    (exec_start,) = settings["ExecStart"]
-    argv = [a.replace("%i", "0").replace("%d", credentials) for a in exec_start.split()]
-    argv[0] = "ptel"
+    code, argv, _ = systemd_argv(text, "0")
+    assert code == 0, argv
     problems = metrics_route_problems(argv)
     key = ledger_key_file(argv, env)
     if key is None:
@@ -626,8 +716,7 @@ def _systemd_problems(text: str) -> list[str]:
 
 def test_systemd_unit_runs_the_worker_with_files_for_secrets() -> None:
     settings = _unit_settings(SYSTEMD_UNIT)
-    argv = settings["ExecStart"][0].split()
-    parsed = build_parser().parse_args([a.replace("%i", "0") for a in argv[1:]])
+    parsed = build_parser().parse_args(systemd_argv(SYSTEMD_UNIT, "0")[1][1:])
     assert parsed.func is not None and parsed.kafka_config is not None
     assert settings["Restart"] == ["on-failure"] and settings["KillSignal"] == ["SIGTERM"]
     assert settings["User"] == ["ptel"]

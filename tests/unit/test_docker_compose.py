@@ -10,18 +10,16 @@ generates; the secured profile's servers are scrapeable from the network.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.deploy_rules import ledger_key_file, metrics_route, metrics_route_problems
+from tests.deploy_rules import ledger_key_file, make_secrets_module, metrics_route, metrics_route_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +42,7 @@ def _listeners(value: str) -> dict[str, str]:
     return dict(item.split("://", 1) for item in value.split(","))
 
 
-SECURED = {"secrets", "kafka-secured", "worker-secured", "monitor-secured", "gateway-secured"}
+SECURED = {"secrets", "kafka-secured", "kafka-setup", "worker-secured", "monitor-secured", "gateway-secured"}
 
 
 def test_services(compose: dict[str, Any]) -> None:
@@ -118,11 +116,14 @@ def test_secured_profile_reads_every_secret_from_files(compose: dict[str, Any]) 
     for name in ("worker-secured", "monitor-secured", "gateway-secured"):
         command = services[name]["command"]
         assert command[command.index("--kafka-config") + 1].startswith("/run/secrets/ptel/"), name
-        assert "--bootstrap" not in command and "ptel-secrets:/run/secrets/ptel:ro" in services[name]["volumes"]
-        assert services[name]["depends_on"]["kafka-secured"]["condition"] == "service_healthy"
+        own = f"ptel-secrets-{name.removesuffix('-secured')}:/run/secrets/ptel:ro"
+        assert "--bootstrap" not in command and services[name]["volumes"] == [own], name
+        # the topics and the ACLs are there before any service starts
+        assert services[name]["depends_on"] == {"kafka-setup": {"condition": "service_completed_successfully"}}
+    assert services["kafka-setup"]["depends_on"]["kafka-secured"]["condition"] == "service_healthy"
     for name in SECURED:
         text = yaml.safe_dump(services[name]).lower()
-        assert "password" not in text.replace("broker-key-password", "").replace("kafka-password", ""), name
+        assert "password" not in text.replace("broker-key-password", ""), name
     assert services["kafka-secured"]["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
     # the profile's first service builds the image (the profile runs without the default services)
     assert services["secrets"]["build"]["dockerfile"] == "Dockerfile"
@@ -139,77 +140,61 @@ def test_secured_broker_listens_on_sasl_ssl_only() -> None:
         # a listener that is not SASL_SSL is bound to the container's loopback only
         assert protocols[name] == "SASL_SSL" or address.startswith("127.0.0.1:"), (name, address)
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
-    assert "--add-scram" in script and "SCRAM-SHA-512=[name=ptel" in script
+    assert "--add-scram" in script and 'SCRAM-SHA-512=[name=${file##*/scram-}' in script
+    # deny by default; the administrator and the loopback-only listeners' ANONYMOUS are the only super users
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:ptel-admin;User:ANONYMOUS"
 
 
-def _make_secrets_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_secrets", ROOT / "deploy" / "compose" / "make_secrets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_make_secrets_writes_a_loadable_client_config(tmp_path: Path) -> None:
-    """The generated client file is a valid --kafka-config for SASL_SSL; every secret file is mode 0600; a second
-    run keeps the first run's secrets."""
-    from kafka_settings.connection import KafkaConnection
-
-    module = _make_secrets_module()
-    folder = tmp_path / "secrets"
-    assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
-    connection = KafkaConnection.load(folder / "kafka-client.yaml")
-    assert connection.security_protocol == "SASL_SSL" and connection.sasl_mechanism == "SCRAM-SHA-512"
-    assert connection.bootstrap_servers == "kafka-secured:9093"
-    assert connection.sasl_password is not None
-    password = connection.sasl_password.get_secret_value()
-    assert password == (folder / "kafka-password").read_text() and len(password) >= 32
-    for name in ("kafka-client.yaml", "kafka-password", "broker-key-password", "broker-keystore.p12",
-                 "monitor-operator-token", "gateway.keys", "gateway.key", "worker-operator-token",
-                 "gateway-operator-token", "ledger.key"):  # fmt: skip
-        assert (folder / name).stat().st_mode & 0o777 == 0o600, name
-    assert (folder / "ca.pem").read_bytes().startswith(b"-----BEGIN CERTIFICATE-----")
-    assert module.make_secrets(folder, "kafka-secured", mount=folder) is False
-    assert (folder / "kafka-password").read_text() == password
-
-
-def test_make_secrets_writes_the_workers_ledger_key_once(tmp_path: Path) -> None:
-    """``ledger.key`` is a key the worker loads (its own format, owner-only); a second run keeps it byte for byte (a
-    new one would make the workers refuse their ledger); a folder made before it existed gets it and the tokens,
-    and keeps everything else."""
+def test_make_secrets_writes_each_service_its_own_login_and_only_its_row(tmp_path: Path) -> None:
+    """Each service's folder holds exactly its row's files (ptel/principal_roles.py), a --kafka-config that loads
+    with its own SCRAM user, whose password the broker's folder has under that user's name; every secret file is
+    mode 0600; the worker's ledger key is one the worker loads; a second run keeps everything."""
     from agents.stage2.ledger_seal import LedgerSecret
+    from kafka_settings.connection import KafkaConnection
+    from ptel.principal_roles import ADMIN, ROLES
 
-    module = _make_secrets_module()
+    module = make_secrets_module()
     folder = tmp_path / "secrets"
-    assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
-    key = (folder / "ledger.key").read_bytes()
-    assert len(LedgerSecret.from_file(folder / "ledger.key", create=False).secret) == 32
-    for name in ("worker-operator-token", "gateway-operator-token"):
-        assert len((folder / name).read_text()) >= 16, name
-    assert module.make_secrets(folder, "kafka-secured", mount=folder) is False
-    assert (folder / "ledger.key").read_bytes() == key
-    # an older version's folder: .complete, but none of the files added later
-    password = (folder / "kafka-password").read_bytes()
-    for name in module.ADDED_LATER:
-        (folder / name).unlink()
-    assert module.make_secrets(folder, "kafka-secured", mount=folder) is True
-    assert {p.name for p in folder.iterdir()} >= set(module.ADDED_LATER)
-    assert (folder / "ledger.key").stat().st_mode & 0o777 == 0o600
-    assert (folder / "kafka-password").read_bytes() == password
+    assert module.make_secrets(folder, "kafka-secured", mount=folder / "worker") is True  # where ca.pem is, here
+    users = set()
+    for service in module.SERVICES:
+        role = ROLES.get(service, ADMIN)
+        files = {p.name for p in (folder / service).iterdir()}
+        assert files == set(role.secrets), service
+        connection = KafkaConnection.load(folder / service / "kafka.yaml")
+        assert connection.security_protocol == "SASL_SSL" and connection.sasl_mechanism == "SCRAM-SHA-512"
+        assert connection.bootstrap_servers == "kafka-secured:9093"
+        assert f"User:{connection.sasl_username}" == role.principal, service
+        assert connection.sasl_password is not None
+        password = connection.sasl_password.get_secret_value()
+        assert (folder / "kafka" / f"scram-{connection.sasl_username}").read_text() == password
+        assert len(password) >= 32
+        users.add(connection.sasl_username)
+        for name in files - {"ca.pem", "gateway.pem"}:
+            assert (folder / service / name).stat().st_mode & 0o777 == 0o600, (service, name)
+    assert len(users) == len(module.SERVICES)  # one principal per service
+    assert {p.name for p in (folder / "kafka").iterdir()} == {
+        "ca.pem", "broker-keystore.p12", "broker-key-password", *(f"scram-{u}" for u in users)
+    }  # fmt: skip
+    key = (folder / "worker" / "ledger.key").read_bytes()
+    assert len(LedgerSecret.from_file(folder / "worker" / "ledger.key", create=False).secret) == 32
+    assert not (folder / "gateway" / "ledger.key").exists()
+    assert module.make_secrets(folder, "kafka-secured") is False
+    assert str(module.MOUNT) == "/run/secrets/ptel"  # where every service mounts its own volume
+    assert (folder / "worker" / "ledger.key").read_bytes() == key
 
 
 # ------------------------------------------------------------------------------------- the deployment rules
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """The files make_secrets.py writes into the ``ptel-secrets`` volume (run for real)."""
+def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """The files make_secrets.py writes into each ``ptel-secrets-<service>`` volume (run for real)."""
     folder = tmp_path_factory.mktemp("secrets") / "ptel"
-    _make_secrets_module().make_secrets(folder, "kafka-secured", mount=folder)
-    return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
-
-
-SECRETS_VOLUME = "ptel-secrets"
+    make_secrets_module().make_secrets(folder, "kafka-secured", mount=folder)
+    return {f"ptel-secrets-{d.name}": {p.name for p in d.iterdir()} for d in folder.iterdir() if d.is_dir()}
 
 
 def _volume_at(service: dict[str, Any], path: str) -> tuple[str, str, str, bool] | None:
@@ -228,7 +213,7 @@ def _image_owned_dirs() -> set[str]:
     return set(re.findall(r"install -d -o ptel -g ptel -m 0?700 (\S+)", text))
 
 
-def _rule_problems(compose: dict[str, Any], generated: set[str]) -> list[str]:
+def _rule_problems(compose: dict[str, Any], generated: dict[str, set[str]]) -> list[str]:
     problems: list[str] = []
     declared = set(compose.get("volumes", {}))
     keys: dict[str, set[tuple[str, str]]] = {}
@@ -240,7 +225,7 @@ def _rule_problems(compose: dict[str, Any], generated: set[str]) -> list[str]:
         route = metrics_route(command)
         if route is not None and route.token_file is not None:
             where = _volume_at(service, route.token_file)
-            if where is None or where[0] != SECRETS_VOLUME or where[2] not in generated:
+            if where is None or where[2] not in generated.get(where[0], set()):
                 problems.append(f"{name}: operator token {route.token_file} is no file make_secrets.py writes")
         if command[1] != "worker":
             continue
@@ -252,9 +237,9 @@ def _rule_problems(compose: dict[str, Any], generated: set[str]) -> list[str]:
         source, target, relative, read_only = where
         if source not in declared:
             problems.append(f"{name}: ledger key on {source}, not a named volume of the file")
-        if source == SECRETS_VOLUME and relative not in generated:
+        if source in generated and relative not in generated[source]:
             problems.append(f"{name}: ledger key {key} is no file make_secrets.py writes (never made)")
-        if source != SECRETS_VOLUME and (read_only or target not in _image_owned_dirs()):
+        if source not in generated and (read_only or target not in _image_owned_dirs()):
             problems.append(f"{name}: the worker cannot make its ledger key in {target} (read-only or not ptel's)")
         keys.setdefault(",".join(service.get("profiles", ["default"])), set()).add((source, relative))
     problems += [f"profile {p}: workers read different ledger keys {sorted(k)}" for p, k in keys.items() if len(k) > 1]
@@ -268,9 +253,9 @@ def _rule_problems(compose: dict[str, Any], generated: set[str]) -> list[str]:
 
 
 def test_every_worker_has_one_lasting_ledger_key_and_every_operator_route_its_token(
-    compose: dict[str, Any], generated: set[str]
+    compose: dict[str, Any], generated: dict[str, set[str]]
 ) -> None:
-    assert {"ledger.key", "worker-operator-token", "gateway-operator-token"} <= generated
+    assert {"ledger.key", "operator-token"} <= generated["ptel-secrets-worker"]
     assert _rule_problems(compose, generated) == []
 
 
@@ -328,7 +313,7 @@ COMPOSE_MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 @pytest.mark.parametrize("mutation", COMPOSE_MUTATIONS)
 def test_the_compose_rule_checks_fail_without_their_setting(
-    compose: dict[str, Any], generated: set[str], mutation: str
+    compose: dict[str, Any], generated: dict[str, set[str]], mutation: str
 ) -> None:
     mutated: dict[str, Any] = json.loads(json.dumps(compose))
     COMPOSE_MUTATIONS[mutation](mutated)
@@ -426,3 +411,29 @@ def test_dockerfile_installs_the_project_with_constraints() -> None:
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", ".kafka"} <= ignored
+
+
+def test_kafka_setup_creates_the_topics_and_applies_each_services_acls(compose: dict[str, Any]) -> None:
+    """The secured profile's one-shot administrator: every ``ptel`` command of its script parses with the CLI, it
+    creates the topics first, then applies the ACLs of exactly the roles whose services the profile runs, each for
+    that service's own principal (the user make_secrets.py gives it)."""
+    import shlex
+
+    from ptel.cli import build_parser
+    from ptel.principal_roles import ROLES
+
+    service = compose["services"]["kafka-setup"]
+    assert service["command"][:2] == ["sh", "-ec"]
+    script = service["command"][2].replace("$$", "$")
+    commands = [c.strip().removeprefix("do ").strip() for c in script.split(";")]
+    ptel = [shlex.split(c) for c in commands if c.startswith("ptel ")]
+    assert [argv[1] for argv in ptel] == ["topics", "acls"]
+    loop = next(c for c in commands if c.startswith("for role in "))
+    roles = loop.removeprefix("for role in ").split()
+    for role in roles:
+        argv = [a.replace("$role", role) for a in ptel[1]]
+        args = build_parser().parse_args(argv[1:])
+        assert args.action == "apply" and args.role == role and args.principal == ROLES[role].principal
+    assert build_parser().parse_args(ptel[0][1:]).action == "create"
+    running = {name.removesuffix("-secured") for name in compose["services"] if name.endswith("-secured")} - {"kafka"}
+    assert set(roles) == running
