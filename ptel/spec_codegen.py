@@ -33,9 +33,9 @@ from collections.abc import Iterator
 
 from schemas.spec import CategoricalMetric, CollectionSpec, KeyedMetric, Metric, RapporMetric, RegressionMetric
 
-__all__ = ["typescript_module"]
+__all__ = ["BASIC_RAPPOR", "typescript_module", "value_doc"]
 
-_BASIC_RAPPOR = ("basic", "basic_one_time")
+BASIC_RAPPOR = ("basic", "basic_one_time")
 
 
 def _str(text: str) -> str:
@@ -63,7 +63,7 @@ def _value_type(metric: Metric) -> str:
     if isinstance(metric, CategoricalMetric):
         return "number" if metric.categories is None else _union(metric.categories)
     if isinstance(metric, RapporMetric):
-        return _union(metric.candidates) if metric.variant in _BASIC_RAPPOR else "string"
+        return _union(metric.candidates) if metric.variant in BASIC_RAPPOR else "string"
     if isinstance(metric, KeyedMetric):
         return "readonly [key: string, value: boolean]"
     if isinstance(metric, RegressionMetric):
@@ -71,7 +71,7 @@ def _value_type(metric: Metric) -> str:
     return "boolean"
 
 
-def _doc(metric: Metric) -> str:
+def value_doc(metric: Metric) -> str:
     """What the doc comment says of a metric's value (beyond its name and description)."""
     if isinstance(metric, CategoricalMetric):
         if metric.bins is None:
@@ -82,7 +82,7 @@ def _doc(metric: Metric) -> str:
             f"({_num(b.hi)} - {_num(b.lo)}) / {b.count} (hi falls in the last bin)"
         )
     if isinstance(metric, RapporMetric):
-        if metric.variant in _BASIC_RAPPOR:
+        if metric.variant in BASIC_RAPPOR:
             return f"one of the {len(metric.candidates)} candidates (RAPPOR {metric.variant})"
         shown = len(metric.candidates)
         return f"any valid Unicode string (RAPPOR {metric.variant}, decoded against {shown} candidates)"
@@ -98,7 +98,7 @@ def _doc(metric: Metric) -> str:
 
 
 def _doc_line(metric: Metric) -> str:
-    text = f"{metric.name} ({metric.kind}): {_doc(metric)}. {metric.description}".rstrip()
+    text = f"{metric.name} ({metric.kind}): {value_doc(metric)}. {metric.description}".rstrip()
     return f"  /** {_comment(text)} */"
 
 
@@ -112,7 +112,7 @@ def _check(metric: Metric, name: str) -> str:
             return f"checkNumber({n}, 'value', value, {_num(b.lo)}, {_num(b.hi)});"
         return f"checkOneOf({n}, 'value', value, [{', '.join(_str(c) for c in metric.categories)}]);"
     if isinstance(metric, RapporMetric):
-        if metric.variant in _BASIC_RAPPOR:
+        if metric.variant in BASIC_RAPPOR:
             return f"checkOneOf({n}, 'value', value, [{', '.join(_str(c) for c in metric.candidates)}]);"
         return f"checkString({n}, 'value', value);"
     if isinstance(metric, KeyedMetric):
