@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from producers.contribution import KEPT_WINDOWS, ContributionLimiter
@@ -99,6 +99,10 @@ _READING = st.one_of(
 
 
 @settings(max_examples=100, deadline=None)
+# a full window, K newer ones, then the clock back in it (a rule that forgets without a floor admits a third report)
+@example(readings=[("true", 0), ("true", 0), *[("true", SIZE_S)] * KEPT_WINDOWS, ("again", 10)], wrong_ahead_limit=0)
+# one reading far ahead, then the true clock (version 1's rule refuses it)
+@example(readings=[("ahead", 10**6), ("true", SIZE_S)], wrong_ahead_limit=1)
 @given(readings=st.lists(_READING, max_size=80), wrong_ahead_limit=st.integers(0, KEPT_WINDOWS + 2))
 def test_random_clocks_never_over_admit_and_lock_out_only_after_k_windows_ahead(
     tmp_path_factory: pytest.TempPathFactory, readings: list[tuple[str, int]], wrong_ahead_limit: int
