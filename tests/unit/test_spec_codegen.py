@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ TSCONFIG = {
 
 
 def _tools() -> None:
+    if shutil.which("node") is None:
+        pytest.fail("the generated TypeScript API's tests need Node.js >= 20 on PATH (apt-get install nodejs npm)")
     if not (BIN / "tsc").exists() or not (BIN / "esbuild").exists():
         pytest.fail(f"the TypeScript client's dev dependencies are missing ({BIN}): run `make setup`")
 
