@@ -1,5 +1,8 @@
 """``ptel spec check SPEC [--clients N]``: validate a collection spec and say what each metric costs and can show.
 
+``ptel spec typescript SPEC [--out FILE]`` writes the spec's typed TypeScript API (:mod:`ptel.spec_codegen`),
+``ptel spec python SPEC [--out FILE]`` its typed Python API (:mod:`ptel.spec_codegen_python`).
+
 For every metric: the privacy cost of one window and of the retention horizon (per client, the ledger's unit) against
 its budget, then what its kind adds (:mod:`ptel.spec_advice`: keyed metrics' key capacity, RAPPOR metrics'
 detectable shares and false discoveries at ``--clients`` devices, with a WARNING where nothing is detectable). Exit 0
@@ -9,11 +12,15 @@ when the spec is valid (warnings included), 2 when it is not (the reasons printe
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
 from mechanisms.core.directed import mul_up
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
 from ptel.spec_advice import advice_of
+from ptel.spec_codegen import typescript_module
+from ptel.spec_codegen_python import python_module
 from schemas.spec import CollectionSpec
 
 
@@ -27,6 +34,10 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser("check", help="validate SPEC and print each metric's cost and detection floor")
     check.add_argument("spec_file", metavar="SPEC", help="collection spec (YAML or JSON)")
     check.add_argument("--clients", type=_positive, default=2000, help="devices reporting each window (default 2000)")
+    for language, what in (("typescript", "one object per metric"), ("python", "one method per metric")):
+        gen = sub.add_parser(language, help=f"write SPEC's typed {language} API: {what}, value types from the spec")
+        gen.add_argument("spec_file", metavar="SPEC", help="collection spec (YAML or JSON)")
+        gen.add_argument("--out", metavar="FILE", type=Path, default=None, help="write it to FILE (default: stdout)")
     p.set_defaults(func=run)
 
 
@@ -88,6 +99,18 @@ def run(args: Any) -> int:
     spec = load_spec_or_report(args.spec_file)
     if spec is None:
         return SPEC_ERROR_EXIT
+    if args.spec_command in ("typescript", "python"):
+        make = typescript_module if args.spec_command == "typescript" else python_module
+        module = make(spec, Path(args.spec_file).name)
+        if args.out is None:
+            sys.stdout.write(module)
+            return 0
+        try:
+            args.out.write_text(module, encoding="utf-8")
+        except OSError as err:
+            print(f"ptel spec {args.spec_command}: cannot write {args.out}: {err.strerror}", file=sys.stderr)
+            return 1
+        return 0
     lines, _ = check_lines(spec, args.clients)
     print("\n".join(lines))
     return 0

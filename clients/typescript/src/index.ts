@@ -10,7 +10,7 @@ export { sha256 } from "./hash/sha256.js";
 export { shake256 } from "./hash/shake256.js";
 export { canonicalJson, parseJsonTree, pythonFloatRepr, JsonNumber, type JsonTree } from "./json.js";
 export { makePrivatizers, Privatizer, privatizerOf, type Payload, type Report } from "./privatize.js";
-export { ContributionLimiter, type QuotaStore, type Refusal } from "./quota.js";
+export { ContributionLimiter, KEPT_WINDOWS, type QuotaStore, type Refusal } from "./quota.js";
 export { CryptoRandom, cryptoRandom, type RandomSource } from "./random.js"; // the ...ForTests sources: Node entry only
 export { BoolRandomizedResponse, KaryRandomizedResponse, LocalHashing, packBits, UnaryEncoding } from "./randomizers.js";
 export { bloomIndices, cohortOf, prrContext, prrThresholds, RapporEncoder, type RapporConfig, type RapporVariant } from "./rappor.js";

@@ -6,12 +6,25 @@
  * - at most `reports_per_window` reports;
  * - keyed metrics: each key at most once, at most `keys_per_window` distinct keys.
  *
- * State is kept for the newest window seen and the 3 before it (older windows are refused). Every admission reads
+ * **The clock rule** (the same as Python's, stated with its proofs in `producers/contribution.py`; both clients check
+ * the shared vectors of `tests/data/quota_clock_vectors.json`): a report's window is `floor(clientTime / size_s)` from
+ * the device clock, right or wrong. Exact counts are kept for the **kept windows** -- the at most {@link KEPT_WINDOWS}
+ * = K = 8 newest windows in which a report was admitted -- plus a `floor` (none at first). A report of window `w`:
+ * (1) `w` kept: judged by its counts; (2) else refused (`window_too_old`) when `w < floor`, or when K windows are kept
+ * and `w` is older than all of them; (3) else `w` is new: once it holds an admitted report it is kept, and beyond K
+ * kept windows the oldest, `o`, is forgotten and `floor = max(floor, o + 1)`. So no (metric, window) ever gets more
+ * than `reports_per_window` reports (every window holding a report is kept, exactly, or below the floor), whatever
+ * the clock does, reloads included; and a report is refused for its window only when K distinct later windows hold
+ * reports -- a clock wrong ahead in fewer than K distinct windows (one reading of 2100-01-01) never locks the device
+ * out, and one wrong reading in the past only spends its own window.
+ *
+ * Every admission reads
  * the saved state, admits and saves it in ONE exclusive step ({@link QuotaStore.update}: one read-write IndexedDB
  * transaction in browsers, a lock file in Node), so several tabs or processes of one device share one quota rather
  * than each spending a full one; the state is saved before the reports are handed to the transport, in the Python
- * client's JSON format `{"v": 1, "newest": w, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric:
- * {pseudonym: [keys]}}}}`, so a reload never sends another quota in the same window. Unreadable state fails closed
+ * client's JSON format `{"v": 2, "floor": f | null, "counts": {w: {metric: {pseudonym: n}}}, "keys": {w: {metric:
+ * {pseudonym: [keys]}}}}` (version 1, `{"v": 1, "newest": w, ...}`, is read with `floor = newest - 3`), so a reload
+ * never sends another quota in the same window. Unreadable state fails closed
  * ({@link QuotaStateError}), as does missing state when it must exist (it was created with the secret).
  */
 
@@ -19,7 +32,8 @@ import { QuotaStateError } from "./errors.js";
 import type { Report } from "./privatize.js";
 import type { CollectionSpec } from "./spec.js";
 
-const KEEP_WINDOWS = 3;
+/** K of the clock rule: windows whose counts are kept exactly (the newest ones holding an admitted report). */
+export const KEPT_WINDOWS = 8;
 
 /** Where the quota state lives: a file (Node), IndexedDB (browsers), or memory. Its only operation is one exclusive
  * read-change-save step: a separate read and save would let two tabs or processes each spend a full quota. */
@@ -38,7 +52,8 @@ export class ContributionLimiter {
   private readonly maxKeys: ReadonlyMap<string, number>;
   private counts = new Map<number, Map<string, Map<bigint, number>>>();
   private keys = new Map<number, Map<string, Map<bigint, Set<string>>>>();
-  private newest = -1;
+  /** Windows below it were forgotten (they may hold reports): refused. */
+  private floor: number | null = null;
   private changed = false;
   private tail: Promise<unknown> = Promise.resolve();
 
@@ -61,7 +76,7 @@ export class ContributionLimiter {
   private parse(text: string | null, mustExist: boolean): boolean {
     this.counts = new Map();
     this.keys = new Map();
-    this.newest = -1;
+    this.floor = null;
     if (text === null) {
       if (mustExist) {
         throw new QuotaStateError(
@@ -71,10 +86,17 @@ export class ContributionLimiter {
       return false;
     }
     try {
-      const doc = JSON.parse(text) as { v: unknown; newest: unknown; counts: unknown; keys: unknown };
-      if (doc.v !== 1) throw new Error(`unknown version ${JSON.stringify(doc.v)}`);
-      if (!Number.isInteger(doc.newest)) throw new Error("newest must be an integer");
-      this.newest = doc.newest as number;
+      const doc = JSON.parse(text) as { v: unknown; newest: unknown; floor: unknown; counts: unknown; keys: unknown };
+      if (doc.v === 1) {
+        // newest + 3 windows kept: the older ones were forgotten, and may hold reports
+        if (!Number.isInteger(doc.newest)) throw new Error("newest must be an integer");
+        this.floor = (doc.newest as number) >= 0 ? (doc.newest as number) - 3 : null;
+      } else if (doc.v === 2) {
+        if (doc.floor !== null && !Number.isInteger(doc.floor)) throw new Error("floor must be an integer or null");
+        this.floor = doc.floor as number | null;
+      } else {
+        throw new Error(`unknown version ${JSON.stringify(doc.v)}`);
+      }
       for (const [w, metrics] of Object.entries(doc.counts as Record<string, Record<string, Record<string, number>>>)) {
         for (const [metric, sent] of Object.entries(metrics)) {
           const table = this.table(this.counts, Number(w), metric);
@@ -89,6 +111,9 @@ export class ContributionLimiter {
           const table = this.table(this.keys, Number(w), metric);
           for (const [p, ks] of Object.entries(kept)) table.set(BigInt(p), new Set(ks.map(String)));
         }
+      }
+      if (this.counts.size > KEPT_WINDOWS || [...this.keys.keys()].some((w) => !this.counts.has(w))) {
+        throw new Error("more windows than kept, or keys of a window without counts");
       }
     } catch (err) {
       throw new QuotaStateError(`the quota state is malformed (${(err as Error).message}); refusing to send rather than forget what this device already sent`);
@@ -136,19 +161,29 @@ export class ContributionLimiter {
     return t;
   }
 
+  /** `"window_too_old"` when reports of `window` are refused whatever their counts (the clock rule, rule 2): not
+   * kept, and below the floor or below every one of {@link KEPT_WINDOWS} kept windows; `null` otherwise. */
+  windowRefusal(window: number): Refusal | null {
+    if (this.counts.has(window)) return null;
+    if (this.floor !== null && window < this.floor) return "window_too_old";
+    if (this.counts.size >= KEPT_WINDOWS && window < Math.min(...this.counts.keys())) return "window_too_old";
+    return null;
+  }
+
   /** Record and admit one report (`null`), or refuse it (nothing recorded) with the bound it would break. */
   admit(report: Report): Refusal | null {
     const window = Math.floor(report.clientTime / this.windowSizeS);
-    if (window < this.newest - KEEP_WINDOWS) return "window_too_old";
-    if (window > this.newest) {
-      this.newest = window;
-      for (const w of [...this.counts.keys()]) {
-        if (w < window - KEEP_WINDOWS) {
-          this.counts.delete(w);
-          this.keys.delete(w);
-        }
-      }
-    }
+    const tooOld = this.windowRefusal(window);
+    if (tooOld !== null) return tooOld;
+    const wasKept = this.counts.has(window);
+    const why = this.judge(window, report);
+    if (!wasKept) this.settle(window, why === null);
+    if (why === null) this.changed = true;
+    return why;
+  }
+
+  /** Admit `report` against its window's counts (recording it) or say which bound refuses it. */
+  private judge(window: number, report: Report): Refusal | null {
     const counts = this.table(this.counts, window, report.metric);
     const keysets = this.table(this.keys, window, report.metric);
     const sent = counts.get(report.pseudonym) ?? 0;
@@ -162,21 +197,40 @@ export class ContributionLimiter {
       seen.add(report.payload.key);
     }
     counts.set(report.pseudonym, sent + 1);
-    this.changed = true;
     return null;
   }
 
-  /** The state as the Python client writes it. */
+  /** A window that was not kept is kept once it holds a report (beyond {@link KEPT_WINDOWS}, the oldest is forgotten
+   * and the floor rises past it), else dropped again. */
+  private settle(window: number, admitted: boolean): void {
+    if (!admitted) {
+      this.counts.delete(window);
+      this.keys.delete(window);
+      return;
+    }
+    if (this.counts.size > KEPT_WINDOWS) {
+      const oldest = Math.min(...this.counts.keys());
+      this.counts.delete(oldest);
+      this.keys.delete(oldest);
+      this.floor = this.floor === null ? oldest + 1 : Math.max(this.floor, oldest + 1);
+    }
+  }
+
+  /** The state as the Python client writes it (version 2; empty tables left out, windows in ascending order). */
   document(): string {
     const counts: Record<string, Record<string, Record<string, number>>> = {};
     const keys: Record<string, Record<string, Record<string, string[]>>> = {};
-    for (const [w, ms] of this.counts) {
-      counts[String(w)] = Object.fromEntries([...ms].map(([m, sent]) => [m, Object.fromEntries([...sent].map(([p, n]) => [p.toString(), n]))]));
+    for (const w of [...this.counts.keys()].sort((x, y) => x - y)) {
+      const ms = [...(this.counts.get(w) ?? [])].filter(([, sent]) => sent.size > 0);
+      counts[String(w)] = Object.fromEntries(ms.map(([m, sent]) => [m, Object.fromEntries([...sent].map(([p, n]) => [p.toString(), n]))]));
+      const ks = [...(this.keys.get(w) ?? [])]
+        .map(([m, kept]) => [m, [...kept].filter(([, k]) => k.size > 0)] as const)
+        .filter(([, kept]) => kept.length > 0);
+      if (ks.length > 0) {
+        keys[String(w)] = Object.fromEntries(ks.map(([m, kept]) => [m, Object.fromEntries(kept.map(([p, k]) => [p.toString(), [...k].sort()]))]));
+      }
     }
-    for (const [w, ms] of this.keys) {
-      keys[String(w)] = Object.fromEntries([...ms].map(([m, kept]) => [m, Object.fromEntries([...kept].map(([p, k]) => [p.toString(), [...k].sort()]))]));
-    }
-    return JSON.stringify({ v: 1, newest: this.newest, counts, keys });
+    return JSON.stringify({ v: 2, floor: this.floor, counts, keys });
   }
 
   /** Save what {@link admit} admitted since the last call (before the reports leave). `force`: save even without
