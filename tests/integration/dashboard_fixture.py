@@ -48,6 +48,8 @@ REFUSED = 20
 NOT_ESTIMATED = frozenset({11, 12, 13, 14, 15})
 ALIASED = 1
 ALIASED_EVERY, ALIASED_AT = 7, 3
+#: The bool window whose estimated fraction is above 1 (noise near a fraction of 1): drawn at 1, said "above 1".
+ABOVE_ONE = 45
 Z95 = 1.959964
 
 
@@ -80,7 +82,7 @@ def _estimates(kind: str, name: str, i: int, spec: CollectionSpec) -> tuple[tupl
     if kind == "bool":
         if empty:
             return (_estimate("true", 0, 0),), 0
-        frac = 0.23 + 0.05 * _wiggle(i, 0)
+        frac = 1.04 if i == ABOVE_ONE else 0.23 + 0.05 * _wiggle(i, 0)
         return (_estimate("true", frac * n, 12.2), _estimate("true_fraction", frac, 0.061, significant=True)), n
     if kind == "categorical":
         labels = [str(c) for c in getattr(metric, "categories", None) or []] or [

@@ -122,7 +122,7 @@ function estimateOf(rel, label) {
 // What a clamped value is called: "below 0, drawn at 0" or "above 1, drawn at 1" (a fraction's noise can pass 1).
 function clampNote(value, drawn) {
   if (value === null || value === undefined || drawn === value) return "";
-  return value < drawn ? ` (below ${num(drawn)}, drawn at ${num(drawn)})` : ` (above ${num(drawn)}, drawn at ${num(drawn)})`;
+  return value < drawn ? ` (below ${drawn}, drawn at ${drawn})` : ` (above ${drawn}, drawn at ${drawn})`;
 }
 
 // A not-estimated estimate (release schema 3: `value` null -- a RAPPOR candidate the decoder gave no estimate):
