@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from ptel.cli import main
 from ptel.commands.releases import Truth, format_release
 from ptel.commands.worker import release_line
-from ptel.release_plot import plot_releases
+from ptel.release_plot import plot_releases, release_figure
 from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
@@ -200,3 +201,85 @@ def test_the_figure_names_top_series_and_keeps_a_far_budget_off_the_axis() -> No
     privacy = fig.axes[1]
     assert privacy.get_ylim()[1] < 20  # a budget of 64 does not flatten a spend of 5
     assert "budget 64 (above the axis)" in [t.get_text() for t in privacy.get_legend().get_texts()]
+
+
+def _rappor(start_s: int, c: EstimateRecord) -> Release:
+    """A RAPPOR release of the 10 s window at ``start_s`` with candidates A (detected), B, and ``c``."""
+    return _release("rappor").model_copy(
+        update={
+            "metric": "homepage",
+            "window_start_ms": start_s * 1000,
+            "window_end_ms": (start_s + 10) * 1000,
+            "estimates": (*_release().estimates, c),
+        }
+    )
+
+
+def _series_line(ax: Any, label: str) -> Any:
+    """The line (with its markers) of the series ``label`` of a panel drawn with ``errorbar``."""
+    return next(c.lines[0] for c in ax.containers if c.get_label() == label)
+
+
+def test_not_estimated_is_said_and_never_drawn_as_zero() -> None:
+    """Issue 33 item 1: a candidate without an estimate (schema 3: value None) is "not estimated" in the table,
+    counted in "N detected of M", and in the PNG a break in its line with an "n/e" mark, never a point at 0.
+    Mutation (seen red): the record as the worker wrote it before schema 3 (value 0.0, no interval)."""
+    missing = EstimateRecord(label="C", value=None, significant=False)
+    text = format_release(_rappor(20, missing), None)
+    assert "1 detected of 3 candidates (1 not estimated)" in text.splitlines()[1]
+    row = next(line for line in text.splitlines() if line[3:].startswith("C "))
+    assert "not estimated" in row and " 0 " not in row
+    assert text.splitlines()[-1] == row.rstrip()  # the not estimated come last
+    c = EstimateRecord(label="C", value=25.0, se=4.0, ci_low=17.2, ci_high=32.8, significant=True)
+    fig = release_figure([_rappor(20, c), _rappor(30, missing), _rappor(40, c)], None)
+    ax = fig.axes[0]
+    ys = list(_series_line(ax, "C").get_ydata())
+    assert ys[0] == 25.0 and math.isnan(ys[1]) and ys[2] == 25.0  # the gap: no value at all in window 2
+    assert "n/e" in [t.get_text() for t in ax.texts] and "not estimated" in ax.get_title()
+
+
+def test_marks_are_two_sided_like_the_interval() -> None:
+    """Issue 33 finding 4: a row marked significant by the one-sided test while its two-sided interval holds 0
+    (``4-8s 39.62 [-0.39, 79.63]``) is not marked; the legend says what * is. Mutation: mark the released keys."""
+    odd = EstimateRecord(label="4-8s", value=39.62, se=20.4, ci_low=-0.39, ci_high=79.63, significant=True)
+    rel = _release().model_copy(update={"estimates": (odd,), "released_keys": (KeyRelease(key="4-8s", count=39.62),)})
+    row = format_release(rel, None).splitlines()[3]
+    assert row.startswith("   4-8s"), row
+    from ptel.commands.releases import LEGEND
+
+    assert "two-sided" in LEGEND and "* the interval excludes 0" in LEGEND
+
+
+def test_the_png_time_axis_is_proportional_with_gaps_date_and_utc() -> None:
+    """Windows 20-30 s, 30-40 s, then 90-100 s (``--non-empty`` left the others out): the axis is time, the line
+    breaks across the gap, the label gives the date and UTC; no "refused" where nothing was."""
+    import matplotlib.dates as mdates
+
+    rels = [
+        _release().model_copy(update={"window_start_ms": s * 1000, "window_end_ms": (s + 10) * 1000})
+        for s in (20, 30, 90)
+    ]
+    fig = release_figure(rels, None)
+    ax, privacy = fig.axes[0], fig.axes[1]
+    line = _series_line(ax, "A")
+    xs = [mdates.date2num(x) * 86400 for x in line.get_xdata()]
+    ys = list(line.get_ydata())
+    assert len(xs) == 4 and math.isnan(ys[2])  # a NaN between 30-40 s and 90-100 s: the line is not joined
+    assert xs[1] - xs[0] == pytest.approx(10, abs=1e-3) and xs[3] - xs[1] == pytest.approx(60, abs=1e-3)
+    assert "UTC" in ax.get_xlabel() and "1970-01-01" in ax.get_xlabel()
+    assert "refused" not in privacy.get_title() and "refused" not in ax.get_title()
+    _, hi = ax.get_xlim()
+    assert hi > mdates.date2num(datetime.fromtimestamp(100, tz=UTC))  # room after the last window's end
+
+
+def test_headlines_say_each_kind_in_one_sentence() -> None:
+    from schemas.headline import headline
+
+    frac = EstimateRecord(label="true_fraction", value=0.31, se=0.02, ci_low=0.27, ci_high=0.35, significant=True)
+    dark = _release("bool").model_copy(update={"metric": "used_dark_mode", "estimates": (frac,)})
+    assert headline(dark) == "used_dark_mode: 31 % ± 4 % of devices reported true (95% interval)"
+    assert headline(_keyed()) == "errors: 1 key released; most: 'E1' 41 ± 3.9 reports (95% interval)"
+    assert "no key released" in headline(_keyed(estimates=(), released_keys=()))
+    assert "refused" in headline(_release(refused="budget exhausted"))
+    empty = _release().model_copy(update={"n": 0, "no_data": True, "estimates": ()})
+    assert headline(empty) == "theme: no data in this window (no reports): nothing estimated"
