@@ -5,9 +5,11 @@ its interval; a point without neighbours shows its interval as an error bar; a f
 1; the last time tick is not cut; the overview says each metric in one sentence. No broker (about 15 s).
 
 Mutation evidence (seen red): the fixture's not-estimated candidates released as the worker did before schema 3
-(``value: 0.0`` without an interval) -> the panel draws a bar for each and the series a point at 0 for the aliased
-candidate; ``PTEL_DASHBOARD_STATIC`` at main's static files -> the ``value_true``, lone-interval, clamp-word and
-headline checks fail.
+(``value: 0.0`` without an interval) -> 16 bars for 10 estimated candidates, and 52 points for the aliased
+candidate where 44 windows estimated it (8 at 0); ``PTEL_DASHBOARD_STATIC`` at main's static files (f2b1380) -> the
+"N detected of M" heading, the "not estimated" rows, ``value_true`` (dots and intervals), the lone-window error bars,
+"above 1" and the overview's headline column all fail. The uncut last tick does not go red there: no tick of this
+fixture falls on the axis' end (the margin that keeps one whole is in ``seriesChart`` / ``privacyChart``).
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ async def test_not_estimated_is_never_drawn_and_every_estimate_is_shown(tmp_path
         # the last tick of every time axis is whole
         assert await tab.evaluate(_CUT_TICKS) == []
         # the overview: each metric in one sentence, from its newest window with data
+        headlines = tab.locator("#overview-table td.headline")
+        assert await headlines.count() == len(spec.metrics), "no headline column in the overview"
         headline = await tab.locator(f"#overview-table tr[data-metric='{rappor.name}'] td.headline").inner_text()
         assert headline.startswith(f"{rappor.name}: ") and f"detected of {len(candidates)} candidates" in headline
         assert "last window with data" in headline  # the newest window is empty
