@@ -537,7 +537,8 @@ def test_a_spec_change_that_lowers_eps1_never_credits_the_old_charges_to_the_new
 def test_rappor_candidates_without_an_estimate_are_released_as_not_estimated() -> None:
     """Issue 33 item 1: a candidate the decoder gives no estimate (outside the NNLS support, or aliased: NaN) is
     released with ``value`` None and no interval -- never as a measured 0 (the bug: ``value: 0.0``, ``se`` null).
-    Power: 20,000 clients hold u1-u3 only, so u4-u6 fall outside the support at this seed (checked: 3 of 6)."""
+    At this seed 20,000 clients hold u1-u3 only and the decoder leaves u5 and u6 outside its support (u4 gets a small
+    estimate, 17). Mutation (seen red): the pre-schema-3 record, value 0.0 without an interval."""
     from dataclasses import replace
 
     from agents.handlers.rappor import candidate_records
