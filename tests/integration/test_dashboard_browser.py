@@ -95,8 +95,8 @@ async def test_dashboard_shows_live_releases_in_a_real_browser(kafka_bootstrap: 
         assert await width_problems(tab) == []
 
         # the worker's own RAPPOR window with data: a bar for each estimated candidate only, the others "not
-        # estimated" (release schema 3: value null), never a bar at 0 (issue 33; a run gave 9 estimated, 7 not: on
-        # main the worker released those 7 as 0.0 and the panel drew 16 bars)
+        # estimated" (release schema 3: value null), never a bar at 0 (issue 33; a run gave 9 estimated, 7 not;
+        # released as 0.0, the pre-schema-3 way, such candidates get a bar each: test_dashboard_estimates_shown.py)
         history = await tab.evaluate("fetch('/api/metrics/homepage/history/').then((r) => r.json())")
         window = next(r for r in history["releases"] if r["n"])
         estimated = sum(1 for e in window["estimates"] if e["value"] is not None)
