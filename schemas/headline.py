@@ -48,9 +48,12 @@ def headline(rel: Release) -> str:
         if e is None:
             return head + "nothing estimated"
         return head + f"{plus_minus(e, 100, ' %')} {shown.headline_unit} reported true ({conf})"
-    if shown.series:  # regression: its coefficients
-        parts = [f"{e.label} {plus_minus(e)}" for e in rel.estimates if e.label in shown.series]
-        return head + ", ".join(parts) + f" ({conf})" if parts else head + "no fit"
+    if shown.series:  # regression: its coefficients (DP Theil-Sen gives no interval: then none is named)
+        coefficients = [e for e in rel.estimates if e.label in shown.series]
+        if not coefficients:
+            return head + "no fit"
+        banded = any(e.ci_low is not None for e in coefficients)
+        return head + ", ".join(f"{e.label} {plus_minus(e)}" for e in coefficients) + (f" ({conf})" if banded else "")
     if shown.released_keys:
         keys = sorted(rel.released_keys, key=lambda k: -k.count)
         if not keys:
@@ -59,7 +62,9 @@ def headline(rel: Release) -> str:
         top = keys[0]
         first = plus_minus(est[top.key]) if top.key in est else _fmt(top.count)
         released = f"{len(keys)} key{'s' if len(keys) > 1 else ''} released"
-        return head + f"{released}; most: {top.key!r} {first} {shown.headline_unit} ({conf})"
+        fields = [(f.heading, getattr(top, f.field, None)) for f in shown.key_fields]  # e.g. value_true
+        also = "".join(f", {heading} {plus_minus(e)}" for heading, e in fields if isinstance(e, EstimateRecord))
+        return head + f"{released}; most: {top.key!r} {first} {shown.headline_unit}{also} ({conf})"
     estimated = [e for e in rel.estimates if e.value is not None]
     if not estimated:
         return head + f"no {shown.noun} estimated"

@@ -280,6 +280,12 @@ def test_headlines_say_each_kind_in_one_sentence() -> None:
     assert headline(dark) == "used_dark_mode: 31 % ± 4 % of devices reported true (95% interval)"
     assert headline(_keyed()) == "errors: 1 key released; most: 'E1' 41 ± 3.9 reports (95% interval)"
     assert "no key released" in headline(_keyed(estimates=(), released_keys=()))
+    true = EstimateRecord(label="true", value=12.5, se=3.0, ci_low=6.6, ci_high=18.4)
+    with_true = _keyed(released_keys=(KeyRelease(key="E1", count=41.0, value_true=true),))
+    assert headline(with_true).endswith("'E1' 41 ± 3.9 reports, value true 12.5 ± 5.9 (95% interval)")
+    fit = (EstimateRecord(label="slope", value=1.25), EstimateRecord(label="intercept", value=4.0))
+    regression = _keyed(kind="regression", metric="lat", estimates=fit, released_keys=())
+    assert headline(regression) == "lat: slope 1.25, intercept 4"  # Theil-Sen: no interval, none named
     assert "refused" in headline(_release(refused="budget exhausted"))
     empty = _release().model_copy(update={"n": 0, "no_data": True, "estimates": ()})
     assert headline(empty) == "theme: no data in this window (no reports): nothing estimated"
