@@ -132,4 +132,7 @@ async def test_not_estimated_is_never_drawn_and_every_estimate_is_shown(tmp_path
         assert "last window with data" in headline  # the newest window is empty
         crashed_line = await tab.locator("#overview-table tr[data-metric='crashed_today'] td.headline").inner_text()
         assert " % ± " in crashed_line and "of devices reported true" in crashed_line, crashed_line
+        errors_line = await tab.locator("#overview-table tr[data-metric='errors'] td.headline").inner_text()
+        assert "keys released; most: " in errors_line and "value true" in errors_line, errors_line
+        assert "last window with a released key" in errors_line  # the newest keyed window released no key
         assert page.errors == [], page.errors

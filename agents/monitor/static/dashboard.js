@@ -166,13 +166,17 @@ function statusBadge(status) {
 
 // The metric in one sentence (the release summary's `headline`: schemas/headline.py), from its newest window with
 // data ("used_dark_mode: 31 % ± 4 % of devices reported true (95% interval)"); which window it is, in words.
+// A kind whose estimates exist only for released keys (keyed) speaks of its newest window with a released key.
 function headlineOf(name) {
+  const m = state.metrics.find((x) => x.metric === name);
+  const keysOnly = Boolean(m && m.presentation.released_keys);
   const rels = state.history[name] || [];
-  const withData = rels.filter((r) => !r.refused && !noData(r) && r.headline);
+  const withData = rels.filter((r) => !r.refused && !noData(r) && r.headline && (!keysOnly || (r.released_keys || []).length));
   const r = withData[withData.length - 1];
-  if (!r) return rels.length ? `${name}: no window with data yet` : `${name}: no release yet`;
+  const what = keysOnly ? "a released key" : "data";
+  if (!r) return rels.length ? `${name}: no window with ${what} yet` : `${name}: no release yet`;
   const newest = rels[rels.length - 1];
-  return `${r.headline}, ${r === newest ? "newest window" : "last window with data"} (${when(r.window_start_ms)} → ${clock(r.window_end_ms)})`;
+  return `${r.headline}, ${r === newest ? "newest window" : `last window with ${what}`} (${when(r.window_start_ms)} → ${clock(r.window_end_ms)})`;
 }
 
 function renderOverview() {
