@@ -244,7 +244,8 @@ def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
         ax.set_ylabel(shown.plot_axis_label)
         conf = f"{rels[-1].confidence:.0%}"
         title = f"{name} ({kind}): estimates ± {conf} CI (two-sided), every window"
-        ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=8)
+        # marks above the panel (∅, n/e) get a row of their own between the panel and its title
+        ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=8, pad=14 if marks else 6)
         if labels:
             total = len({e.label for r in rels for e in r.estimates})
             ranked = not shown.series  # a kind with fixed series draws them, not the largest estimates
