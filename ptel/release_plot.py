@@ -27,6 +27,7 @@ class Truth(Protocol):
 
     def values(self, rel: Release) -> dict[str, float]: ...
 
+
 __all__ = ["TOP_SERIES", "plot_releases", "release_figure", "release_loss"]
 
 #: Series drawn per categorical, RAPPOR or keyed metric (the largest over the windows).
