@@ -29,7 +29,7 @@ TS_INSTALLED := $(TS_CLIENT)/node_modules/.ptel-npm-ci
 .PHONY: setup browser promtool demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
 
 setup: $(INSTALLED) browser promtool $(TS_INSTALLED)
-	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~120 MB the first time)"
+	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~46 MB the first time)"
 	@$(BIN)/ptel broker fetch
 	@echo "[setup] done: run 'make demo' or 'make test'"
 

@@ -19,7 +19,7 @@ from mechanisms.local.rappor.advisor import RapporAdvice, advise
 from ptel.errors import PtelError
 from schemas.spec import KeyedMetric, RapporMetric
 
-__all__ = ["ADVICE", "RAPPOR_FDR", "TARGET_SHARE", "advice_of", "clients_for_share"]
+__all__ = ["ADVICE", "RAPPOR_FDR", "TARGET_SHARE", "advice_of", "budget_warning", "clients_for_share"]
 
 #: The decoder's false discovery rate (Benjamini–Hochberg, :func:`mechanisms.rappor_estimation.decode`'s default).
 RAPPOR_FDR = 0.05
@@ -28,6 +28,18 @@ TARGET_SHARE = 0.05
 
 #: ``(metric, clients) -> (lines, warnings)``.
 KindAdvice = Callable[[Any, int], tuple[list[str], int]]
+
+
+def budget_warning(metric: Any, horizon_cost: str) -> list[str]:
+    """A WARNING for a metric without a budget, with the ``budget:`` line that would cap it at ``horizon_cost`` (its
+    cost over the horizon, e.g. ``"epsilon: 6.6"``); empty when the metric has a budget."""
+    if metric.budget is not None:
+        return []
+    return [
+        f"  WARNING: no budget: nothing caps {metric.name}'s privacy loss over the horizon -- every window is "
+        "released and the ledger only records the spending. To cap it, add to the metric: "
+        f"budget: {{{horizon_cost}}} (its cost over the horizon above)"
+    ]
 
 
 def no_advice(metric: Any, clients: int) -> tuple[list[str], int]:
@@ -42,16 +54,21 @@ def keyed_capacity(metric: KeyedMetric, clients: int) -> tuple[list[str], int]:
     d_in = min(metric.keys_per_window, metric.reports_per_window)
     least = metric.smallest_passable_capacity()
     test = metric.capacity_check()
+    # in plain words (issue 33): what the number limits, why there is a floor, and the value to set
     lines.append(
-        f"  key capacity: max_keys_per_partition = {metric.key_capacity}; the smallest the capacity test can "
-        f"pass is {least} (Δ0 = {d_in} + margin {least - d_in}); a window passes (p >= 1/2) while every "
-        f"partition holds at most {max(test.threshold, 0)} keys"
+        f"  key capacity: each partition of a window counts up to max_keys_per_partition = {metric.key_capacity} "
+        "distinct keys. Before a window is released, a noisy (private) test checks that no partition came near "
+        f"that limit; its noise needs a safety margin of {least - d_in} keys plus the {d_in} key(s) one client "
+        f"may add, so a window is released (at least half the time) only while every partition holds at most "
+        f"{max(test.threshold, 0)} distinct keys. The smallest workable setting is max_keys_per_partition: "
+        f"{least} (with no keys at all); set it to about {least} plus the distinct keys you expect per partition "
+        "and window."
     )
     if metric.key_capacity < least:
         warnings += 1
         lines.append(
             f"  WARNING: max_keys_per_partition {metric.key_capacity} is below {least}: most windows will be "
-            "refused whatever the data; raise it"
+            f"refused whatever the data; set max_keys_per_partition: {least} or more in the spec"
         )
     return lines, warnings
 

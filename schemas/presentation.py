@@ -17,7 +17,20 @@ from typing import Any, Literal
 from schemas.errors import SchemaError
 from schemas.kinds import METRIC_KINDS
 
-__all__ = ["PRESENTATIONS", "KindPresentation", "presentation_of"]
+__all__ = ["PRESENTATIONS", "KeyField", "KindPresentation", "presentation_of"]
+
+
+@dataclass(frozen=True)
+class KeyField:
+    """An estimate a released key carries besides its count (``KeyRelease.<field>``, an ``EstimateRecord``), shown
+    beside the key in the table, the dashboard's window panel and the PNG."""
+
+    #: The field of :class:`schemas.releases.KeyRelease` holding the estimate (e.g. ``value_true``).
+    field: str
+    #: A short heading ("value true").
+    heading: str
+    #: What it is, for a legend.
+    legend: str
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,12 @@ class KindPresentation:
     undetected_faint: bool = False
     #: Said after "no data" (a window without reports estimates nothing), e.g. ", no fit".
     no_data_note: str = ""
+    #: The estimates each released key carries besides its count (keyed: the debiased count of its reports whose
+    #: value is true, with its interval), shown beside the key everywhere a key is.
+    key_fields: tuple[KeyField, ...] = ()
+    #: What one headline number of the metric is (``headline``: "of devices" for a fraction, "reports" for a
+    #: count); the overview says it in words (:func:`headline`).
+    headline_unit: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The descriptor as the monitor serves it (tuples as lists)."""
@@ -70,6 +89,7 @@ PRESENTATIONS: Mapping[str, KindPresentation] = MappingProxyType(
             series_legend="estimated fraction of clients reporting true",
             panel_legend="Bar: fraction of clients reporting true",
             panel_row=("true", ("true_fraction", "true")),
+            headline_unit="of devices",
         ),
         "categorical": KindPresentation(
             scale="count",
@@ -77,6 +97,7 @@ PRESENTATIONS: Mapping[str, KindPresentation] = MappingProxyType(
             plot_axis_label=_COUNT_AXIS,
             noun="categories",
             order="labels",
+            headline_unit="reports",
         ),
         "rappor": KindPresentation(
             scale="count",
@@ -84,6 +105,7 @@ PRESENTATIONS: Mapping[str, KindPresentation] = MappingProxyType(
             plot_axis_label=_COUNT_AXIS,
             noun="candidates",
             undetected_faint=True,
+            headline_unit="clients",
         ),
         "keyed": KindPresentation(
             scale="count",
@@ -91,6 +113,14 @@ PRESENTATIONS: Mapping[str, KindPresentation] = MappingProxyType(
             plot_axis_label=_COUNT_AXIS,
             noun="keys",
             released_keys=True,
+            key_fields=(
+                KeyField(
+                    field="value_true",
+                    heading="value true",
+                    legend="reports of the key whose value is true (debiased, with its interval)",
+                ),
+            ),
+            headline_unit="reports",
         ),
         "regression": KindPresentation(
             scale="coefficient",
@@ -101,6 +131,7 @@ PRESENTATIONS: Mapping[str, KindPresentation] = MappingProxyType(
             panel_legend="Dots: the fitted coefficients",
             order="fixed",
             no_data_note=", no fit",
+            headline_unit="",
         ),
     }
 )

@@ -29,8 +29,11 @@ __all__ = [
 ]
 
 #: Version of the release record written by this module. Version 2 added ``privacy_unit``, ``group`` and the
-#: capacity test's ``privacy`` fields; a version-1 record still parses (each new field has its default).
-RELEASE_SCHEMA_VERSION: Literal[2] = 2
+#: capacity test's ``privacy`` fields; a version-1 record still parses (each new field has its default). Version 3
+#: lets an estimate say "not estimated" (``EstimateRecord.value`` ``null``, ``estimated`` false: a RAPPOR candidate
+#: the decoder gave no estimate, issue 33); every version-2 record is a valid version-3 record, and a version-2
+#: reader meets ``null`` only in records that say ``schema_version: 3``.
+RELEASE_SCHEMA_VERSION: Literal[3] = 3
 
 Real = StrictFloat | StrictInt
 
@@ -62,13 +65,17 @@ class EstimateRecord(_Frozen):
     """One estimated quantity with its standard error and two-sided confidence interval.
 
     ``se``, ``ci_low`` and ``ci_high`` are ``None`` when the mechanism gives no analytic variance
-    (DP Theil-Sen coefficients).
+    (DP Theil-Sen coefficients). ``value`` is ``None`` when the quantity was **not estimated** (schema version 3):
+    a RAPPOR candidate outside the support the decoder selected, or aliased with other candidates (its Bloom bits a
+    combination of theirs), has no estimate at all -- not an estimate of 0 (docs/accuracy.md, "RAPPOR: not
+    estimated"); then ``se``, ``ci_low`` and ``ci_high`` are ``None`` and ``significant`` is not true.
     """
 
     #: What is estimated: a category, a RAPPOR candidate, a key, ``"true_fraction"``, ``"slope"``...
     label: StrictStr
-    #: Debiased point estimate (counts, or a fraction in [0, 1] for ``true_fraction`` labels).
-    value: Real
+    #: Debiased point estimate (counts, or a fraction in [0, 1] for ``true_fraction`` labels); ``None``: not
+    #: estimated (schema version 3).
+    value: Real | None
     #: Standard error sqrt(Var) of ``value``.
     se: Real | None = None
     ci_low: Real | None = None
@@ -84,7 +91,16 @@ class EstimateRecord(_Frozen):
                 raise ValueError(f"{name} must be finite, got {v}")
         if self.se is not None and self.se < 0:
             raise ValueError(f"se must not be negative, got {self.se}")
+        if self.value is None:
+            given = [name for name in ("se", "ci_low", "ci_high") if getattr(self, name) is not None]
+            if given or self.significant:
+                raise ValueError(f"a not-estimated record (value null) has no {given or 'significance'}")
         return self
+
+    @property
+    def estimated(self) -> bool:
+        """Whether there is an estimate (``value`` is not ``None``)."""
+        return self.value is not None
 
 
 class KeyRelease(_Frozen):
@@ -139,7 +155,7 @@ class LedgerSummary(_Frozen):
 class Release(_Frozen):
     """One release of one metric for one window."""
 
-    schema_version: Literal[1, 2] = RELEASE_SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = RELEASE_SCHEMA_VERSION
     #: Name of the collection spec (``CollectionSpec.name``).
     spec: StrictStr
     #: Whom the ledger's budget protects over the spec's horizon: ``"client"`` (one device, whatever values

@@ -187,7 +187,9 @@ def evaluate(spec: CollectionSpec, releases: list[Release], truth: Truth, meta: 
                 row["covered"] += int(e.ci_low <= tv[e.label] <= e.ci_high)
         if rel.kind == "keyed":
             keys = cell.get("keys", {})
-            z = [(e.value - tv[e.label]) / e.se for e in rel.estimates if e.label in tv and e.se]
+            z = [
+                (e.value - tv[e.label]) / e.se for e in rel.estimates if e.label in tv and e.se and e.value is not None
+            ]
             row.setdefault("z", []).extend(z)
             row["released_keys"] = row.get("released_keys", 0) + len(rel.released_keys)
             row["keys_in_truth"] = row.get("keys_in_truth", 0) + len(keys)

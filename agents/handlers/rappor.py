@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
-from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records, finite
+from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records
 from agents.partials import CohortCounts, Shape
 from schemas.conformance import MetricRules
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
 from schemas.spec import RapporMetric
 from schemas.wire import RapporColumns
 from schemas.wire.columns import RecordColumns
+
+if TYPE_CHECKING:  # the decoder (scipy) is imported when a window is released
+    from mechanisms.local.rappor.decode import RapporDecodeResult
 
 
 class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
@@ -88,18 +91,12 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         else:
             result = decode(merged.counts, merged.cohort_n, candidates, params, level=level)
             detected = result.detected
-            records = [
-                EstimateRecord(
-                    label=c,
-                    value=finite(result.estimate[i]),
-                    se=None if not math.isfinite(result.se[i]) else float(result.se[i]),
-                    ci_low=None if not math.isfinite(result.ci_low[i]) else float(result.ci_low[i]),
-                    ci_high=None if not math.isfinite(result.ci_high[i]) else float(result.ci_high[i]),
-                    significant=bool(detected[i]),
-                )
-                for i, c in enumerate(candidates)
-            ]
-        released = [KeyRelease(key=r.label, count=r.value) for r, d in zip(records, detected, strict=True) if bool(d)]
+            records = candidate_records(candidates, result)
+        released = [
+            KeyRelease(key=r.label, count=r.value)
+            for r, d in zip(records, detected, strict=True)
+            if bool(d) and r.value is not None
+        ]
         return job.base.release(
             estimates=tuple(records),
             released_keys=tuple(released),
@@ -107,3 +104,30 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
             privacy=PrivacySpent(epsilon_1=eps1, epsilon_inf=eps_window),
             ledger=entry,
         )
+
+
+def candidate_records(candidates: Sequence[str], result: RapporDecodeResult) -> list[EstimateRecord]:
+    """One record per candidate of a decoding (:func:`mechanisms.local.rappor.decode.decode`).
+
+    A candidate the decoder gave no estimate -- outside the support its non-negative least squares selected, or
+    aliased with other candidates of the support (``estimate`` NaN), so without a finite standard error -- is **not
+    estimated**: ``value`` ``None``, never 0 (schema version 3; docs/accuracy.md, "RAPPOR: not estimated"). The
+    others carry the least-squares estimate with its standard error and two-sided interval.
+    """
+    records = []
+    for i, c in enumerate(candidates):
+        value, se = float(result.estimate[i]), float(result.se[i])
+        if not (math.isfinite(value) and math.isfinite(se)):
+            records.append(EstimateRecord(label=c, value=None, significant=False))
+            continue
+        records.append(
+            EstimateRecord(
+                label=c,
+                value=value,
+                se=se,
+                ci_low=float(result.ci_low[i]),
+                ci_high=float(result.ci_high[i]),
+                significant=bool(result.detected[i]),
+            )
+        )
+    return records

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas.headline import headline
 from schemas.releases import Release, release_key
 
 __all__ = [
@@ -42,6 +43,7 @@ def release_summary(release: Release, source_offset: int, published_ms: int | No
     ``None`` when unknown."""
     doc: Summary = release.model_dump(mode="json", exclude={"schema_version"})
     doc["key"] = release.key
+    doc["headline"] = headline(release)  # the release in one sentence (overview and card: schemas/headline.py)
     doc["source_offset"] = int(source_offset)
     doc["published_ms"] = None if published_ms is None else int(published_ms)
     return doc

@@ -52,12 +52,13 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
-from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.commands.releases import LEGEND, Truth, format_release
 from ptel.demo_gateway import DemoGateway
 from ptel.demo_gateway import add_arguments as add_gateway_arguments
 from ptel.errors import PtelError
 from ptel.kafka_broker import BrokerError, LocalKafka
 from ptel.local_process import free_port, port_is_free
+from ptel.release_plot import plot_releases
 from ptel.shutdown import StopRequest
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
@@ -237,6 +238,8 @@ async def _simulate(
             return
         releases.setdefault(rel.key, rel)
         text = format_release(rel, Truth(truth.to_json()), rows=8)
+        if len(releases) == 1:  # the marks and columns explained once, above the first table
+            text = LEGEND + "\n\n" + text
         if unsimulated and not explained:
             explained.append(True)
             text = empty_windows_note(len(unsimulated)) + "\n" + text

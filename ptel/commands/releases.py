@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +31,9 @@ from ptel.commands.options import (
     add_spec_argument,
     spec_and_connection_or_report,
 )
+from ptel.release_plot import plot_releases
 from ptel.shutdown import StopRequest
+from schemas.headline import headline
 from schemas.presentation import presentation_of
 from schemas.releases import EstimateRecord, Release, neighbours
 from workloads.kinds import workload_of
@@ -228,231 +228,68 @@ def format_release(rel: Release, truth: Truth | None = None, rows: int = 12) -> 
     if shown.released_keys and not rel.released_keys:
         lines.append("  no key released: none passed the noisy threshold (not the same as no data)")
         return "\n".join(lines)
+    lines.append(f"  {headline(rel)}")
     tv = truth.values(rel) if truth else {}
+    rows_of = _key_rows(rel) if shown.released_keys else [(e.label, e, ()) for e in rel.estimates]
+    extra = "".join(f"  {f.heading:>10}{'CI':>23}" for f in shown.key_fields)
     lines.append(
-        f"  {'label':<28}{'estimate':>10}{'SE':>10}  {'CI ' + format(rel.confidence, '.0%'):>23}"
+        f"   {'label':<27}{'estimate':>13}{'SE':>10}  {'CI ' + format(rel.confidence, '.0%'):>23}{extra}"
         + ("     truth" if tv else "")
     )
-    released = {k.key for k in rel.released_keys}
-    items: list[tuple[str, float, float | None, float | None, float | None]]
-    if shown.released_keys:  # a released key's total with its interval (older records: the count alone)
-        est = {e.label: e for e in rel.estimates}
-        items = [
-            (k.key, k.count, *((est[k.key].se, est[k.key].ci_low, est[k.key].ci_high) if k.key in est else (None,) * 3))
-            for k in rel.released_keys
-        ]
-    else:
-        items = [(e.label, e.value, e.se, e.ci_low, e.ci_high) for e in rel.estimates]
-    items.sort(key=lambda t: 0 if shown.series else -abs(t[1]))  # fixed series as released, else largest first
-    for label, value, se, lo, hi in items[:rows]:
-        mark = "*" if label in released else " "
-        ci = f"[{_num(lo)}, {_num(hi)}]" if lo is not None and hi is not None else " " * 23
+    # fixed series as released; else largest first, the not estimated last
+    if not shown.series:
+        rows_of.sort(key=lambda t: (t[1].value is None, -abs(t[1].value or 0.0)))
+    for label, e, fields in rows_of[:rows]:
+        found = "D" if shown.undetected_faint and e.significant else " "
         truth_text = _num(tv.get(label)) if tv else ""
-        lines.append(f" {mark}{label[:28]:<28}{_num(value)}{_num(se)}  {ci:>23}{truth_text}")
-    if len(items) > rows:
-        lines.append(f"  ... {len(items) - rows} more")
+        more = "".join(f"  {_estimate_cells(f)}" for f in fields)
+        lines.append(f"{_mark(e)}{found} {label[:27]:<27}{_estimate_cells(e, with_se=True)}{more}{truth_text}".rstrip())
+    if len(rows_of) > rows:
+        lines.append(f"  ... {len(rows_of) - rows} more")
     return "\n".join(lines)
 
 
-#: What the table's marks mean (printed once above the releases).
+def _key_rows(rel: Release) -> list[tuple[str, EstimateRecord, tuple[EstimateRecord | None, ...]]]:
+    """A released key's total with its interval (older records: the count alone), then the estimates of its
+    presentation's ``key_fields`` (keyed: ``value_true``), each with its interval."""
+    est = {e.label: e for e in rel.estimates}
+    fields = presentation_of(rel.kind).key_fields
+    out = []
+    for k in rel.released_keys:
+        total = est.get(k.key) or EstimateRecord(label=k.key, value=k.count)
+        extra = tuple(getattr(k, f.field, None) for f in fields)
+        out.append((k.key, total, extra))
+    return out
+
+
+def _mark(e: EstimateRecord) -> str:
+    """``*`` when the two-sided interval shown excludes 0 (the same test as the interval: :data:`LEGEND`)."""
+    if e.ci_low is None or e.ci_high is None:
+        return " "
+    return "*" if e.ci_low > 0 or e.ci_high < 0 else " "
+
+
+def _estimate_cells(e: EstimateRecord | None, with_se: bool = False) -> str:
+    """Estimate (``not estimated`` when it has none; ``-``: not in the record), SE and interval, in fixed widths."""
+    if e is None:
+        return f"{'-':>13}{'-'.rjust(10) if with_se else ''}  {'':>23}"
+    se = _num(e.se) if with_se else ""
+    if e.value is None:
+        return f"{'not estimated':>13}{'-'.rjust(10) if with_se else ''}  {'':>23}"
+    ci = f"[{_num(e.ci_low)}, {_num(e.ci_high)}]" if e.ci_low is not None and e.ci_high is not None else ""
+    return f"{_num(e.value, 13)}{se}  {ci:>23}"
+
+
+#: What the table's marks and columns mean (printed once above the releases, and by ``ptel demo``).
 LEGEND = (
-    "marks: * released key -- keyed: its noisy total passed the threshold; bool/categorical: significantly above 0 "
-    "at the confidence level; rappor: a detected candidate. Unmarked rows are estimates only. CI: the interval at the "
-    "release's confidence; keyed: of the key's total (docs/accuracy.md). 'no data': no reports in the window."
+    "how to read: the second line of each release says it in one sentence. estimate: debiased; CI: the two-sided "
+    "interval at the release's confidence (± in the sentence: its half-width). marks: * the interval excludes 0 "
+    "(two-sided, the same test as the CI); D (rappor): a candidate the decoder detected (one-sided test with a "
+    "false-discovery-rate control: it can differ from *). 'not estimated' (rappor): the decoder gave the candidate "
+    "no estimate (outside its support, or aliased), which is not 0. keyed: every row is a released key (its noisy "
+    "total passed the threshold), 'value true' the key's reports whose value is true, with its CI. 'no data': no "
+    "reports in the window (docs/accuracy.md)."
 )
-
-
-# ----------------------------------------------------------------------------------------------
-# plotting
-
-
-#: Series drawn per categorical, RAPPOR or keyed metric (the largest over the windows).
-TOP_SERIES = 5
-
-
-def release_loss(rel: Release) -> float | None:
-    """The ε (or ρ) one release spent: its central loss plus the capacity test, else its local ``epsilon_inf``."""
-    p = rel.privacy
-    if p.central_rho is not None:
-        return float(p.central_rho)
-    if p.central_epsilon is not None:
-        return float(p.central_epsilon) + float(p.capacity_test_epsilon or 0.0)
-    return None if p.epsilon_inf is None else float(p.epsilon_inf)
-
-
-def _series_labels(kind: str, rels: list[Release]) -> list[str]:
-    """Labels drawn over the windows: the kind's fixed series (bool's fraction, regression's coefficients), else the
-    largest estimates."""
-    fixed = presentation_of(kind).series
-    if fixed:
-        return list(fixed)
-    size: dict[str, float] = {}
-    for rel in rels:
-        for e in rel.estimates:
-            size[e.label] = size.get(e.label, 0.0) + abs(float(e.value))
-    return sorted(size, key=lambda lab: -size[lab])[:TOP_SERIES]
-
-
-def _short(label: str, width: int = 28) -> str:
-    return label if len(label) <= width else "…" + label[-(width - 1) :]
-
-
-def plot_releases(releases: Iterable[Release], truth: Truth | None, path: Path) -> Path:
-    """Write :func:`release_figure` of ``releases`` to ``path`` (PNG), labels uncut."""
-    fig = release_figure(releases, truth)  # selects the Agg backend before pyplot is imported here
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def release_figure(releases: Iterable[Release], truth: Truth | None) -> Any:
-    """One row per metric, every window: the estimates over the windows with their confidence intervals (truth as
-    crosses), and the privacy spent (ε or ρ per release as bars, the ledger's total over the horizon as a line,
-    the budget dashed). Refused windows are shaded and marked ✕; a key not released in a window (below the
-    threshold) is marked ∅ at the top of the panel and an undetected RAPPOR candidate drawn hollow -- never as 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.transforms import blended_transform_factory
-
-    by_metric: dict[str, dict[str, Release]] = {}
-    for rel in releases:
-        by_metric.setdefault(rel.metric, {})[rel.key] = rel
-    names = sorted(by_metric)
-    fig, axes = plt.subplots(
-        max(1, len(names)), 2, figsize=(14, 3.4 * max(1, len(names))), squeeze=False, width_ratios=[3, 2]
-    )
-    for (ax, pax), name in zip(axes, names, strict=False):
-        rels = sorted(by_metric[name].values(), key=lambda r: r.window_start_ms)
-        kind = rels[0].kind
-        shown = presentation_of(kind)
-        xs = list(range(len(rels)))
-        ticks = [_clock(r.window_start_ms) for r in rels]
-        under = blended_transform_factory(ax.transData, ax.transAxes)
-        empty = False
-        for i, r in enumerate(rels):
-            if r.refused is not None:
-                ax.axvspan(i - 0.45, i + 0.45, color="#fbd6d6", zorder=0)
-                ax.text(i, 0.97, "refused", transform=under, ha="center", va="top", fontsize=7, color="#9b1c1c")
-            elif r.no_data:  # a gap, never an estimate
-                empty = True
-                ax.axvspan(i - 0.45, i + 0.45, color="#eeeeee", zorder=0)
-                ax.text(i, 0.5, "no data", transform=under, ha="center", va="center", fontsize=7, color="#616161")
-        labels = _series_labels(kind, rels)
-        unreleased = False
-        for s, label in enumerate(labels):
-            color = f"C{s}"
-            shift = (s - (len(labels) - 1) / 2) * 0.08
-            pts = [(i + shift, r.estimate(label)) for i, r in enumerate(rels) if _has(r, label)]
-            if pts:
-                # a window without this estimate breaks the line (NaN): no line is drawn across a gap
-                by_x = dict(pts)
-                xs_all = [i + shift for i in range(len(rels))]
-                vals = [by_x[x].value if x in by_x else math.nan for x in xs_all]
-                err = [
-                    [_lower(by_x[x]) if x in by_x else math.nan for x in xs_all],
-                    [_upper(by_x[x]) if x in by_x else math.nan for x in xs_all],
-                ]
-                ax.errorbar(
-                    xs_all,
-                    vals,
-                    yerr=err,
-                    fmt="-o",
-                    ms=3,
-                    lw=1,
-                    capsize=2,
-                    color=color,
-                    mfc=color,
-                    label=_short(label),
-                )
-                faint = [(x, e.value) for x, e in pts if shown.undetected_faint and e.significant is False]
-                if faint:
-                    ax.plot([x for x, _ in faint], [v for _, v in faint], "o", ms=5, mfc="white", color=color)
-            if shown.released_keys:
-                for i, r in enumerate(rels):
-                    if r.refused is None and not _has(r, label):
-                        unreleased = True
-                        # above the plot area (axes y > 1): a mark, never a value on the count axis
-                        ax.text(
-                            i + shift, 1.01, "∅", transform=under, ha="center", va="bottom", color=color, clip_on=False
-                        )
-            if truth:
-                tv = [(i + shift, truth.values(r).get(label)) for i, r in enumerate(rels)]
-                tv = [(x, v) for x, v in tv if v is not None]
-                if tv:
-                    ax.plot([x for x, _ in tv], [v for _, v in tv], "x", color=color, ms=6)
-        notes = []
-        if truth:
-            notes.append("x: truth")
-        if unreleased:
-            notes.append("∅ above the panel: key not released (below the threshold), not 0")
-        if empty:
-            notes.append("grey: no data")
-        if shown.undetected_faint:
-            notes.append("hollow: candidate not detected")
-        ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
-        ax.set_xlim(-0.6, max(len(rels) - 0.4, 0.6))
-        ax.set_ylabel(shown.plot_axis_label)
-        conf = f"{rels[-1].confidence:.0%}"
-        ax.set_title(
-            f"{name} ({kind}): estimates ± {conf} CI, every window" + ("; " + "; ".join(notes) if notes else ""),
-            fontsize=9,
-        )
-        if labels:
-            total = len({e.label for r in rels for e in r.estimates})
-            ranked = not shown.series  # a kind with fixed series draws them, not the largest estimates
-            title = f"top {len(labels)} of {total}\nby |estimate|" if ranked and total > len(labels) else None
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title=title, title_fontsize=7)
-        _plot_privacy(pax, rels, xs, ticks)
-    fig.tight_layout()
-    return fig
-
-
-def _has(rel: Release, label: str) -> bool:
-    return any(e.label == label for e in rel.estimates)
-
-
-def _lower(e: EstimateRecord) -> float:
-    """The length of the interval below the estimate (0 without an interval)."""
-    return e.value - (e.ci_low if e.ci_low is not None else e.value)
-
-
-def _upper(e: EstimateRecord) -> float:
-    return (e.ci_high if e.ci_high is not None else e.value) - e.value
-
-
-def _plot_privacy(ax: Any, rels: list[Release], xs: list[int], ticks: list[str]) -> None:
-    """ε (or ρ) per release as bars, the ledger's running total over the horizon, the budget dashed; ✕ refused."""
-    rho = any(r.ledger.spent_rho is not None for r in rels)
-    loss = [None if r.refused is not None else release_loss(r) for r in rels]
-    ax.bar(
-        [x for x, v in zip(xs, loss, strict=True) if v is not None],
-        [v for v in loss if v is not None],
-        color="#b0bec5",
-        label="spent by the release",
-    )
-    spent = [r.ledger.spent_rho if rho else r.ledger.spent_epsilon for r in rels]
-    if any(v is not None for v in spent):
-        pts = [(x, v) for x, v in zip(xs, spent, strict=True) if v is not None]
-        ax.plot([x for x, _ in pts], [v for _, v in pts], "-", color="#6a1b9a", label="spent over the horizon")
-    budget = rels[-1].ledger.budget_rho if rho else rels[-1].ledger.budget_epsilon
-    if budget is not None:
-        top = max([v for v in [*loss, *spent] if v is not None], default=0.0)
-        if budget <= 3 * top:
-            ax.axhline(budget, ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g}")
-        else:  # a line far above the spend would flatten it: name the budget in the legend only
-            ax.plot([], [], ls="--", color="#c62828", lw=1.2, label=f"budget {budget:g} (above the axis)")
-    for x, r in zip(xs, rels, strict=True):
-        if r.refused is not None:
-            ax.plot([x], [0], "x", color="#c62828", ms=9, mew=2)
-    unit = "per client and value: RAPPOR's longitudinal" if rels[-1].privacy_unit == "client_value" else "per client"
-    ax.set_title(f"privacy spent ({'ρ' if rho else 'ε'}, {unit}); x: refused", fontsize=9)
-    ax.set_xticks(xs, ticks, rotation=30, fontsize=7)
-    ax.legend(fontsize=7)
 
 
 # ----------------------------------------------------------------------------------------------

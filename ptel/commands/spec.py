@@ -18,7 +18,7 @@ from typing import Any
 
 from mechanisms.core.directed import mul_up
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
-from ptel.spec_advice import advice_of
+from ptel.spec_advice import advice_of, budget_warning
 from ptel.spec_codegen import typescript_module
 from ptel.spec_codegen_python import python_module
 from schemas.spec import CollectionSpec
@@ -78,6 +78,8 @@ def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
                 f"  per window: {unit} = {first:.4g}, δ = {delta:.3g} (central)   horizon ({windows} windows): "
                 f"{unit} = {mul_up(windows, first):.4g}, δ = {mul_up(windows, delta):.3g}   [{_budget(metric, unit)}]"
             )
+            cap = f"{unit_name}: {mul_up(windows, first):.4g}"
+            cap += f", delta: {mul_up(windows, delta):.3g}" if delta else ""
         else:
             per_window = metric.horizon_epsilon(metric.reports_per_window)
             horizon = metric.horizon_epsilon(metric.reports_per_window * windows)
@@ -87,6 +89,10 @@ def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
                 f"  per window: ε = {per_window:.4g} (local, {metric.reports_per_window} report(s) a client)   "
                 f"horizon ({windows} windows): ε = {horizon:.4g}{unit_note}   [{_budget(metric, 'ε')}]"
             )
+            cap = f"epsilon: {horizon:.4g}"
+        missing_budget = budget_warning(metric, cap)
+        lines += missing_budget
+        warnings += len(missing_budget)
         extra, more = advice_of(metric.kind)(metric, clients)
         lines += extra
         warnings += more

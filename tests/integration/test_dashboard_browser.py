@@ -94,6 +94,20 @@ async def test_dashboard_shows_live_releases_in_a_real_browser(kafka_bootstrap: 
         assert await text_problems(tab) == []
         assert await width_problems(tab) == []
 
+        # the worker's own RAPPOR window with data: a bar for each estimated candidate only, the others "not
+        # estimated" (release schema 3: value null), never a bar at 0 (issue 33; a run gave 9 estimated, 7 not;
+        # released as 0.0, the pre-schema-3 way, such candidates get a bar each: test_dashboard_estimates_shown.py)
+        history = await tab.evaluate("fetch('/api/metrics/homepage/history/').then((r) => r.json())")
+        window = next(r for r in history["releases"] if r["n"])
+        estimated = sum(1 for e in window["estimates"] if e["value"] is not None)
+        card = tab.locator("section.metric[data-metric='homepage']")
+        await card.locator("select.window-picker").select_option(window["key"])
+        panel = tab.locator("section.metric[data-metric='homepage'] svg.histogram")
+        assert await panel.locator("g[aria-label='bar'] rect").count() == estimated, window["estimates"]
+        missing = len(window["estimates"]) - estimated
+        assert (await panel.text_content() or "").count("not estimated") == missing
+        await tab.locator("section.metric[data-metric='homepage'] select.window-picker").select_option("")
+
         shot = tmp_path / "dashboard.png"
         await tab.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 20_000

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ptel.commands.demo import DEFAULT_SPEC
+from ptel.commands.releases import LEGEND
 from schemas.releases import Release
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -36,6 +37,8 @@ def test_one_window_demo_releases_every_metric(kafka_bootstrap: str, tmp_path: P
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     for step in ("[1/7]", "[2/7]", "[3/7]", "[4/7]", "[5/7]", "[6/7]"):
         assert step in done.stdout
+    # the marks of the tables are explained above the first table (issue 33: the demo printed * with no legend)
+    assert LEGEND in done.stdout and done.stdout.index(LEGEND) < done.stdout.index("\n   label ")
     lines = (out / "demo-releases.jsonl").read_text(encoding="utf-8").splitlines()
     releases = [Release.from_bytes(line.encode()) for line in lines]
     assert sorted(r.metric for r in releases) == sorted(m["name"] for m in doc["metrics"])

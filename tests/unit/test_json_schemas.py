@@ -56,3 +56,28 @@ def test_ptel_schema_prints_and_writes(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["schema", "--write", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PUBLISHED)
     assert main(["schema"]) == 2
+
+
+def test_not_estimated_is_null_in_version_3_and_version_2_records_still_parse() -> None:
+    """Release schema 3 (issue 33): an estimate's ``value`` may be null -- not estimated -- and then carries no
+    interval and no significance; the published JSON Schema accepts it; a version-2 record parses unchanged."""
+    from pydantic import ValidationError
+
+    from schemas.releases import RELEASE_SCHEMA_VERSION, EstimateRecord, Release
+    from tests.integration.dashboard_fixture import _release, fixture_spec
+
+    spec = fixture_spec()
+    rel = _release(spec, "homepage", "rappor", 16)
+    assert rel.schema_version == RELEASE_SCHEMA_VERSION == 3
+    doc = json.loads(rel.to_bytes())
+    missing = [e for e in doc["estimates"] if e["value"] is None]
+    assert missing and all(e["se"] is None and e["ci_low"] is None for e in missing)
+    schema = json.loads((SCHEMA_DIR / "release.schema.json").read_text(encoding="utf-8"))
+    jsonschema.validate(doc, schema)
+    assert Release.from_bytes(rel.to_bytes()) == rel
+    assert not EstimateRecord(label="c", value=None).estimated
+    for bad in ({"se": 1.0}, {"ci_low": 0.0, "ci_high": 1.0}, {"significant": True}):
+        with pytest.raises(ValidationError, match="not-estimated"):
+            EstimateRecord(label="c", value=None, **bad)
+    v2 = dict(json.loads(_release(spec, "crashed_today", "bool", 16).to_bytes()), schema_version=2)
+    assert Release.model_validate(v2).schema_version == 2

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ptel.cli import main
-from ptel.commands.releases import Truth, format_release, plot_releases
+from ptel.commands.releases import Truth, format_release
 from ptel.commands.worker import release_line
+from ptel.release_plot import plot_releases, release_figure
 from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-spec.yaml"
@@ -73,8 +75,9 @@ def test_format_release_shows_estimates_beside_truth() -> None:
     text = format_release(_release(), TRUTH)
     lines = text.splitlines()
     assert "n=100 (truth 100)" in lines[0] and "ε₁=1" in lines[0]
-    assert lines[2].startswith(" *A") and lines[2].rstrip().endswith("31")  # released, truth beside
-    assert lines[3].startswith("  B")
+    assert lines[1] == "  theme: most reported 'A': 30.5 % ± 7.8 % of reports (95% interval)"  # the headline
+    assert lines[3].startswith("*  A") and lines[3].rstrip().endswith("31")  # interval above 0, truth beside
+    assert lines[4].startswith("   B")
     assert "REFUSED" in format_release(_release(refused="budget exhausted"), TRUTH)
     assert "theme|20000" in release_line(_release())
     assert "not counted" not in lines[0]  # nothing excluded (or a record without the field)
@@ -116,7 +119,7 @@ def test_unreachable_broker_is_a_clean_error(capsys: pytest.CaptureFixture[str])
 def test_the_figure_shows_every_window_privacy_refusals_and_unreleased_keys() -> None:
     """Every window (not only the last), ε per release against the budget, refused windows marked, a key that was
     not released in a window marked ∅ rather than drawn at 0."""
-    from ptel.commands.releases import release_figure, release_loss
+    from ptel.release_plot import release_figure, release_loss
 
     base = _release()
     windows = [
@@ -135,7 +138,7 @@ def test_the_figure_shows_every_window_privacy_refusals_and_unreleased_keys() ->
     assert release_loss(keyed) == 1.05 and release_loss(windows[0]) == 1.0 and release_loss(windows[2]) is None
     fig = release_figure([*windows, keyed, no_key], TRUTH)
     (errors, errors_privacy), (theme, theme_privacy) = fig.axes[0:2], fig.axes[2:4]
-    assert [t.get_text() for t in theme.get_xticklabels()] == ["00:00:20", "00:00:30", "00:00:40", "00:00:50"]
+    assert {"00:00:20", "00:00:30", "00:00:40", "00:00:50"} <= {t.get_text() for t in theme.get_xticklabels()}
     assert "refused" in [t.get_text() for t in theme.texts]
     assert len(theme_privacy.patches) == 3  # ε of the three released windows; the refused one spent nothing
     assert [t.get_text() for t in errors.texts] == ["∅"]  # E1 was not released in the second window
@@ -144,7 +147,7 @@ def test_the_figure_shows_every_window_privacy_refusals_and_unreleased_keys() ->
 
 
 def test_no_data_and_no_key_are_said_not_estimated(tmp_path: Path) -> None:
-    from ptel.commands.releases import release_figure
+    from ptel.release_plot import release_figure
 
     empty = _release().model_copy(update={"n": 0, "no_data": True, "estimates": (), "released_keys": ()})
     text = format_release(empty, TRUTH)
@@ -152,8 +155,8 @@ def test_no_data_and_no_key_are_said_not_estimated(tmp_path: Path) -> None:
     no_key = format_release(_keyed(estimates=(), released_keys=()), None)
     assert "no key released" in no_key and "not the same as no data" in no_key
     # a keyed row shows its total's interval (it used to print "-")
-    row = format_release(_keyed(), None).splitlines()[2]
-    assert row.startswith(" *E1") and "37.1" in row and "44.9" in row
+    row = format_release(_keyed(), None).splitlines()[3]
+    assert row.startswith("*  E1") and "37.1" in row and "44.9" in row
     # the figure: a grey "no data" band, and the series is broken there (NaN), not drawn through 0
     later = _release().model_copy(update={"window_start_ms": 40_000, "window_end_ms": 50_000})
     between = empty.model_copy(update={"window_start_ms": 30_000, "window_end_ms": 40_000})
@@ -183,7 +186,7 @@ def test_selection_by_metric_time_and_emptiness() -> None:
 
 
 def test_the_figure_names_top_series_and_keeps_a_far_budget_off_the_axis() -> None:
-    from ptel.commands.releases import TOP_SERIES, release_figure
+    from ptel.release_plot import TOP_SERIES, release_figure
 
     many = tuple(
         EstimateRecord(label=f"c{i}", value=float(i), se=1.0, ci_low=i - 2.0, ci_high=i + 2.0) for i in range(9)
@@ -198,3 +201,91 @@ def test_the_figure_names_top_series_and_keeps_a_far_budget_off_the_axis() -> No
     privacy = fig.axes[1]
     assert privacy.get_ylim()[1] < 20  # a budget of 64 does not flatten a spend of 5
     assert "budget 64 (above the axis)" in [t.get_text() for t in privacy.get_legend().get_texts()]
+
+
+def _rappor(start_s: int, c: EstimateRecord) -> Release:
+    """A RAPPOR release of the 10 s window at ``start_s`` with candidates A (detected), B, and ``c``."""
+    return _release("rappor").model_copy(
+        update={
+            "metric": "homepage",
+            "window_start_ms": start_s * 1000,
+            "window_end_ms": (start_s + 10) * 1000,
+            "estimates": (*_release().estimates, c),
+        }
+    )
+
+
+def _series_line(ax: Any, label: str) -> Any:
+    """The line (with its markers) of the series ``label`` of a panel drawn with ``errorbar``."""
+    return next(c.lines[0] for c in ax.containers if c.get_label() == label)
+
+
+def test_not_estimated_is_said_and_never_drawn_as_zero() -> None:
+    """Issue 33 item 1: a candidate without an estimate (schema 3: value None) is "not estimated" in the table,
+    counted in "N detected of M", and in the PNG a break in its line with an "n/e" mark, never a point at 0.
+    Mutation (seen red): the record as the worker wrote it before schema 3 (value 0.0, no interval)."""
+    missing = EstimateRecord(label="C", value=None, significant=False)
+    text = format_release(_rappor(20, missing), None)
+    assert "1 detected of 3 candidates (1 not estimated)" in text.splitlines()[1]
+    row = next(line for line in text.splitlines() if line[3:].startswith("C "))
+    assert "not estimated" in row and " 0 " not in row
+    assert text.splitlines()[-1] == row.rstrip()  # the not estimated come last
+    c = EstimateRecord(label="C", value=25.0, se=4.0, ci_low=17.2, ci_high=32.8, significant=True)
+    fig = release_figure([_rappor(20, c), _rappor(30, missing), _rappor(40, c)], None)
+    ax = fig.axes[0]
+    ys = list(_series_line(ax, "C").get_ydata())
+    assert ys[0] == 25.0 and math.isnan(ys[1]) and ys[2] == 25.0  # the gap: no value at all in window 2
+    assert "n/e" in [t.get_text() for t in ax.texts] and "not estimated" in ax.get_title()
+
+
+def test_marks_are_two_sided_like_the_interval() -> None:
+    """Issue 33 finding 4: a row marked significant by the one-sided test while its two-sided interval holds 0
+    (``4-8s 39.62 [-0.39, 79.63]``) is not marked; the legend says what * is. Mutation: mark the released keys."""
+    odd = EstimateRecord(label="4-8s", value=39.62, se=20.4, ci_low=-0.39, ci_high=79.63, significant=True)
+    rel = _release().model_copy(update={"estimates": (odd,), "released_keys": (KeyRelease(key="4-8s", count=39.62),)})
+    row = format_release(rel, None).splitlines()[3]
+    assert row.startswith("   4-8s"), row
+    from ptel.commands.releases import LEGEND
+
+    assert "two-sided" in LEGEND and "* the interval excludes 0" in LEGEND
+
+
+def test_the_png_time_axis_is_proportional_with_gaps_date_and_utc() -> None:
+    """Windows 20-30 s, 30-40 s, then 90-100 s (``--non-empty`` left the others out): the axis is time, the line
+    breaks across the gap, the label gives the date and UTC; no "refused" where nothing was."""
+    import matplotlib.dates as mdates
+
+    rels = [
+        _release().model_copy(update={"window_start_ms": s * 1000, "window_end_ms": (s + 10) * 1000})
+        for s in (20, 30, 90)
+    ]
+    fig = release_figure(rels, None)
+    ax, privacy = fig.axes[0], fig.axes[1]
+    line = _series_line(ax, "A")
+    xs = [mdates.date2num(x) * 86400 for x in line.get_xdata()]
+    ys = list(line.get_ydata())
+    assert len(xs) == 4 and math.isnan(ys[2])  # a NaN between 30-40 s and 90-100 s: the line is not joined
+    assert xs[1] - xs[0] == pytest.approx(10, abs=1e-3) and xs[3] - xs[1] == pytest.approx(60, abs=1e-3)
+    assert "UTC" in ax.get_xlabel() and "1970-01-01" in ax.get_xlabel()
+    assert "refused" not in privacy.get_title() and "refused" not in ax.get_title()
+    _, hi = ax.get_xlim()
+    assert hi > mdates.date2num(datetime.fromtimestamp(100, tz=UTC))  # room after the last window's end
+
+
+def test_headlines_say_each_kind_in_one_sentence() -> None:
+    from schemas.headline import headline
+
+    frac = EstimateRecord(label="true_fraction", value=0.31, se=0.02, ci_low=0.27, ci_high=0.35, significant=True)
+    dark = _release("bool").model_copy(update={"metric": "used_dark_mode", "estimates": (frac,)})
+    assert headline(dark) == "used_dark_mode: 31 % ± 4 % of devices reported true (95% interval)"
+    assert headline(_keyed()) == "errors: 1 key released; most: 'E1' 41 ± 3.9 reports (95% interval)"
+    assert "no key released" in headline(_keyed(estimates=(), released_keys=()))
+    true = EstimateRecord(label="true", value=12.5, se=3.0, ci_low=6.6, ci_high=18.4)
+    with_true = _keyed(released_keys=(KeyRelease(key="E1", count=41.0, value_true=true),))
+    assert headline(with_true).endswith("'E1' 41 ± 3.9 reports, value true 12.5 ± 5.9 (95% interval)")
+    fit = (EstimateRecord(label="slope", value=1.25), EstimateRecord(label="intercept", value=4.0))
+    regression = _keyed(kind="regression", metric="lat", estimates=fit, released_keys=())
+    assert headline(regression) == "lat: slope 1.25, intercept 4"  # Theil-Sen: no interval, none named
+    assert "refused" in headline(_release(refused="budget exhausted"))
+    empty = _release().model_copy(update={"n": 0, "no_data": True, "estimates": ()})
+    assert headline(empty) == "theme: no data in this window (no reports): nothing estimated"

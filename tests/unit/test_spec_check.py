@@ -41,7 +41,7 @@ def test_demo_spec_check_prints_every_metric_and_its_costs(capsys: pytest.Captur
     keyed = spec.metric("errors")
     assert isinstance(keyed, KeyedMetric)
     least = smallest_passable_capacity(4, 0.05, 1e-9)
-    assert f"the smallest the capacity test can pass is {least}" in out
+    assert f"The smallest workable setting is max_keys_per_partition: {least}" in out
 
 
 def test_min_key_capacity_is_where_an_empty_window_starts_to_pass() -> None:
@@ -57,14 +57,37 @@ def test_rappor_floor_is_the_advisor_and_warns_when_nothing_is_detectable(capsys
     lines, warnings = check_lines(spec, 2000)
     a = _advice(home, 2000)
     assert any(f"detectable from a share of {a.min_detectable_frequency:.3g}" in line for line in lines)
-    assert warnings == 1 and any("most candidates will go undetected" in line for line in lines)  # 0.171 > 1/16
+    unbudgeted = sum(m.budget is None for m in spec.metrics)  # each warned of (test_a_metric_without_a_budget_...)
+    assert warnings == 1 + unbudgeted and any("most candidates will go undetected" in line for line in lines)
     lines, warnings = check_lines(spec, 20)
     assert any("WARNING: nothing is detectable at 20 clients" in line for line in lines)
     needed = clients_for_share(home, 0.05)
     assert needed is not None
     assert _advice(home, needed).min_detectable_frequency <= 0.05 < _advice(home, needed - 1).min_detectable_frequency
     lines, warnings = check_lines(spec, needed)
-    assert warnings == 0
+    assert warnings == unbudgeted
+
+
+def test_a_metric_without_a_budget_is_warned_of_with_the_line_to_add(tmp_path: Path) -> None:
+    """Issue 33: "[no budget]" alone was no warning. Mutation: drop the warning -> red."""
+    spec = load_spec(DEMO)
+    lines, _ = check_lines(spec, 2000)
+    for m in spec.metrics:
+        warned = any(line.startswith(f"  WARNING: no budget: nothing caps {m.name}'s") for line in lines)
+        assert warned == (m.budget is None), m.name
+    crashed = next(line for line in lines if "nothing caps crashed_today's" in line)
+    horizon = next(lines[i + 1] for i, line in enumerate(lines) if line.startswith("crashed_today ("))
+    cap = crashed.split("budget: {epsilon: ")[1].split("}")[0]
+    assert f"horizon (60 windows): ε = {cap} " in horizon  # the value to set is the horizon cost printed above
+
+
+def test_the_key_capacity_floor_is_said_in_plain_words_with_the_value_to_set() -> None:
+    spec = load_spec(DEMO)
+    lines, _ = check_lines(spec, 2000)
+    least = smallest_passable_capacity(4, 0.05, 1e-9)
+    text = next(line for line in lines if line.startswith("  key capacity:"))
+    assert f"max_keys_per_partition: {least}" in text and "distinct keys" in text and "safety margin" in text
+    assert "Δ0" not in text  # no symbol that needs the source to read
 
 
 def test_an_invalid_spec_is_refused_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -119,6 +119,16 @@ function estimateOf(rel, label) {
 
 // Where a kind's estimates live (its presentation's scale): counts are at least 0 (a negative estimate is noise around
 // a small count, drawn at 0 and said so), a fraction within [0, 1], coefficients anywhere.
+// What a clamped value is called: "below 0, drawn at 0" or "above 1, drawn at 1" (a fraction's noise can pass 1).
+function clampNote(value, drawn) {
+  if (value === null || value === undefined || drawn === value) return "";
+  return value < drawn ? ` (below ${drawn}, drawn at ${drawn})` : ` (above ${drawn}, drawn at ${drawn})`;
+}
+
+// A not-estimated estimate (release schema 3: `value` null -- a RAPPOR candidate the decoder gave no estimate):
+// never drawn as a value, always said in words.
+const NOT_ESTIMATED = "not estimated";
+
 function clampOf(p) {
   if (p.scale === "count") return (v) => (v === null || v === undefined ? v : Math.max(0, v));
   if (p.scale === "fraction") return (v) => (v === null || v === undefined ? v : Math.min(1, Math.max(0, v)));
@@ -154,6 +164,21 @@ function statusBadge(status) {
 
 // ---------------------------------------------------------------------------------------------- overview
 
+// The metric in one sentence (the release summary's `headline`: schemas/headline.py), from its newest window with
+// data ("used_dark_mode: 31 % ± 4 % of devices reported true (95% interval)"); which window it is, in words.
+// A kind whose estimates exist only for released keys (keyed) speaks of its newest window with a released key.
+function headlineOf(name) {
+  const m = state.metrics.find((x) => x.metric === name);
+  const keysOnly = Boolean(m && m.presentation.released_keys);
+  const rels = state.history[name] || [];
+  const withData = rels.filter((r) => !r.refused && !noData(r) && r.headline && (!keysOnly || (r.released_keys || []).length));
+  const r = withData[withData.length - 1];
+  const what = keysOnly ? "a released key" : "data";
+  if (!r) return rels.length ? `${name}: no window with ${what} yet` : `${name}: no release yet`;
+  const newest = rels[rels.length - 1];
+  return `${r.headline}, ${r === newest ? "newest window" : `last window with ${what}`} (${when(r.window_start_ms)} → ${clock(r.window_end_ms)})`;
+}
+
 function renderOverview() {
   const body = document.querySelector("#overview-table tbody");
   const now = Date.now();
@@ -162,6 +187,7 @@ function renderOverview() {
     const age = rel ? `${Math.max(0, (now - rel.window_end_ms) / 1000).toFixed(0)} s` : "–";
     return el("tr", { "data-metric": m.metric },
       el("td", {}, el("a", { href: `#m-${m.metric}` }, m.metric)),
+      el("td", { class: "headline" }, headlineOf(m.metric)),
       el("td", {}, m.kind),
       el("td", {}, rel ? when(rel.window_end_ms) : "–"),
       el("td", {}, age),
@@ -182,7 +208,7 @@ function seriesLabels(p, rels, chosen) {
   const usable = rels.filter((r) => !r.refused && !noData(r));
   if (p.released_keys) {
     const seen = new Map();
-    for (const r of usable) for (const e of r.estimates || []) seen.set(e.label, (seen.get(e.label) || 0) + Math.abs(e.value));
+    for (const r of usable) for (const e of r.estimates || []) seen.set(e.label, (seen.get(e.label) || 0) + Math.abs(e.value ?? 0));
     const top = [...seen.entries()].sort((a, b) => b[1] - a[1]).slice(0, TOP).map(([k]) => k);
     return [top, seen.size, "by total over the retained windows"];
   }
@@ -190,7 +216,7 @@ function seriesLabels(p, rels, chosen) {
   const base = own ? chosen : usable[usable.length - 1];
   if (!base) return [[], 0, ""];
   const ests = base.estimates || [];
-  const top = ests.slice().sort((a, b) => b.value - a.value).slice(0, TOP).map((e) => e.label);
+  const top = ests.slice().sort((a, b) => (b.value ?? -Infinity) - (a.value ?? -Infinity)).slice(0, TOP).map((e) => e.label);
   return [top, ests.length, `by estimate in ${own ? "the chosen window" : "the newest window with data"}`];
 }
 
@@ -233,13 +259,18 @@ function seriesChart(m, rels, chosen, width) {
   const [labels, total, basis] = seriesLabels(p, rels, chosen);
   const clamp = clampOf(p);
   const points = [];
+  let notEstimated = 0;
   for (const r of rels) {
     if (r.refused) continue;
     const empty = noData(r);
     for (const label of labels) {
       const e = empty ? null : estimateOf(r, label);
       const t = new Date((r.window_start_ms + r.window_end_ms) / 2);
-      if (!e) { points.push({ t, series: label, y: NaN, lo: NaN, hi: NaN }); continue; } // a gap in the line
+      if (!e || e.value === null || e.value === undefined) { // a gap in the line (not released, not estimated)
+        if (e) notEstimated += 1;
+        points.push({ t, series: label, y: NaN, lo: NaN, hi: NaN });
+        continue;
+      }
       const lo = e.ci_low ?? NaN, hi = e.ci_high ?? NaN;
       points.push({
         t, series: label, value: e.value, y: clamp(e.value), lo: clamp(lo), hi: clamp(hi),
@@ -249,6 +280,16 @@ function seriesChart(m, rels, chosen, width) {
   }
   const drawn = points.filter((p) => !Number.isNaN(p.y));
   const banded = drawn.some((p) => !Number.isNaN(p.lo) && !Number.isNaN(p.hi));
+  // a band joins neighbouring windows: a point without a drawn neighbour in its series shows its interval as an
+  // error bar instead (else it would have none)
+  const lone = [];
+  for (const label of labels) {
+    const own = points.filter((d) => d.series === label);
+    own.forEach((d, i) => {
+      const gap = (j) => j < 0 || j >= own.length || Number.isNaN(own[j].y);
+      if (!Number.isNaN(d.y) && gap(i - 1) && gap(i + 1) && !Number.isNaN(d.lo) && !Number.isNaN(d.hi)) lone.push(d);
+    });
+  }
   const legend = legendText(p, labels, total, basis, banded || !drawn.length);
   const y = p.scale === "coefficient" ? { grid: true, nice: true, label: p.axis_label }
     : { grid: true, nice: true, domain: [0, p.scale === "fraction" ? 1 : Math.max(1, ...drawn.map((d) => (Number.isNaN(d.hi) ? d.y : d.hi)))], label: p.axis_label };
@@ -257,6 +298,7 @@ function seriesChart(m, rels, chosen, width) {
     width,
     height: 240,
     marginLeft: 56,
+    marginRight: 36,
     marginBottom: 40,
     ariaLabel: `${m.metric}: estimates over the retained windows`,
     ariaDescription: legend,
@@ -268,17 +310,21 @@ function seriesChart(m, rels, chosen, width) {
       Plot.ruleY(p.scale === "coefficient" ? [0] : [], { stroke: "#9aa3af" }),
       Plot.areaY(points, { x: "t", y1: "lo", y2: "hi", z: "series", fill: "series", fillOpacity: labels.length > 2 ? 0.08 : 0.15, clip: true }),
       Plot.lineY(points, { x: "t", y: "y", z: "series", stroke: "series", strokeWidth: 1.5 }),
+      Plot.ruleX(lone, { x: "t", y1: "lo", y2: "hi", stroke: "series", strokeWidth: 1.5, className: "lone-interval", clip: true }),
       Plot.dot(drawn, {
         x: "t", y: "y", stroke: "series", r: 2.6,
         fill: (d) => (d.clipped ? "#fff" : d.series), fillOpacity: (d) => (d.faint ? 0.3 : 1),
-        title: (d) => `${d.series}: ${num(d.value)}${d.clipped ? " (below 0: noise, drawn at 0)" : ""}`,
+        title: (d) => `${d.series}: ${num(d.value)}${clampNote(d.value, d.y)}`,
       }),
     ],
   });
   const notes = ["grey: window without reports (no data, not zero)", "pink: refused"];
   if (p.released_keys) notes.push("a gap in a key's line: not released in that window (below the noisy threshold: unknown, not zero)");
   if (p.scale === "count") notes.push("hollow dot at 0: estimate below 0 (noise around a small count), drawn at 0");
+  if (p.scale === "fraction") notes.push("hollow dot at 0 or 1: estimate outside [0, 1] (noise), drawn at the edge");
+  if (lone.length) notes.push("a vertical line through a point without neighbours: its interval");
   if (p.undetected_faint) notes.push("faint dot: candidate not detected");
+  if (notEstimated) notes.push("a gap in a candidate's line: not estimated by the decoder in that window (unknown, not zero)");
   return el("figure", { class: "chart series-chart" },
     el("p", { class: "legend-text" }, legend),
     plot,
@@ -293,11 +339,16 @@ function panelRows(p, rel, rels) {
     const e = reads.map((l) => estimateOf(rel, l)).find((x) => x) || null;
     return [e ? [{ label, value: e.value, lo: e.ci_low, hi: e.ci_high }] : [], 1];
   }
+  const keys = new Map((rel.released_keys || []).map((k) => [k.key, k]));
   let rows = (rel.estimates || []).map((e) => ({
-    label: e.label, value: e.value, lo: e.ci_low, hi: e.ci_high, faint: p.undetected_faint && e.significant === false,
+    label: e.label, value: e.value ?? null, lo: e.ci_low, hi: e.ci_high, faint: p.undetected_faint && e.significant === false,
+    note: e.value === null || e.value === undefined ? NOT_ESTIMATED : undefined,
+    // the estimates a released key carries besides its total (presentation.key_fields: keyed's value_true)
+    fields: p.key_fields.map((f) => [f, keys.has(e.label) ? keys.get(e.label)[f.field] || null : null]),
   }));
   const total = rows.length;
-  if (p.order === "value" || (p.order === "labels" && rows.length > PANEL_ROWS)) rows.sort((a, b) => b.value - a.value);
+  // largest first, the not estimated last (they have no value to rank)
+  if (p.order === "value" || (p.order === "labels" && rows.length > PANEL_ROWS)) rows.sort((a, b) => (b.value ?? -Infinity) - (a.value ?? -Infinity));
   rows = rows.slice(0, PANEL_ROWS);
   if (p.released_keys) {
     const here = new Set((rel.estimates || []).map((e) => e.label));
@@ -312,29 +363,53 @@ function shortLabel(label) {
   return label.length > 28 ? `…${label.slice(-27)}` : label;
 }
 
+// What the chosen window's bars are: "N detected of M candidates" for a kind that detects (RAPPOR), never "all M
+// released" when only some were detected or estimated.
+function panelWhat(p, rel, drawn, total) {
+  if (p.panel_legend) return p.panel_legend;
+  const ests = rel.estimates || [];
+  const estimated = ests.filter((e) => e.value !== null && e.value !== undefined).length;
+  const shownOf = drawn.length === estimated ? `all ${estimated}` : `the ${drawn.length} largest of ${estimated}`;
+  if (p.undetected_faint) {
+    const detected = ests.filter((e) => e.significant === true).length;
+    const missing = total - estimated;
+    return `${detected} detected of ${total} ${p.noun}. Bars: ${shownOf} estimated ${p.noun} (faint: not detected)` +
+      (missing ? `; ${missing} not estimated by the decoder (no bar: unknown, not zero)` : "");
+  }
+  if (p.released_keys) return `Bars: ${shownOf} ${p.noun} released in this window`;
+  return `Bars: ${shownOf} ${p.noun} estimated in this window`;
+}
+
 function panelChart(m, rel, rels, width) {
   const p = m.presentation;
   const [rows, total] = panelRows(p, rel, rels);
   const drawn = rows.filter((r) => r.value !== null);
   const clamp = clampOf(p);
   const count = p.scale === "count";
-  const what = p.panel_legend
-    || `Bars: ${drawn.length === total ? `all ${total}` : `the ${drawn.length} largest of ${total}`} ${p.noun} released in this window`;
+  const what = panelWhat(p, rel, drawn, total);
   const banded = drawn.some((r) => r.lo !== null && r.lo !== undefined && r.hi !== null && r.hi !== undefined);
-  const legend = `${what}${banded ? `; lines: ${Math.round(100 * rel.confidence)} % intervals.` : " (the mechanism gives no interval)."}`;
+  const fieldsLegend = p.key_fields.map((f) => `; orange dot and line: ${f.heading}, ${f.legend}`).join("");
+  const legend = `${what}${banded ? `; lines: ${Math.round(100 * rel.confidence)} % intervals` : " (the mechanism gives no interval)"}${fieldsLegend}.`;
   if (!drawn.length) {
     const why = p.released_keys ? "no key above the threshold in this window" : "no estimate in this release";
     return el("figure", { class: "chart window-panel" }, el("p", { class: "empty-panel" }, why));
   }
+  const fieldText = (r) => (r.fields || []).filter(([, e]) => e).map(([f, e]) =>
+    `; ${f.heading} ${num(e.value)}${e.ci_low !== null && e.ci_high !== null ? ` [${num(e.ci_low)}, ${num(e.ci_high)}]` : ""}`).join("");
   const data = rows.map((r) => ({
     ...r, x: r.value === null ? null : clamp(r.value), xlo: clamp(r.lo), xhi: clamp(r.hi),
-    text: r.value === null ? r.note : `${num(r.value)}${clamp(r.value) !== r.value ? " (below 0, drawn at 0)" : ""}`,
+    text: r.value === null ? r.note : `${num(r.value)}${clampNote(r.value, clamp(r.value))}${fieldText(r)}`,
   }));
+  // each released key's own estimates (value_true) as a dark dot with its interval, on the key's row
+  const fieldMarks = data.flatMap((r) => (r.fields || []).filter(([, e]) => e && e.value !== null).map(([f, e]) => ({
+    label: r.label, field: f.heading, x: clamp(e.value), xlo: clamp(e.ci_low), xhi: clamp(e.ci_high),
+  })));
   const longest = Math.max(...rows.map((r) => shortLabel(r.label).length));
   const bars = p.scale === "coefficient"
     ? Plot.dot(data.filter((r) => r.x !== null), { x: "x", y: "label", fill: "#1565c0", r: 3.5 })
     : Plot.barX(data.filter((r) => r.x !== null), { x1: 0, x2: "x", y: "label", fill: (r) => (r.faint ? "#cfd4db" : "#90caf9"), insetTop: 2, insetBottom: 2 });
-  const values = data.flatMap((r) => [r.x, r.xhi]).filter((v) => v !== null && v !== undefined && !Number.isNaN(v));
+  const values = data.flatMap((r) => [r.x, r.xhi]).concat(fieldMarks.flatMap((f) => [f.x, f.xhi]))
+    .filter((v) => v !== null && v !== undefined && !Number.isNaN(v));
   const x = p.scale === "coefficient" ? { nice: true, grid: true, label: p.plot_axis_label }
     : { nice: true, grid: true, domain: [0, p.scale === "fraction" ? 1 : Math.max(1, ...values)], label: p.axis_label };
   const plot = Plot.plot({
@@ -352,6 +427,9 @@ function panelChart(m, rel, rels, width) {
       bars,
       Plot.ruleY(data.filter((r) => r.xlo !== null && r.xlo !== undefined && r.xhi !== null && r.xhi !== undefined),
         { y: "label", x1: "xlo", x2: "xhi", stroke: "#0d47a1", strokeWidth: 1.3, clip: true }),
+      Plot.ruleY(fieldMarks.filter((f) => f.xlo !== null && f.xhi !== null),
+        { y: "label", x1: "xlo", x2: "xhi", stroke: "#e65100", strokeWidth: 1.3, dy: 5, clip: true, className: "key-field-interval" }),
+      Plot.dot(fieldMarks, { y: "label", x: "x", fill: "#e65100", r: 3, dy: 5, className: "key-field", title: (f) => `${f.label}: ${f.field}` }),
       Plot.text(data, {
         y: "label", x: (r) => (r.value === null ? (p.scale === "coefficient" ? Math.min(0, ...values) : 0) : Math.max(r.x, r.xhi ?? r.x)),
         text: "text", textAnchor: "start", dx: 5, fill: (r) => (r.value === null ? "#8a93a0" : "#333"),
@@ -394,6 +472,7 @@ function privacyChart(m, rels, latest, width) {
     width,
     height: 210,
     marginLeft: 56,
+    marginRight: 36,
     marginBottom: 40,
     ariaLabel: `${m.metric}: privacy spent ${unitText(latest)}`,
     ariaDescription: what,
@@ -440,6 +519,7 @@ function renderCard(m) {
   const card = el("section", { class: "metric", id: `m-${m.metric}`, "data-metric": m.metric });
   card.append(el("h2", {}, `${m.metric} `, el("span", { class: "kind" }, m.kind), " ", statusBadge(statusOf(latest, Date.now()))));
   if (m.description) card.append(el("p", { class: "note" }, m.description));
+  card.append(el("p", { class: "headline" }, headlineOf(m.metric)));
   if (!latest) {
     card.append(el("p", { class: "note" }, "no release yet"));
     return [card, null];
