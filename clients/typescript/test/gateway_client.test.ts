@@ -92,7 +92,8 @@ print(json.dumps({n: spec().metric(n).params().epsilon_one for n in ${JSON.strin
     await c.send("theme", "dark");
     const [m1, m2] = queueStore.load();
     assert.ok(m1!.uncertainSince !== undefined && m2!.uncertainSince === undefined); // the second waited (backoff)
-    queueStore.save([{ ...m1!, uncertainSince: Date.now() - 29_000 }, { ...m2!, uncertainSince: Date.now() - 31_000 }]);
+    queueStore.replace({ ...m1!, uncertainSince: Date.now() - 29_000 });
+    queueStore.replace({ ...m2!, uncertainSince: Date.now() - 31_000 });
     answer = "ok";
     const out = await c.flush();
     assert.deepEqual([out.accepted, out.dropped, drops], [1, 1, ["unknown_outcome"]]);
