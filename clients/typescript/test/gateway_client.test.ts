@@ -64,7 +64,7 @@ print(json.dumps({n: spec().metric(n).params().epsilon_one for n in ${JSON.strin
 
   it("refuses test randomness unless allowTestRandomness is given", async () => {
     const rng = new SeededRandomForTests(1);
-    await assert.rejects(GatewayClient.open({ ...base(never), spec, rng }), /rng is not a cryptographic source/);
+    await assert.rejects(GatewayClient.open({ ...base(never), spec, rng }), /rng is not the platform CSPRNG: pass allowTestRandomness/);
     assert.ok(await GatewayClient.open({ ...base(never), spec, rng, allowTestRandomness: true }));
   });
 
