@@ -83,9 +83,9 @@ OFFLINE_JS = """async ({ url, dead, token }) => {
   const out = [];
   for (const [metric, value] of Object.entries(truth(0))) {
     const r = await client.send(metric, value);
-    out.push([r.admitted, r.accepted, r.pending]);
+    out.push([r.outcome, r.admitted, r.accepted, r.pending]);
   }
-  return { sent: out, stored: JSON.parse(localStorage.getItem("ptel.queue")).length };
+  return { sent: out, stored: new ptel.LocalStorageQueueStore().load().length };
 }""".replace("TRUTH", TRUTH_JS)
 
 # After the reload: device 0 reopens against the gateway (spec from GET /v1/spec), flushes its outbox; then the
@@ -107,8 +107,8 @@ ONLINE_JS = """async ({ url, urls, tokens }) => {
     let accepted = 0;
     for (const [metric, value] of Object.entries(truth(j + 1))) {
       const r = await client.send(metric, value);
-      accepted += r.admitted ? r.accepted : 0;
-      if (r.admitted && r.pending > 0) await client.queue.flush(true).then((f) => (accepted += f.accepted));
+      accepted += r.accepted ? 1 : 0;
+      if (r.outcome === "queued") await client.queue.flush(true).then((f) => (accepted += f.accepted));
     }
     return accepted;
   }));
@@ -183,7 +183,8 @@ async def test_the_ts_client_in_chromium_sends_through_the_gateway_and_the_worke
                 ended = time.time()
             assert ended * 1000 < start_ms + SIZE_S * 1000, f"the page sent past its window: {online['elapsedMs']} ms"
             # device 0: three reports queued offline (admitted, none accepted), stored, all sent after the reload
-            assert offline == {"sent": [[True, 0, 1], [True, 0, 2], [True, 0, 3]], "stored": 3}, offline
+            queued = [["queued", True, False, n] for n in (1, 2, 3)]
+            assert offline == {"sent": queued, "stored": 3}, offline
             assert online["flushed"] == {"accepted": 3, "dropped": 0, "pending": 0, "nextAttemptAt": None}, online
             assert (online["againAdmitted"], online["againReason"]) == (False, "reports_per_window")  # quota kept
             assert online["drops"] == [] and online["accepted"] == 3 * (DEVICES - 1), online

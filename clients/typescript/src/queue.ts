@@ -48,7 +48,8 @@ export type DropReason = "refused" | "expired" | "queue_full" | "unknown_outcome
 export interface SendQueueOptions {
   /** Most messages kept; a new one beyond it pushes out the oldest (default 500). */
   readonly maxMessages?: number;
-  /** A message older than this is dropped unsent (default 24 h). */
+  /** A message older than this is given up (default 24 h): dropped as `unknown_outcome` if an attempt may have
+   * reached Kafka, else as `expired`. `GatewayClient` sets the spec's retry horizon less one attempt's timeout. */
   readonly maxAgeMs?: number;
   /** How long after an unanswered attempt a retry is still recognised by the gateway (its `Idempotency-Key`
    * memory), ms; after that the message is dropped as `unknown_outcome` (default 24 h; `GatewayClient` derives it
@@ -89,6 +90,8 @@ function positive(name: string, value: number, max: number): number {
 /** The outbox of one device towards one gateway. */
 export class SendQueue {
   readonly stats: QueueStats = { accepted: 0, replayed: 0, retries: 0, dropped: 0 };
+  /** Why the last attempt must be retried (`null` after a 202 or a refusal). */
+  lastError: GatewayRefusedError | null = null;
   private readonly maxMessages: number;
   private readonly maxAgeMs: number;
   private readonly memoryMs: number;
@@ -177,7 +180,11 @@ export class SendQueue {
       const messages = this.store.load();
       const now = this.now();
       const out = messages.flatMap((m): [QueuedMessage, DropReason][] =>
-        now - m.queuedAt > this.maxAgeMs ? [[m, "expired"]] : m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs ? [[m, "unknown_outcome"]] : [],
+        // past maxAgeMs (GatewayClient: the spec's retry horizon less one attempt's timeout), or past the gateway's
+        // memory of its key: given up -- as unknown_outcome if an attempt may have reached Kafka, else expired
+        now - m.queuedAt > this.maxAgeMs || (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs)
+          ? [[m, m.uncertainSince !== undefined ? "unknown_outcome" : "expired"]]
+          : [],
       );
       if (out.length > 0) {
         for (const [m, reason] of out) {
@@ -194,6 +201,7 @@ export class SendQueue {
         m.attempts++;
       });
       const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key });
+      this.lastError = outcome.kind === "retry" ? outcome.error : null;
       if (outcome.kind === "retry") {
         if (outcome.maybeDelivered && next.uncertainSince === undefined) {
           this.update(next.key, (m) => {
@@ -280,6 +288,14 @@ export class SendQueue {
     };
     tick();
     return () => this.stop();
+  }
+
+  /** Stops, then deletes every stored message unsent, without `onDrop` (consent withdrawn: `GatewayClient.optOut`). */
+  clear(): void {
+    this.stop();
+    this.store.clear();
+    this.failures = 0;
+    this.notBefore = 0;
   }
 
   /** Stops the timer and the page listeners (idempotent); the queue stays stored. */

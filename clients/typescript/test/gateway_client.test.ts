@@ -30,7 +30,7 @@ const never = (_url: string, init: RequestInit) =>
   new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))));
 
 function base(fetch: (url: string, init: RequestInit) => Promise<Response>) {
-  return { url: "https://gw.example", token: "d:k:m", fetch, secretStore: new MemoryStore(), quotaStore: null, queueStore: new MemoryQueueStore(), specCache: null, flushIntervalMs: null };
+  return { url: "https://gw.example", token: "d:k:m", fetch, secretStore: new MemoryStore(), quotaStore: null, queueStore: new MemoryQueueStore(), specCache: null, flushIntervalMs: null, maxEpsilon: Infinity };
 }
 
 describe("GatewayClient.open", () => {
@@ -42,7 +42,8 @@ describe("GatewayClient.open", () => {
     const missing = { ...pins, gone: 1 };
     await assert.rejects(GatewayClient.open({ ...base(never), spec, expectedFingerprints: missing }), /metrics.gone.fingerprint \(missing\)/);
     const ok = await GatewayClient.open({ ...base(never), spec, expectedFingerprints: { crashed: pins["crashed"]! } });
-    await assert.rejects(ok.send("theme", "A"), UnknownMetricError); // not pinned: not sent
+    const unpinned = await ok.send("theme", "A"); // not pinned: not sent
+    assert.ok(unpinned.outcome === "invalid" && unpinned.error instanceof UnknownMetricError && !unpinned.admitted);
   });
 
   it("refuses a spec whose metric loses more than maxEpsilon per report", async () => {

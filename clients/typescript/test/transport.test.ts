@@ -51,7 +51,7 @@ describe("transport", () => {
     const gw = scripted([accepted, { ...accepted, headers: { "Idempotent-Replayed": "true" } }]);
     const t = new GatewayTransport({ url: "http://127.0.0.1:1/", token: "phone-1:k1:mac", fetch: gw.fetch });
     const first = await t.attempt({ body: REPORT, idempotencyKey: "k-1" });
-    assert.deepEqual(first, { kind: "accepted", accepted: 1, windowStart: 1700000000, replayed: false });
+    assert.deepEqual(first, { kind: "accepted", accepted: 1, windowStart: 1700000000, replayed: false, late: false, windowMismatch: false });
     const again = await t.attempt({ body: REPORT, idempotencyKey: "k-1" });
     assert.equal(again.kind === "accepted" && again.replayed, true);
     const init = gw.seen[0]!.init;
