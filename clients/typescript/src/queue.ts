@@ -264,7 +264,9 @@ export class SendQueue {
     this.stop();
     const tick = (): void => {
       void this.flush().finally(() => {
-        if (this.detach !== null) this.timer = setTimeout(tick, Math.max(intervalMs, this.notBefore - this.now()));
+        if (this.detach === null) return;
+        this.timer = setTimeout(tick, Math.max(intervalMs, this.notBefore - this.now()));
+        (this.timer as { unref?: () => void }).unref?.(); // Node: the outbox's timer never keeps a process alive
       });
     };
     const online = (): void => void this.flush(true);
