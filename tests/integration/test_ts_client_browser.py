@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.runtime.worker_settings import WorkerSettings
@@ -36,8 +39,10 @@ from agents.windowing.watermarks import IdlePolicy
 from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
 from schemas.releases import Release
+from schemas.spec import parse_spec
+from schemas.spec_document import spec_document_json
 from testbed.browser import browser
-from testbed.ts_client_page import build_bundle, serve_page
+from testbed.ts_client_page import IIFE_BUNDLE, README, build_bundle, serve_page
 from tests.integration.agents_support import (
     delete_worker_topics,
     make_spec,
@@ -47,6 +52,8 @@ from tests.integration.agents_support import (
     wait_for_window_start,
 )
 from tests.integration.gateway_support import GatewayProcess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 DEVICES = 60
 SIZE_S = 12
@@ -286,3 +293,40 @@ async def test_two_offline_tabs_of_one_origin_lose_no_queued_report() -> None:
         print(f"reports lost of 80 / 600 (per-message items, then one read-modify-write item): {lost}")
         assert lost[(False, 40)] == 0 and lost[(False, 300)] == 0, lost
         assert lost[(True, 300)] > 0, f"the known-bad store lost nothing: the test has no power here ({lost})"
+
+
+async def test_the_readmes_script_tag_snippet_runs_in_chromium() -> None:
+    """The README's ``<script>`` snippet, verbatim, as the page of its gateway's origin (https://telemetry.example,
+    served by Playwright's routing: no CORS involved here -- the first test covers a real cross-origin gateway): the
+    IIFE build comes from the unpkg URL it names, the gateway serves the demo spec (without its regression metric,
+    which the default epsilon bound refuses) and answers 202; the page logs ``ptel: accepted``."""
+    build_bundle()
+    (html,) = re.findall(r"```html\n(.*?)```", README.read_text(), re.S)
+    demo = yaml.safe_load((ROOT / "examples" / "demo-spec.yaml").read_text())
+    demo["metrics"] = [m for m in demo["metrics"] if m["kind"] != "regression"]
+    document = spec_document_json(parse_spec(demo, "demo"))
+    posted: list[str] = []
+
+    async def serve(route: Any) -> None:
+        url, request = route.request.url, route.request
+        if url.startswith("https://unpkg.com/@ptel/client/dist/browser/ptel-client.iife.js"):
+            await route.fulfill(body=IIFE_BUNDLE.read_bytes(), content_type="text/javascript")
+        elif url == "https://telemetry.example/":
+            await route.fulfill(body=f"<!doctype html><html><body>{html}</body></html>", content_type="text/html")
+        elif url == "https://telemetry.example/v1/spec":
+            await route.fulfill(body=document, content_type="application/json", headers={"ETag": '"demo"'})
+        elif url == "https://telemetry.example/v1/reports" and request.method == "POST":
+            posted.append(request.headers.get("authorization", ""))
+            await route.fulfill(
+                status=202, json={"accepted": 1, "window_start": 0, "late": False, "window_mismatch": False}
+            )
+        else:
+            await route.fulfill(status=404, body="")
+
+    async with browser() as chromium:
+        page = await (await chromium.new_context()).new_page()
+        await page.route("**/*", serve)
+        async with page.expect_console_message(lambda m: m.text.startswith("ptel:"), timeout=30_000) as message:
+            await page.goto("https://telemetry.example/")
+        assert (await message.value).text == "ptel: accepted"
+    assert posted == ["Bearer device-7:k1:3f9a"], posted
