@@ -62,7 +62,8 @@ console.log(JSON.stringify({
 def test_the_package_packs_installs_and_type_checks_as_a_consumer_sees_it(tmp_path: Path) -> None:
     """``npm pack`` makes a publishable tarball (not private; ``exports`` with types; the ESM, script-tag and Node
     builds; no tests); unpacked into a consumer's ``node_modules``, it imports in Node (ESM entry and the IIFE via
-    ``@ptel/client/iife``) and a consumer's TypeScript compiles against its types under strict ``tsc``."""
+    ``@ptel/client/iife``) and a consumer's TypeScript compiles against its types under strict ``tsc``; ``npm run
+    size`` finds both browser builds within their budgets."""
     npm = shutil.which("npm")
     node = shutil.which("node")
     if npm is None or node is None:
@@ -108,3 +109,6 @@ def test_the_package_packs_installs_and_type_checks_as_a_consumer_sees_it(tmp_pa
     }
     (consumer / "tsconfig.json").write_text(json.dumps(config))
     _run([str(CLIENT / "node_modules" / ".bin" / "tsc"), "-p", "tsconfig.json"], consumer)
+    # both browser builds within their budgets (npm run size exits 1 above one)
+    sizes = json.loads(_run([npm, "run", "size", "--silent"], CLIENT).stdout.strip().splitlines()[-1])
+    assert sizes["within_budgets"] and sizes["iife"]["min_gzip_bytes"] > 0 and sizes["esm"]["min_gzip_bytes"] > 0, sizes
