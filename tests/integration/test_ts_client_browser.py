@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from aiohttp import web
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.runtime.worker_settings import WorkerSettings
@@ -330,3 +331,34 @@ async def test_the_readmes_script_tag_snippet_runs_in_chromium() -> None:
             await page.goto("https://telemetry.example/")
         assert (await message.value).text == "ptel: accepted"
     assert posted == ["Bearer device-7:k1:3f9a"], posted
+
+
+CORS_JS = """async ({ url }) => {
+  try {
+    await ptel.GatewayClient.open({ url, token: "t:k:m", flushIntervalMs: null });
+    return "opened";
+  } catch (err) {
+    return `${err.name}: ${err.message}`;
+  }
+}"""
+
+
+async def test_a_gateway_without_the_pages_origin_gives_a_clear_error_not_failed_to_fetch() -> None:
+    """A gateway that does not list the page's origin (no CORS headers): Chromium says only ``Failed to fetch``; the
+    client's error says what can be wrong -- the gateway down, or the origin missing from ``--cors-origin``."""
+    bundle = build_bundle()
+
+    def spec_route(app: web.Application) -> None:
+        async def spec(_: web.Request) -> web.Response:
+            return web.Response(text="{}", content_type="application/json")  # no Access-Control-Allow-Origin
+
+        app.router.add_get("/v1/spec", spec)
+
+    async with serve_page(bundle) as origin, serve_page(bundle, spec_route) as other, browser() as chromium:
+        page = await (await chromium.new_context()).new_page()
+        await page.goto(origin)
+        await page.wait_for_selector("body[data-ready='1']", state="attached")
+        message = await page.evaluate(CORS_JS, {"url": other})
+    assert message.startswith("GatewayRefusedError: gateway not reached (unreachable): GET "), message
+    assert "or this page's origin is not in the gateway's --cors-origin" in message, message
+    assert "TypeError: Failed to fetch" in message, message  # the platform's words, kept at the end

@@ -21,6 +21,7 @@ import { ParameterError, PtelError } from "./errors.js";
 /** The gateway refused a message (`status`, machine-readable `reason` of docs/gateway.md), or every attempt failed
  * (`status` 0, `reason` "unreachable"). */
 export class GatewayRefusedError extends PtelError {
+  override readonly name: string = "GatewayRefusedError";
   readonly status: number;
   readonly reason: string;
   readonly detail: string;
