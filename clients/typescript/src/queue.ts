@@ -242,7 +242,7 @@ export class SendQueue {
     let fired = 0;
     const now = this.now();
     for (const m of this.store.load()) {
-      if (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs) continue;
+      if (now - m.queuedAt > this.maxAgeMs || (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs)) continue; // given up
       const body = fromBase64(m.body);
       if (body.length > budget) break;
       budget -= body.length;

@@ -74,12 +74,15 @@ export interface TransportOptions {
   readonly token: string;
   /** Longest wait for one attempt's answer, ms (default 30 000). */
   readonly timeoutMs?: number;
+  /** Largest spec document read from `GET /v1/spec`, bytes (default {@link MAX_SPEC_BYTES}, 1 MiB). */
+  readonly maxSpecBytes?: number;
   /** The `fetch` to use (default: the platform's); tests inject one. */
   readonly fetch?: FetchLike;
 }
 
-/** Largest spec document accepted from `GET /v1/spec`, bytes (a real one is a few KB; Python's gateway serves
- * the document of a spec of at most 1,000 metrics). Checked on `Content-Length` and while reading. */
+/** Default of the largest spec document read from `GET /v1/spec`, bytes (`maxSpecBytes`). A real document is a
+ * few KB (the demo spec's: 2 KB); a spec that needs more -- tens of thousands of category labels -- sets
+ * `maxSpecBytes`. Checked on `Content-Length` and while reading, so a huge answer is neither read whole nor parsed. */
 export const MAX_SPEC_BYTES = 1 << 20;
 
 /** What a failed `fetch` means, for a person: the platform says only `TypeError: fetch failed` (Node) or
@@ -134,6 +137,8 @@ export class GatewayTransport {
   readonly specUrl: string;
   /** Longest wait for one answer (an attempt, or the spec), ms. */
   readonly timeoutMs: number;
+  /** Largest spec document read, bytes. */
+  readonly maxSpecBytes: number;
   private readonly auth: string;
   private readonly fetchFn: FetchLike;
 
@@ -149,6 +154,11 @@ export class GatewayTransport {
     if (!(timeoutMs > 0 && timeoutMs <= 3_600_000)) {
       throw new ParameterError("timeoutMs", `(${timeoutMs}) must be in (0, 3600000]`);
     }
+    const maxSpecBytes = options.maxSpecBytes ?? MAX_SPEC_BYTES;
+    if (!(Number.isSafeInteger(maxSpecBytes) && maxSpecBytes > 0)) {
+      throw new ParameterError("maxSpecBytes", `(${maxSpecBytes}) must be a positive integer (bytes)`);
+    }
+    this.maxSpecBytes = maxSpecBytes;
     const base = url.replace(/\/+$/, "");
     this.endpoint = `${base}/v1/reports`;
     this.specUrl = `${base}/v1/spec`;
@@ -252,7 +262,7 @@ export class GatewayTransport {
       if (response.status !== 200) {
         throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
       }
-      return { text: await readLimited(response, MAX_SPEC_BYTES, this.specUrl), etag: response.headers.get("ETag") ?? "" };
+      return { text: await readLimited(response, this.maxSpecBytes, this.specUrl), etag: response.headers.get("ETag") ?? "" };
     } catch (err) {
       if (abort.signal.aborted && !(err instanceof GatewayRefusedError)) {
         throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: no answer within ${this.timeoutMs} ms`);

@@ -141,6 +141,14 @@ describe("the spec fetch", () => {
         gw.close();
       }
     }
+    // a deployment with a larger spec raises the limit
+    const large = await gateway((_q, res) => (res.writeHead(200), res.end(big)));
+    try {
+      await assert.rejects(GatewayClient.open({ url: large.url, token: "d:k:m", ...stores(), maxSpecBytes: 2 * MAX_SPEC_BYTES }), /spec document is not JSON|spec format/);
+    } finally {
+      large.close();
+    }
+    assert.throws(() => GatewayClient.create({ url: "https://gw.example", token: "t", maxSpecBytes: 0 }), /maxSpecBytes \(0\) must be a positive integer/);
     const gone = await gateway(() => undefined);
     gone.close();
     await new Promise((r) => setTimeout(r, 20));
