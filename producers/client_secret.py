@@ -94,6 +94,13 @@ class ClientSecret:
         _fsync_dir(p.parent)
         return cls._read(p)
 
+    @staticmethod
+    def erase(path: str | Path) -> None:
+        """Delete the key at ``path`` (consent withdrawn; nothing if absent), durably (the directory is synced)."""
+        p = Path(path)
+        p.unlink(missing_ok=True)
+        _fsync_dir(p.parent)
+
     @classmethod
     def _read(cls, p: Path) -> ClientSecret:
         try:

@@ -64,7 +64,15 @@ from schemas.wire import (
     shard_of,
 )
 
-__all__ = ["QUOTA_BESIDE_SECRET", "EdgeClient", "MessageSink", "QuotaBesideSecret", "SendStats", "quota_path"]
+__all__ = [
+    "QUOTA_BESIDE_SECRET",
+    "EdgeClient",
+    "MessageSink",
+    "QuotaBesideSecret",
+    "SendStats",
+    "consent_path",
+    "quota_path",
+]
 
 
 class QuotaBesideSecret(enum.Enum):
@@ -79,6 +87,11 @@ QUOTA_BESIDE_SECRET = QuotaBesideSecret.BESIDE_SECRET
 def quota_path(secret_file: Path) -> Path:
     """Where a device keeps its quota by default: beside its client secret, ``<secret>.quota``."""
     return secret_file.with_name(secret_file.name + ".quota")
+
+
+def consent_path(secret_file: Path) -> Path:
+    """Where a device remembers that it opted out (:meth:`EdgeClient.opt_out`): ``<secret>.opted-out``."""
+    return secret_file.with_name(secret_file.name + ".opted-out")
 
 
 class MessageSink(Protocol):
@@ -136,6 +149,11 @@ class EdgeClient:
         self.wire_format: WireFormat = wire_format
         self.shards = shards
         self.privatizers: Mapping[str, MetricPrivatizer] = make_privatizers(spec, rng)
+        self._device_files = (secret_file, quota_file, enforce_bounds)  # what opt_in() opens again
+        #: Whether the device opted out (:meth:`opt_out`; remembered in :func:`consent_path` across restarts).
+        self.opted_out = secret_file is not None and consent_path(Path(secret_file)).exists()
+        if self.opted_out:
+            secret_file, quota_file = None, None  # opted out: no secret, no quota file is created
         secret_existed = secret_file is not None and Path(secret_file).exists()
         if quota_file is QUOTA_BESIDE_SECRET:
             if secret_file is None:
@@ -180,6 +198,8 @@ class EdgeClient:
     async def send(self, metric: str, value: Any, *, secret: ClientSecret | None = None) -> bool:
         """Privatize and publish one event now (a single-report message stamped with the send time); False if
         a contribution bound dropped it. ``secret``: the client's (default: the device's own, ``secret_file``)."""
+        if self.opted_out:
+            return False  # consent withdrawn (opt_out): nothing is made
         if secret is None:
             if self.secret is None:
                 raise ProducerParameterError("secret: give the client's secret, or build the client with secret_file=")
@@ -222,6 +242,8 @@ class EdgeClient:
                 f"values ({len(values)}) and secrets ({len(secrets)}) must have the same length"
             )
         privatizer = self.privatizer(metric)
+        if self.opted_out:
+            return np.full(len(values), -1, dtype=np.int64)  # consent withdrawn (opt_out): nothing is made
         size = self.spec.window.size_s
         windows = np.full(len(values), -1, dtype=np.int64)
         todo = np.arange(len(values), dtype=np.int64)
@@ -290,3 +312,37 @@ class EdgeClient:
                 self.stats.messages += 1
                 self.stats.bytes += len(data)
         return published
+
+    def opt_out(self) -> None:
+        """Withdraw the device's consent: remember it (:func:`consent_path`, written first, so a crash part-way
+        leaves the device opted out), delete the client secret and the quota file, and send nothing more (every
+        send returns False, :meth:`send_rows` -1) -- across restarts, until :meth:`opt_in`. The Python client keeps
+        no outbox on disk (a :class:`~producers.gateway_sink.GatewaySink` retries inside ``publish``), so nothing
+        else waits to be sent. Needs ``secret_file`` (the device's own files)."""
+        secret_file, quota_file, _ = self._device_files
+        if secret_file is None:
+            raise ProducerParameterError("opt_out: the client has no secret_file= (no device files to delete)")
+        marker = consent_path(Path(secret_file))
+        marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        marker.touch(mode=0o600)
+        quota = quota_path(Path(secret_file)) if quota_file is QUOTA_BESIDE_SECRET else quota_file
+        if isinstance(quota, Path):
+            quota.unlink(missing_ok=True)
+        ClientSecret.erase(secret_file)
+        self.secret = None
+        self.limiter = ContributionLimiter(self.spec) if self.limiter is not None else None
+        self.opted_out = True
+
+    def opt_in(self) -> None:
+        """Give consent again: a fresh device -- a new client secret and an empty quota (nothing of before)."""
+        secret_file, quota_file, enforce_bounds = self._device_files
+        if secret_file is None:
+            raise ProducerParameterError("opt_in: the client has no secret_file= (no device files to create)")
+        quota = quota_path(Path(secret_file)) if quota_file is QUOTA_BESIDE_SECRET else quota_file
+        quota = quota if isinstance(quota, Path) else None
+        self.limiter = ContributionLimiter(self.spec, quota) if enforce_bounds else None
+        if self.limiter is not None and quota is not None:
+            self.limiter.persist(force=True)  # created before the secret, as at a first start
+        self.secret = ClientSecret.load_or_create(secret_file)
+        consent_path(Path(secret_file)).unlink(missing_ok=True)
+        self.opted_out = False

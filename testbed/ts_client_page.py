@@ -23,6 +23,10 @@ from testbed.pipeline import ROOT
 
 PACKAGE = ROOT / "clients" / "typescript"
 BUNDLE = PACKAGE / "dist" / "browser" / "ptel-client.js"
+#: The script-tag build (IIFE: the API as the global ``ptel``), built beside :data:`BUNDLE`.
+IIFE_BUNDLE = PACKAGE / "dist" / "browser" / "ptel-client.iife.js"
+#: The package's README, whose snippets the tests run.
+README = PACKAGE / "README.md"
 SETUP_HINT = (
     "the TypeScript client's tests need Node.js >= 20 and its dependencies from the lockfile: run `make setup` "
     "(it runs `npm ci` in clients/typescript), or `cd clients/typescript && npm ci`"

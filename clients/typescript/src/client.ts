@@ -14,7 +14,9 @@
 import { ParameterError } from "./errors.js";
 import { makePrivatizers, privatizerOf, type Privatizer, type Report } from "./privatize.js";
 import { ContributionLimiter, type QuotaStore, type Refusal } from "./quota.js";
-import { cryptoRandom, type RandomSource } from "./random.js";
+import { checkedRandom, type RandomSource } from "./random.js";
+
+export { checkedRandom } from "./random.js";
 import { ClientSecret, SECRET_BYTES } from "./secret.js";
 import type { CollectionSpec } from "./spec.js";
 import type { SecretStore } from "./storage.js";
@@ -28,19 +30,10 @@ export interface DeviceClientOptions {
   readonly quotaStore: QuotaStore | null;
   /** Device clock in seconds since the epoch (default `Date.now() / 1000`). */
   readonly clock?: () => number;
-  /** Randomness (default: the platform CSPRNG). A source not marked `cryptographic` is refused unless
+  /** Randomness (default: the platform CSPRNG). Any other source (whatever its `cryptographic` says) is refused unless
    * `allowTestRandomness` is true (tests and simulations only). */
   readonly rng?: RandomSource;
   readonly allowTestRandomness?: boolean;
-}
-
-/** The platform CSPRNG, or `rng` when it is cryptographic or test randomness is explicitly allowed. */
-export function checkedRandom(rng: RandomSource | undefined, allowTestRandomness: boolean | undefined): RandomSource {
-  if (rng === undefined) return cryptoRandom();
-  if (rng.cryptographic !== true && allowTestRandomness !== true) {
-    throw new ParameterError("rng", "is not a cryptographic source (allowTestRandomness: true in tests and simulations only)");
-  }
-  return rng;
 }
 
 export interface Admitted {
@@ -84,7 +77,7 @@ export class DeviceClient {
     return new DeviceClient(
       opts.spec,
       new ClientSecret(key),
-      makePrivatizers(opts.spec, rng),
+      makePrivatizers(opts.spec, rng, true), // rng checked above
       limiter,
       opts.clock ?? (() => Date.now() / 1000),
     );

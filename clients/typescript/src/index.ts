@@ -18,6 +18,7 @@ export { ClientSecret, SECRET_BYTES } from "./secret.js";
 export {
   CollectionSpec,
   metricFingerprint,
+  DEFAULT_RETRY_HORIZON_S,
   SPEC_DOCUMENT_FORMAT,
   type Bins,
   type BoolMetric,
@@ -28,11 +29,20 @@ export {
   type RapporMetric,
   type RegressionMetric,
 } from "./spec.js";
-export { IndexedDbStore, MemoryStore, type SecretStore } from "./storage.js";
+export { type Erasable, IndexedDbStore, MemoryStore, type SecretStore } from "./storage.js";
 export { encodeBatch, encodeReport, MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, WIRE_VERSION } from "./wire.js";
-export { GatewayClient, type GatewayClientOptions, localEpsilon, type Queued } from "./gateway_client.js";
+export {
+  DEFAULT_MAX_EPSILON,
+  GatewayClient,
+  type GatewayClientOptions,
+  localEpsilon,
+  type Queued,
+  type SendOutcome,
+  type SendResult,
+} from "./gateway_client.js";
 export {
   type DropReason,
+  type EnumerableStorage,
   type FlushResult,
   LocalStorageQueueStore,
   MemoryQueueStore,
@@ -42,4 +52,4 @@ export {
   SendQueue,
   type SendQueueOptions,
 } from "./queue.js";
-export { type Attempt, GatewayRefusedError, GatewayTransport, newIdempotencyKey, type OutgoingMessage, type TransportOptions } from "./transport.js";
+export { type Attempt, GatewayRefusedError, GatewayTransport, MAX_SPEC_BYTES, newIdempotencyKey, type OutgoingMessage, type TransportOptions } from "./transport.js";

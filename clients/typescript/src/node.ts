@@ -13,7 +13,7 @@ import { dirname, basename, join } from "node:path";
 
 import { SecretError } from "./errors.js";
 import type { QuotaStore } from "./quota.js";
-import type { SecretStore } from "./storage.js";
+import type { Erasable, SecretStore } from "./storage.js";
 
 export * from "./index.js";
 export { FileQueueStore } from "./queue_file.js";
@@ -90,8 +90,14 @@ export function quotaPath(secretFile: string): string {
 }
 
 /** The device secret in a mode-0600 file, in the Python client's format. */
-export class FileSecretStore implements SecretStore {
+export class FileSecretStore implements SecretStore, Erasable {
   constructor(readonly path: string) {}
+
+  /** Deletes the secret file (consent withdrawn). */
+  async erase(): Promise<void> {
+    await fs.rm(this.path, { force: true });
+    await fsyncDir(dirname(this.path));
+  }
 
   async exists(): Promise<boolean> {
     try {
@@ -153,11 +159,22 @@ export class FileSecretStore implements SecretStore {
  * (default 30 s: a read-change-save takes milliseconds), is broken; waiting longer than `lockTimeoutMs` (default
  * 10 s) fails (the caller refuses to send).
  */
-export class FileQuotaStore implements QuotaStore {
+export class FileQuotaStore implements QuotaStore, Erasable {
   constructor(
     readonly path: string,
     readonly options: { readonly staleLockMs?: number; readonly lockTimeoutMs?: number } = {},
   ) {}
+
+  /** Deletes the quota file, under the lock (consent withdrawn). */
+  async erase(): Promise<void> {
+    const release = await this.lock();
+    try {
+      await fs.rm(this.path, { force: true });
+      await fsyncDir(dirname(this.path));
+    } finally {
+      await release();
+    }
+  }
 
   async update(change: (doc: string | null) => string | null): Promise<void> {
     const release = await this.lock();

@@ -11,7 +11,7 @@
  */
 
 import { EventError, UnknownMetricError } from "./errors.js";
-import { cryptoRandom, type RandomSource } from "./random.js";
+import { checkedRandom, type RandomSource } from "./random.js";
 import { BoolRandomizedResponse, KaryRandomizedResponse, LocalHashing, UnaryEncoding } from "./randomizers.js";
 import { cohortOf, RapporEncoder } from "./rappor.js";
 import { ClientSecret } from "./secret.js";
@@ -41,15 +41,19 @@ const U32 = 0xffffffff;
 const utf8 = new TextEncoder();
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
-/** Privatizes the events of one metric. `rng`: the platform CSPRNG unless a test passes its own source. */
+/** Privatizes the events of one metric. `rng`: the platform CSPRNG; any other source is refused unless
+ * `allowTestRandomness` is true (tests and simulations; see {@link checkedRandom}). */
 export class Privatizer {
   private readonly run: (value: unknown, secret: ClientSecret) => Payload;
+  private readonly rng: RandomSource;
 
   constructor(
     readonly metric: Metric,
     readonly windowSizeS: number,
-    private readonly rng: RandomSource = cryptoRandom(),
+    rng?: RandomSource,
+    allowTestRandomness?: boolean,
   ) {
+    this.rng = checkedRandom(rng, allowTestRandomness);
     this.run = this.build(metric);
   }
 
@@ -147,7 +151,7 @@ export class Privatizer {
    * zero bytes; the output is discarded). */
   validate(value: unknown): void {
     const zeros: RandomSource = { cryptographic: false, bytes: (n) => new Uint8Array(n) };
-    new Privatizer(this.metric, this.windowSizeS, zeros).run(value, DRY_SECRET);
+    new Privatizer(this.metric, this.windowSizeS, zeros, true).run(value, DRY_SECRET); // output discarded
   }
 
   /** Privatize one event of the client `secret` at `clientTime` (whole seconds since the epoch). */
@@ -164,9 +168,9 @@ export class Privatizer {
 // a fixed secret used only to run a metric's checks in validate() (its output is discarded)
 const DRY_SECRET = new ClientSecret(new Uint8Array(32));
 
-/** Metric name -> privatizer, for every metric of `spec`. */
-export function makePrivatizers(spec: CollectionSpec, rng?: RandomSource): Map<string, Privatizer> {
-  return new Map(spec.metrics.map((m) => [m.name, new Privatizer(m, spec.windowSizeS, rng)]));
+/** Metric name -> privatizer, for every metric of `spec` (`rng` as for {@link Privatizer}). */
+export function makePrivatizers(spec: CollectionSpec, rng?: RandomSource, allowTestRandomness?: boolean): Map<string, Privatizer> {
+  return new Map(spec.metrics.map((m) => [m.name, new Privatizer(m, spec.windowSizeS, rng, allowTestRandomness)]));
 }
 
 /** The privatizer of `name`, or an {@link UnknownMetricError} listing the spec's metrics. */

@@ -18,106 +18,29 @@
  * online, and on page hide fires the queued messages with `fetch(..., {keepalive: true})` (they stay stored: an
  * unanswered one is sent again with its key on the next load, and the gateway answers it as a replay).
  *
- * Stores: {@link MemoryQueueStore}; {@link LocalStorageQueueStore} in browsers (synchronous: a message is stored
- * before `enqueue` returns, even when the page closes next); `FileQueueStore` in Node (`queue_file.ts`).
+ * Stores (`queue_store.ts`: one entry per message, so tabs sharing one never erase each other's messages):
+ * {@link MemoryQueueStore}; {@link LocalStorageQueueStore} in browsers (synchronous: a message is stored before
+ * `enqueue` returns, even when the page closes next); `FileQueueStore` in Node (`queue_file.ts`).
  *
  * What is stored is what is sent -- the privatized, encoded reports -- never a raw value.
  */
 
 import { ParameterError } from "./errors.js";
+import { fromBase64, MemoryQueueStore, type QueueStore, type QueuedMessage, toBase64 } from "./queue_store.js";
 import { type Attempt, type GatewayRefusedError, type GatewayTransport, newIdempotencyKey, retryDelayMs } from "./transport.js";
 
-/** One stored message. `body` is base64 of the encoded bytes. */
-export interface QueuedMessage {
-  readonly key: string;
-  readonly body: string;
-  readonly contentType: string;
-  /** When it was queued, ms since the epoch. */
-  readonly queuedAt: number;
-  /** Attempts made so far (across reloads). */
-  attempts: number;
-  /** When the first attempt that may have reached Kafka unanswered began, ms since the epoch (absent: none yet). */
-  uncertainSince?: number;
-}
-
-/** Where the queue keeps its messages. `save` is called after every change, with the whole queue. */
-export interface QueueStore {
-  load(): QueuedMessage[];
-  save(messages: readonly QueuedMessage[]): void;
-}
-
-/** In memory only: lost with the page or the process (tests, or a device that does not want persistence). */
-export class MemoryQueueStore implements QueueStore {
-  private messages: QueuedMessage[] = [];
-  load(): QueuedMessage[] {
-    return this.messages.map((m) => ({ ...m }));
-  }
-  save(messages: readonly QueuedMessage[]): void {
-    this.messages = messages.map((m) => ({ ...m }));
-  }
-}
-
-export interface StorageLike {
-  getItem(key: string): string | null;
-  setItem(key: string, value: string): void;
-}
-
-/** Checks one parsed message (a store may hold anything: an old version, another script's key). */
-export function isQueuedMessage(m: unknown): m is QueuedMessage {
-  if (m === null || typeof m !== "object") return false;
-  const r = m as Record<string, unknown>;
-  return (
-    typeof r["key"] === "string" &&
-    typeof r["body"] === "string" &&
-    typeof r["contentType"] === "string" &&
-    typeof r["queuedAt"] === "number" &&
-    typeof r["attempts"] === "number" &&
-    (r["uncertainSince"] === undefined || typeof r["uncertainSince"] === "number")
-  );
-}
-
-/** Parses a store's text: the messages it holds, or [] for nothing or something unreadable. */
-export function parseQueue(text: string | null): QueuedMessage[] {
-  if (text === null || text === "") return [];
-  try {
-    const parsed: unknown = JSON.parse(text);
-    return Array.isArray(parsed) ? parsed.filter(isQueuedMessage) : [];
-  } catch {
-    return [];
-  }
-}
-
-/** The browser's `localStorage` (or any Storage), under one item name (default `ptel.queue`). */
-export class LocalStorageQueueStore implements QueueStore {
-  private readonly storage: StorageLike;
-  constructor(
-    readonly name: string = "ptel.queue",
-    storage?: StorageLike,
-  ) {
-    const found = storage ?? (globalThis as { localStorage?: StorageLike }).localStorage;
-    if (found === undefined) throw new ParameterError("storage", "is missing: no localStorage here (use FileQueueStore in Node)");
-    this.storage = found;
-  }
-  load(): QueuedMessage[] {
-    return parseQueue(this.storage.getItem(this.name));
-  }
-  save(messages: readonly QueuedMessage[]): void {
-    this.storage.setItem(this.name, JSON.stringify(messages));
-  }
-}
-
-export function toBase64(bytes: Uint8Array): string {
-  let text = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(text);
-}
-
-export function fromBase64(text: string): Uint8Array {
-  const raw = atob(text);
-  const out = new Uint8Array(raw.length);
-  for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
-  return out;
-}
+export {
+  type EnumerableStorage,
+  fromBase64,
+  isQueuedMessage,
+  LocalStorageQueueStore,
+  MemoryQueueStore,
+  parseQueue,
+  type QueueStore,
+  type QueuedMessage,
+  type StorageLike,
+  toBase64,
+} from "./queue_store.js";
 
 /** Why a message left the queue without a 202. */
 export type DropReason = "refused" | "expired" | "queue_full" | "unknown_outcome";
@@ -125,7 +48,8 @@ export type DropReason = "refused" | "expired" | "queue_full" | "unknown_outcome
 export interface SendQueueOptions {
   /** Most messages kept; a new one beyond it pushes out the oldest (default 500). */
   readonly maxMessages?: number;
-  /** A message older than this is dropped unsent (default 24 h). */
+  /** A message older than this is given up (default 24 h): dropped as `unknown_outcome` if an attempt may have
+   * reached Kafka, else as `expired`. `GatewayClient` sets the spec's retry horizon less one attempt's timeout. */
   readonly maxAgeMs?: number;
   /** How long after an unanswered attempt a retry is still recognised by the gateway (its `Idempotency-Key`
    * memory), ms; after that the message is dropped as `unknown_outcome` (default 24 h; `GatewayClient` derives it
@@ -166,6 +90,8 @@ function positive(name: string, value: number, max: number): number {
 /** The outbox of one device towards one gateway. */
 export class SendQueue {
   readonly stats: QueueStats = { accepted: 0, replayed: 0, retries: 0, dropped: 0 };
+  /** Why the last attempt must be retried (`null` after a 202 or a refusal). */
+  lastError: GatewayRefusedError | null = null;
   private readonly maxMessages: number;
   private readonly maxAgeMs: number;
   private readonly memoryMs: number;
@@ -206,12 +132,13 @@ export class SendQueue {
       queuedAt: this.now(),
       attempts: 0,
     };
+    this.store.add(message);
     const messages = this.store.load();
-    messages.push(message);
     const over = messages.length - this.maxMessages;
-    const pushedOut = over > 0 ? messages.splice(0, over) : [];
-    this.store.save(messages);
-    for (const old of pushedOut) this.drop(old, "queue_full");
+    for (const old of over > 0 ? messages.slice(0, over) : []) {
+      this.store.remove(old.key);
+      this.drop(old, "queue_full");
+    }
     return message.key;
   }
 
@@ -222,15 +149,14 @@ export class SendQueue {
 
   /** Removes the message of `key` from the store (the store may have changed meanwhile: another tab, a reload). */
   private remove(key: string): void {
-    this.store.save(this.store.load().filter((m) => m.key !== key));
+    this.store.remove(key);
   }
 
   private update(key: string, change: (m: QueuedMessage) => void): void {
-    const messages = this.store.load();
-    const found = messages.find((m) => m.key === key);
+    const found = this.store.load().find((m) => m.key === key);
     if (found !== undefined) {
       change(found);
-      this.store.save(messages);
+      this.store.replace(found);
     }
   }
 
@@ -254,11 +180,17 @@ export class SendQueue {
       const messages = this.store.load();
       const now = this.now();
       const out = messages.flatMap((m): [QueuedMessage, DropReason][] =>
-        now - m.queuedAt > this.maxAgeMs ? [[m, "expired"]] : m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs ? [[m, "unknown_outcome"]] : [],
+        // past maxAgeMs (GatewayClient: the spec's retry horizon less one attempt's timeout), or past the gateway's
+        // memory of its key: given up -- as unknown_outcome if an attempt may have reached Kafka, else expired
+        now - m.queuedAt > this.maxAgeMs || (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs)
+          ? [[m, m.uncertainSince !== undefined ? "unknown_outcome" : "expired"]]
+          : [],
       );
       if (out.length > 0) {
-        this.store.save(messages.filter((m) => !out.some(([o]) => o === m)));
-        for (const [m, reason] of out) this.drop(m, reason);
+        for (const [m, reason] of out) {
+          this.store.remove(m.key);
+          this.drop(m, reason);
+        }
         dropped += out.length;
         continue;
       }
@@ -269,6 +201,7 @@ export class SendQueue {
         m.attempts++;
       });
       const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key });
+      this.lastError = outcome.kind === "retry" ? outcome.error : null;
       if (outcome.kind === "retry") {
         if (outcome.maybeDelivered && next.uncertainSince === undefined) {
           this.update(next.key, (m) => {
@@ -309,7 +242,7 @@ export class SendQueue {
     let fired = 0;
     const now = this.now();
     for (const m of this.store.load()) {
-      if (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs) continue;
+      if (now - m.queuedAt > this.maxAgeMs || (m.uncertainSince !== undefined && now - m.uncertainSince >= this.memoryMs)) continue; // given up
       const body = fromBase64(m.body);
       if (body.length > budget) break;
       budget -= body.length;
@@ -331,7 +264,9 @@ export class SendQueue {
     this.stop();
     const tick = (): void => {
       void this.flush().finally(() => {
-        if (this.detach !== null) this.timer = setTimeout(tick, Math.max(intervalMs, this.notBefore - this.now()));
+        if (this.detach === null) return;
+        this.timer = setTimeout(tick, Math.max(intervalMs, this.notBefore - this.now()));
+        (this.timer as { unref?: () => void }).unref?.(); // Node: the outbox's timer never keeps a process alive
       });
     };
     const online = (): void => void this.flush(true);
@@ -355,6 +290,14 @@ export class SendQueue {
     };
     tick();
     return () => this.stop();
+  }
+
+  /** Stops, then deletes every stored message unsent, without `onDrop` (consent withdrawn: `GatewayClient.optOut`). */
+  clear(): void {
+    this.stop();
+    this.store.clear();
+    this.failures = 0;
+    this.notBefore = 0;
   }
 
   /** Stops the timer and the page listeners (idempotent); the queue stays stored. */

@@ -1,14 +1,15 @@
 /**
  * The Node store of the outbox ({@link SendQueue}): one JSON file, mode 0600, replaced atomically (written beside it,
  * then renamed), so a crash leaves the old queue or the new one, never half of one. Synchronous, like the browser's
- * `localStorage`: a message is on disk before `enqueue` returns.
+ * `localStorage`: a message is on disk before `enqueue` returns. Each operation reads, changes and replaces the
+ * file: one process per file (give each process its own path).
  */
 
-import { chmodSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
 
 import { ParameterError } from "./errors.js";
-import { type QueueStore, type QueuedMessage, parseQueue } from "./queue.js";
+import { type QueueStore, type QueuedMessage, parseQueue } from "./queue_store.js";
 
 export class FileQueueStore implements QueueStore {
   constructor(readonly path: string) {
@@ -22,11 +23,23 @@ export class FileQueueStore implements QueueStore {
       throw err;
     }
   }
-  save(messages: readonly QueuedMessage[]): void {
+  private save(messages: readonly QueuedMessage[]): void {
     mkdirSync(dirname(this.path), { recursive: true, mode: 0o700 });
     const temporary = `${this.path}.${process.pid}.tmp`;
     writeFileSync(temporary, JSON.stringify(messages), { mode: 0o600 });
     chmodSync(temporary, 0o600);
     renameSync(temporary, this.path);
+  }
+  add(message: QueuedMessage): void {
+    this.save([...this.load(), message]);
+  }
+  replace(message: QueuedMessage): void {
+    this.save(this.load().map((m) => (m.key === message.key ? message : m)));
+  }
+  remove(key: string): void {
+    this.save(this.load().filter((m) => m.key !== key));
+  }
+  clear(): void {
+    rmSync(this.path, { force: true });
   }
 }

@@ -42,6 +42,19 @@ export function cryptoRandom(): CryptoRandom {
 }
 
 /**
+ * The platform CSPRNG when `rng` is absent; `rng` itself only when it IS this package's CSPRNG (a
+ * {@link CryptoRandom}, not a subclass) or test randomness is explicitly allowed. A source's own
+ * `cryptographic: true` is a claim, not a proof (an all-zero source can make it, and then every randomizer returns
+ * the true value): it is never trusted alone.
+ */
+export function checkedRandom(rng: RandomSource | undefined, allowTestRandomness: boolean | undefined): RandomSource {
+  if (rng === undefined) return cryptoRandom();
+  if (Object.getPrototypeOf(rng) === CryptoRandom.prototype || allowTestRandomness === true) return rng;
+  const claim = rng.cryptographic === true ? " (its cryptographic: true is not trusted)" : "";
+  throw new ParameterError("rng", `is not the platform CSPRNG${claim}: pass allowTestRandomness: true in tests and simulations only`);
+}
+
+/**
  * Reproducible, NOT cryptographic: block i of the stream is `SHA-256("ptel-ts-seeded/v1:" || seed || uint32_be(i))`.
  * For tests and simulations only; never pass it where real users' values are privatized.
  */

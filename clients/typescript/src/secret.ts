@@ -10,7 +10,7 @@
 
 import { SecretError } from "./errors.js";
 import { blake2b } from "./hash/blake2.js";
-import { cryptoRandom, type RandomSource } from "./random.js";
+import { checkedRandom, type RandomSource } from "./random.js";
 
 /** Length of a client secret in bytes. */
 export const SECRET_BYTES = 32;
@@ -43,9 +43,9 @@ export class ClientSecret {
     this.#key = key.slice();
   }
 
-  /** A fresh key from the platform CSPRNG (`rng`: a test source only). */
-  static generate(rng: RandomSource = cryptoRandom()): ClientSecret {
-    return new ClientSecret(rng.bytes(SECRET_BYTES));
+  /** A fresh key from the platform CSPRNG (another `rng` only with `allowTestRandomness`: tests). */
+  static generate(rng?: RandomSource, allowTestRandomness?: boolean): ClientSecret {
+    return new ClientSecret(checkedRandom(rng, allowTestRandomness).bytes(SECRET_BYTES));
   }
 
   toString(): string {

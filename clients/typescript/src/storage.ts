@@ -20,8 +20,19 @@ export interface SecretStore {
   loadOrCreate(fresh: Uint8Array): Promise<Uint8Array>;
 }
 
+/** A store that can forget what it holds (consent withdrawn: `GatewayClient.optOut`). */
+export interface Erasable {
+  /** Deletes what the store holds (the next open starts fresh, as a new device). */
+  erase(): Promise<void>;
+}
+
+/** Whether `store` can be erased. */
+export function isErasable(store: unknown): store is Erasable {
+  return typeof (store as Partial<Erasable> | null)?.erase === "function";
+}
+
 /** Secret and quota in memory (lost on reload): simulations and tests. */
-export class MemoryStore implements SecretStore, QuotaStore {
+export class MemoryStore implements SecretStore, QuotaStore, Erasable {
   private key: Uint8Array | null = null;
   private doc: string | null = null;
   async exists(): Promise<boolean> {
@@ -33,6 +44,10 @@ export class MemoryStore implements SecretStore, QuotaStore {
   }
   async update(change: (doc: string | null) => string | null): Promise<void> {
     this.doc = change(this.doc) ?? this.doc; // no await in between: one step
+  }
+  async erase(): Promise<void> {
+    this.key = null;
+    this.doc = null;
   }
 }
 
@@ -46,7 +61,7 @@ function request<T>(req: IDBRequest<T>): Promise<T> {
 }
 
 /** The secret (`secret`) and the quota (`quota`) in one IndexedDB database of the page's origin. */
-export class IndexedDbStore implements SecretStore, QuotaStore {
+export class IndexedDbStore implements SecretStore, QuotaStore, Erasable {
   private db: Promise<IDBDatabase> | null = null;
 
   constructor(readonly databaseName = "ptel-client") {}
@@ -89,6 +104,14 @@ export class IndexedDbStore implements SecretStore, QuotaStore {
     });
     if (!(key instanceof Uint8Array) || key.length !== 32) throw new SecretError("the stored client secret is malformed (expected 32 bytes)");
     return key;
+  }
+
+  /** Deletes the secret and the quota in one read-write transaction. */
+  async erase(): Promise<void> {
+    await this.tx("readwrite", async (s) => {
+      s.delete("secret");
+      s.delete("quota");
+    });
   }
 
   /** One read-write transaction: IndexedDB runs read-write transactions of one store one at a time, across tabs. */

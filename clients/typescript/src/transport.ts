@@ -21,11 +21,12 @@ import { ParameterError, PtelError } from "./errors.js";
 /** The gateway refused a message (`status`, machine-readable `reason` of docs/gateway.md), or every attempt failed
  * (`status` 0, `reason` "unreachable"). */
 export class GatewayRefusedError extends PtelError {
+  override readonly name: string = "GatewayRefusedError";
   readonly status: number;
   readonly reason: string;
   readonly detail: string;
   constructor(status: number, reason: string, detail: string) {
-    super(`gateway refused the report: ${status} ${reason}: ${detail}`);
+    super(status === 0 ? `gateway not reached (${reason}): ${detail}` : `gateway refused the request: ${status} ${reason}: ${detail}`);
     this.status = status;
     this.reason = reason;
     this.detail = detail;
@@ -43,7 +44,16 @@ export interface OutgoingMessage {
 
 /** The outcome of one attempt. */
 export type Attempt =
-  | { readonly kind: "accepted"; readonly accepted: number; readonly windowStart: number; readonly replayed: boolean }
+  | {
+      readonly kind: "accepted";
+      readonly accepted: number;
+      readonly windowStart: number;
+      readonly replayed: boolean;
+      /** Kafka appended the reports after their window's grace: the agents will not count them (docs/gateway.md). */
+      readonly late: boolean;
+      /** Kafka appended them before their window began (the gateway's clock ahead of the broker's): not counted. */
+      readonly windowMismatch: boolean;
+    }
   | {
       readonly kind: "retry";
       readonly retryAfterMs: number | null;
@@ -64,8 +74,23 @@ export interface TransportOptions {
   readonly token: string;
   /** Longest wait for one attempt's answer, ms (default 30 000). */
   readonly timeoutMs?: number;
+  /** Largest spec document read from `GET /v1/spec`, bytes (default {@link MAX_SPEC_BYTES}, 1 MiB). */
+  readonly maxSpecBytes?: number;
   /** The `fetch` to use (default: the platform's); tests inject one. */
   readonly fetch?: FetchLike;
+}
+
+/** Default of the largest spec document read from `GET /v1/spec`, bytes (`maxSpecBytes`). A real document is a
+ * few KB (the demo spec's: 2 KB); a spec that needs more -- tens of thousands of category labels -- sets
+ * `maxSpecBytes`. Checked on `Content-Length` and while reading, so a huge answer is neither read whole nor parsed. */
+export const MAX_SPEC_BYTES = 1 << 20;
+
+/** What a failed `fetch` means, for a person: the platform says only `TypeError: fetch failed` (Node) or
+ * `Failed to fetch` (browsers) for a refused connection, a DNS failure and a CORS refusal alike. */
+function unreachable(url: string, err: unknown): string {
+  const raw = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  const cors = (globalThis as { document?: unknown }).document !== undefined ? "; or this page's origin is not in the gateway's --cors-origin (the gateway logs it)" : "";
+  return `cannot reach ${url}: the gateway is down, unreachable or refused the connection${cors} (${raw})`;
 }
 
 /** Statuses after which the same bytes are sent again (the gateway's 503; a proxy's 502 and 504). */
@@ -112,6 +137,8 @@ export class GatewayTransport {
   readonly specUrl: string;
   /** Longest wait for one answer (an attempt, or the spec), ms. */
   readonly timeoutMs: number;
+  /** Largest spec document read, bytes. */
+  readonly maxSpecBytes: number;
   private readonly auth: string;
   private readonly fetchFn: FetchLike;
 
@@ -127,6 +154,11 @@ export class GatewayTransport {
     if (!(timeoutMs > 0 && timeoutMs <= 3_600_000)) {
       throw new ParameterError("timeoutMs", `(${timeoutMs}) must be in (0, 3600000]`);
     }
+    const maxSpecBytes = options.maxSpecBytes ?? MAX_SPEC_BYTES;
+    if (!(Number.isSafeInteger(maxSpecBytes) && maxSpecBytes > 0)) {
+      throw new ParameterError("maxSpecBytes", `(${maxSpecBytes}) must be a positive integer (bytes)`);
+    }
+    this.maxSpecBytes = maxSpecBytes;
     const base = url.replace(/\/+$/, "");
     this.endpoint = `${base}/v1/reports`;
     this.specUrl = `${base}/v1/spec`;
@@ -149,6 +181,7 @@ export class GatewayTransport {
       headers: { Authorization: this.auth, "Content-Type": mediaType(message), "Idempotency-Key": message.idempotencyKey },
       body: message.body as Uint8Array<ArrayBuffer>,
       keepalive,
+      redirect: "manual", // a redirect is refused (refusedRedirect), never followed with the token
       // no `cache: "no-store"`: Chromium then bypasses its CORS-preflight cache and preflights every POST (a
       // POST's answer is never cached anyway)
     };
@@ -160,6 +193,8 @@ export class GatewayTransport {
     const timer = setTimeout(() => abort.abort(), this.timeoutMs);
     try {
       const response = await this.fetchFn(this.endpoint, { ...this.request(message), signal: abort.signal });
+      const redirect = refusedRedirect(response, this.endpoint);
+      if (redirect !== null) return { kind: "refused", error: redirect };
       const text = await response.text();
       let body: Record<string, unknown> = {};
       try {
@@ -174,6 +209,8 @@ export class GatewayTransport {
           accepted: Number(body["accepted"] ?? 0),
           windowStart: Number(body["window_start"] ?? 0),
           replayed: response.headers.get("Idempotent-Replayed") === "true",
+          late: body["late"] === true,
+          windowMismatch: body["window_mismatch"] === true,
         };
       }
       const error = new GatewayRefusedError(
@@ -187,7 +224,7 @@ export class GatewayTransport {
       }
       return { kind: "refused", error };
     } catch (err) {
-      const what = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : `${(err as Error).name}: ${(err as Error).message}`;
+      const what = abort.signal.aborted ? `no answer within ${this.timeoutMs} ms` : unreachable(this.endpoint, err);
       return { kind: "retry", retryAfterMs: null, error: new GatewayRefusedError(0, "unreachable", what), maybeDelivered: true };
     } finally {
       clearTimeout(timer);
@@ -212,19 +249,65 @@ export class GatewayTransport {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), this.timeoutMs);
     try {
-      const response = await this.fetchFn(this.specUrl, { method: "GET", headers, signal: abort.signal });
+      let response: Response;
+      try {
+        response = await this.fetchFn(this.specUrl, { method: "GET", headers, signal: abort.signal, redirect: "manual" });
+      } catch (err) {
+        if (abort.signal.aborted) throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: no answer within ${this.timeoutMs} ms`);
+        throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: ${unreachable(this.specUrl, err)}`);
+      }
+      const redirect = refusedRedirect(response, this.specUrl);
+      if (redirect !== null) throw redirect;
       if (response.status === 304) return null;
       if (response.status !== 200) {
         throw new GatewayRefusedError(response.status, `http_${response.status}`, `GET ${this.specUrl}`);
       }
-      return { text: await response.text(), etag: response.headers.get("ETag") ?? "" };
+      return { text: await readLimited(response, this.maxSpecBytes, this.specUrl), etag: response.headers.get("ETag") ?? "" };
     } catch (err) {
-      if (abort.signal.aborted) throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: no answer within ${this.timeoutMs} ms`);
+      if (abort.signal.aborted && !(err instanceof GatewayRefusedError)) {
+        throw new GatewayRefusedError(0, "unreachable", `GET ${this.specUrl}: no answer within ${this.timeoutMs} ms`);
+      }
       throw err;
     } finally {
       clearTimeout(timer);
     }
   }
+}
+
+/** A redirect (3xx, or a browser's opaque redirect of `redirect: "manual"`) is refused: the gateway's URL is the
+ * device's configuration, and following a redirect would carry the reports (and, in Node, the token) elsewhere. */
+function refusedRedirect(response: Response, url: string): GatewayRefusedError | null {
+  if (response.type !== "opaqueredirect" && !(response.status >= 300 && response.status < 400 && response.status !== 304)) return null;
+  const to = response.headers.get("Location");
+  return new GatewayRefusedError(response.status, "redirect_refused", `${url} answered with a redirect${to ? ` to ${to}` : ""}: redirects are refused (configure the final URL)`);
+}
+
+/** The body's text, at most `limit` bytes (Content-Length checked first, then counted while reading). */
+async function readLimited(response: Response, limit: number, url: string): Promise<string> {
+  const tooLarge = (n: string) => new GatewayRefusedError(response.status, "spec_too_large", `GET ${url}: the document is ${n} bytes, above the limit of ${limit}`);
+  const declared = Number(response.headers.get("Content-Length") ?? NaN);
+  if (declared > limit) throw tooLarge(String(declared));
+  if (response.body === null) return "";
+  const reader = response.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.length;
+    if (total > limit) {
+      await reader.cancel().catch(() => undefined);
+      throw tooLarge(`more than ${total}`);
+    }
+    chunks.push(value);
+  }
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.length;
+  }
+  return new TextDecoder().decode(all);
 }
 
 /** Exponential backoff `base * 2^(attempt - 1)` capped at `max`, and at least the whole `Retry-After` (the gateway

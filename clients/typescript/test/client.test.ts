@@ -260,10 +260,28 @@ test("the quota lock file: a dead holder's lock is broken, a live one is waited 
 
 test("a non-cryptographic randomness source is refused unless test randomness is explicitly allowed", async () => {
   const opts = { spec, secretStore: new MemoryStore(), quotaStore: null, clock: () => T0, rng: new SeededRandomForTests(3) };
-  await assert.rejects(DeviceClient.open(opts), /rng is not a cryptographic source/);
-  await assert.rejects(DeviceClient.open({ ...opts, allowTestRandomness: false }), /rng is not a cryptographic source/);
+  await assert.rejects(DeviceClient.open(opts), /rng is not the platform CSPRNG: pass allowTestRandomness/);
+  await assert.rejects(DeviceClient.open({ ...opts, allowTestRandomness: false }), /rng is not the platform CSPRNG: pass allowTestRandomness/);
   const c = await DeviceClient.open({ ...opts, allowTestRandomness: true });
   assert.equal((await c.privatize("crashed", true)).admitted, true);
-  const { cryptoRandom } = await import("../src/index.js");
+  const { cryptoRandom, CryptoRandom, ClientSecret, makePrivatizers, Privatizer } = await import("../src/index.js");
   assert.ok(await DeviceClient.open({ ...opts, rng: cryptoRandom() }));
+  assert.ok(await DeviceClient.open({ ...opts, rng: new CryptoRandom() }));
+  // a source's own claim is not trusted: all zeros "cryptographic" would make every randomizer keep the truth
+  const zeros = { cryptographic: true, bytes: (n: number) => new Uint8Array(n) };
+  class Subclass extends CryptoRandom {
+    override bytes(n: number): Uint8Array {
+      return new Uint8Array(n);
+    }
+  }
+  const claim = /rng is not the platform CSPRNG \(its cryptographic: true is not trusted\)/;
+  for (const rng of [zeros, new Subclass()]) {
+    await assert.rejects(DeviceClient.open({ ...opts, rng }), claim);
+    assert.throws(() => new Privatizer(spec.find("crashed")!, spec.windowSizeS, rng), claim);
+    assert.throws(() => makePrivatizers(spec, rng), claim);
+    assert.throws(() => ClientSecret.generate(rng), claim);
+  }
+  assert.throws(() => new Privatizer(spec.find("crashed")!, spec.windowSizeS, new SeededRandomForTests(1)), /allowTestRandomness/);
+  assert.ok(new Privatizer(spec.find("crashed")!, spec.windowSizeS, zeros, true));
+  assert.ok(makePrivatizers(spec, zeros, true).size > 0 && ClientSecret.generate(zeros, true));
 });

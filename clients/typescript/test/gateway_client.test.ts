@@ -30,7 +30,7 @@ const never = (_url: string, init: RequestInit) =>
   new Promise<Response>((_, reject) => init.signal?.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))));
 
 function base(fetch: (url: string, init: RequestInit) => Promise<Response>) {
-  return { url: "https://gw.example", token: "d:k:m", fetch, secretStore: new MemoryStore(), quotaStore: null, queueStore: new MemoryQueueStore(), specCache: null, flushIntervalMs: null };
+  return { url: "https://gw.example", token: "d:k:m", fetch, secretStore: new MemoryStore(), quotaStore: null, queueStore: new MemoryQueueStore(), specCache: null, flushIntervalMs: null, maxEpsilon: Infinity };
 }
 
 describe("GatewayClient.open", () => {
@@ -42,7 +42,8 @@ describe("GatewayClient.open", () => {
     const missing = { ...pins, gone: 1 };
     await assert.rejects(GatewayClient.open({ ...base(never), spec, expectedFingerprints: missing }), /metrics.gone.fingerprint \(missing\)/);
     const ok = await GatewayClient.open({ ...base(never), spec, expectedFingerprints: { crashed: pins["crashed"]! } });
-    await assert.rejects(ok.send("theme", "A"), UnknownMetricError); // not pinned: not sent
+    const unpinned = await ok.send("theme", "A"); // not pinned: not sent
+    assert.ok(unpinned.outcome === "invalid" && unpinned.error instanceof UnknownMetricError && !unpinned.admitted);
   });
 
   it("refuses a spec whose metric loses more than maxEpsilon per report", async () => {
@@ -64,7 +65,7 @@ print(json.dumps({n: spec().metric(n).params().epsilon_one for n in ${JSON.strin
 
   it("refuses test randomness unless allowTestRandomness is given", async () => {
     const rng = new SeededRandomForTests(1);
-    await assert.rejects(GatewayClient.open({ ...base(never), spec, rng }), /rng is not a cryptographic source/);
+    await assert.rejects(GatewayClient.open({ ...base(never), spec, rng }), /rng is not the platform CSPRNG: pass allowTestRandomness/);
     assert.ok(await GatewayClient.open({ ...base(never), spec, rng, allowTestRandomness: true }));
   });
 
@@ -92,7 +93,8 @@ print(json.dumps({n: spec().metric(n).params().epsilon_one for n in ${JSON.strin
     await c.send("theme", "dark");
     const [m1, m2] = queueStore.load();
     assert.ok(m1!.uncertainSince !== undefined && m2!.uncertainSince === undefined); // the second waited (backoff)
-    queueStore.save([{ ...m1!, uncertainSince: Date.now() - 29_000 }, { ...m2!, uncertainSince: Date.now() - 31_000 }]);
+    queueStore.replace({ ...m1!, uncertainSince: Date.now() - 29_000 });
+    queueStore.replace({ ...m2!, uncertainSince: Date.now() - 31_000 });
     answer = "ok";
     const out = await c.flush();
     assert.deepEqual([out.accepted, out.dropped, drops], [1, 1, ["unknown_outcome"]]);

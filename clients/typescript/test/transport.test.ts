@@ -28,6 +28,19 @@ const unavailable = (retryAfter = "1") => ({ status: 503, body: { error: "unavai
 const header = (init: RequestInit, name: string): string => (init.headers as Record<string, string>)[name] ?? "";
 const REPORT = new Uint8Array([1, 1, 1, 0, 0xef, 0xbe, 0xad, 0xde, 1, 0x63]);
 
+/** A Web Storage over a Map (what `localStorage` offers the outbox). */
+function memoryStorage(items: Map<string, string>) {
+  return {
+    getItem: (k: string) => items.get(k) ?? null,
+    setItem: (k: string, v: string) => void items.set(k, v),
+    removeItem: (k: string) => void items.delete(k),
+    key: (i: number) => [...items.keys()][i] ?? null,
+    get length() {
+      return items.size;
+    },
+  };
+}
+
 function clock(start = 1_700_000_000_000) {
   let t = start;
   return { now: () => t, advance: (ms: number) => (t += ms) };
@@ -38,7 +51,7 @@ describe("transport", () => {
     const gw = scripted([accepted, { ...accepted, headers: { "Idempotent-Replayed": "true" } }]);
     const t = new GatewayTransport({ url: "http://127.0.0.1:1/", token: "phone-1:k1:mac", fetch: gw.fetch });
     const first = await t.attempt({ body: REPORT, idempotencyKey: "k-1" });
-    assert.deepEqual(first, { kind: "accepted", accepted: 1, windowStart: 1700000000, replayed: false });
+    assert.deepEqual(first, { kind: "accepted", accepted: 1, windowStart: 1700000000, replayed: false, late: false, windowMismatch: false });
     const again = await t.attempt({ body: REPORT, idempotencyKey: "k-1" });
     assert.equal(again.kind === "accepted" && again.replayed, true);
     const init = gw.seen[0]!.init;
@@ -222,7 +235,7 @@ describe("queue", () => {
 
   it("survives a reload: a new queue over the same localStorage sends the stored message with its first key", async () => {
     const items = new Map<string, string>();
-    const storage = { getItem: (k: string) => items.get(k) ?? null, setItem: (k: string, v: string) => void items.set(k, v) };
+    const storage = memoryStorage(items);
     const down = scripted(["throw"]);
     const before = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: down.fetch }), new LocalStorageQueueStore("ptel.queue", storage));
     const key = before.enqueue(REPORT);
@@ -234,8 +247,22 @@ describe("queue", () => {
     assert.equal(header(up.seen[0]!.init, "Idempotency-Key"), key);
     assert.deepEqual([...(up.seen[0]!.init.body as Uint8Array)], [...REPORT]);
     assert.equal(after.pending, 0);
-    items.set("ptel.queue", "{not json");
-    assert.equal(after.pending, 0); // an unreadable store is empty, never a crash
+    items.set("ptel.queue/000000000000001/k", "{not json");
+    assert.equal(after.pending, 0); // an unreadable entry is skipped, never a crash
+  });
+
+  it("keeps one localStorage item per message, and moves an older version's single array into items", () => {
+    const items = new Map<string, string>();
+    const old: QueuedMessage = { key: "old", body: toBase64(REPORT), contentType: "application/octet-stream", queuedAt: 5, attempts: 1 };
+    items.set("ptel.queue", JSON.stringify([old]));
+    const store = new LocalStorageQueueStore("ptel.queue", memoryStorage(items));
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: scripted([]).fetch }), store);
+    const key = q.enqueue(REPORT);
+    assert.deepEqual(store.load().map((m) => m.key), ["old", key]);
+    assert.equal(items.has("ptel.queue"), false);
+    assert.equal([...items.keys()].filter((k) => k.startsWith("ptel.queue/")).length, 2);
+    store.clear();
+    assert.equal(items.size, 0);
   });
 
   it("keeps the Node queue in a mode-0600 file that a new process reads back", () => {

@@ -74,7 +74,7 @@ function vectorReport(v: Vectors["reports"][number]): { report: Report; consumed
   const m = spec.find(v.metric);
   assert.ok(m !== undefined, v.metric);
   const rng = new FixedBytesForTests(bytes(v.random));
-  const report = new Privatizer(m, spec.windowSizeS, rng).report(v.value, new ClientSecret(bytes(v.secret)), v.client_time);
+  const report = new Privatizer(m, spec.windowSizeS, rng, true).report(v.value, new ClientSecret(bytes(v.secret)), v.client_time);
   return { report, consumed: rng.consumed };
 }
 
