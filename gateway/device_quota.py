@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.idempotency import KEEP_WINDOWS
 from schemas.spec import CollectionSpec
 
 __all__ = ["QUOTA_REASONS", "DeviceQuota"]
@@ -23,7 +24,9 @@ __all__ = ["QUOTA_REASONS", "DeviceQuota"]
 #: Why a request is refused by the quota.
 QUOTA_REASONS = frozenset({"reports_per_window", "keys_per_window", "repeated_key"})
 
-_KEEP_WINDOWS = 2  # windows tracked behind the newest one (a request stamped just before a boundary)
+#: Windows tracked behind the newest one (a request stamped just before a boundary; a retry stamped into its first
+#: attempt's window): as many as the idempotency cache remembers a key.
+_KEEP_WINDOWS = KEEP_WINDOWS
 
 
 class DeviceQuota:
@@ -36,12 +39,18 @@ class DeviceQuota:
         self._keys: dict[int, dict[tuple[str, str], set[str]]] = {}
         self._newest = -1
 
-    def _window(self, window: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], set[str]]]:
+    def advance(self, window: int) -> None:
+        """The gateway's window now is ``window``: forget the windows more than :data:`_KEEP_WINDOWS` before it -- as
+        the idempotency cache forgets their keys (a retry it forwards again is stamped into its first attempt's
+        window, which must not still hold that first attempt's reservation)."""
         if window > self._newest:
             self._newest = window
             for old in [w for w in self._used if w < window - _KEEP_WINDOWS]:
                 del self._used[old]
                 self._keys.pop(old, None)
+
+    def _window(self, window: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], set[str]]]:
+        self.advance(window)
         return self._used.setdefault(window, {}), self._keys.setdefault(window, {})
 
     def reserve(

@@ -1,4 +1,4 @@
-"""Retries that cannot double-count: a request's ``Idempotency-Key`` is honoured for two windows, across restarts.
+"""Retries answered once per gateway: a request's ``Idempotency-Key`` is honoured for three windows, across restarts.
 
 A device that gets no answer (a timeout, a dropped connection) cannot know whether its reports reached Kafka. It
 sends the same request again with the same ``Idempotency-Key``; the gateway answers a key it has already accepted
@@ -18,9 +18,9 @@ flight waits for that first attempt's answer. A slot (a key's tag) is in one of 
   accepted (its tag is in Kafka) or forgotten (it is not: the retry is forwarded).
 
 Keys are remembered for the window of their last event -- the first attempt, its answer, or a retry -- and the
-next one (a retry a little after a boundary still matches). Counting from the *answer*, not from the first attempt,
-matters when Kafka is down for longer than a window: an attempt taken in window ``w`` may be acknowledged in window
-``w + 10``, after its device gave up waiting, and the device's retries come then.
+:data:`KEEP_WINDOWS` (2) next ones, as long as the device quota keeps the window's reservations. Counting from the
+*answer*, not from the first attempt, matters when Kafka is down for longer than a window: an attempt taken in window
+``w`` may be acknowledged in window ``w + 10``, after its device gave up waiting, and the device's retries come then.
 
 A key is remembered by its **tag** (:meth:`gateway.keys.GatewayKeys.idempotency_tag`: a keyed BLAKE2b of device and key,
 unlinkable without the gateway's pseudonym key), and the tag travels with the reports: the Kafka message that carries a
@@ -45,6 +45,7 @@ from typing import Any
 from schemas.wire.idempotency_header import TAG_BYTES, TAG_HEADER, parse_tag_header, tag_header
 
 __all__ = [
+    "IDEMPOTENCY_AGE",
     "IDEMPOTENCY_KEY_MAX",
     "IN_DOUBT",
     "KEEP_WINDOWS",
@@ -54,13 +55,18 @@ __all__ = [
     "IdempotencyCache",
     "InDoubt",
     "parse_tag_header",
+    "retry_age",
     "tag_header",
 ]
 
+#: The request header of a retry: whole seconds since the device's first attempt with this ``Idempotency-Key``.
+IDEMPOTENCY_AGE = "Idempotency-Age"
 #: Longest accepted ``Idempotency-Key`` (characters).
 IDEMPOTENCY_KEY_MAX = 128
-#: Windows a key is remembered behind the newest one.
-KEEP_WINDOWS = 1
+#: Windows a key is remembered behind the window of its last event: as long as the device quota keeps a window's
+#: reservations (:mod:`gateway.device_quota`), so that a retry this gateway forwarded is answered from here, never
+#: refused 429 by its own first attempt's reservation.
+KEEP_WINDOWS = 2
 #: The 503 ``reason`` of a retry whose first attempt is in doubt (:class:`InDoubt`).
 IN_DOUBT = "in_doubt"
 
@@ -88,9 +94,29 @@ class InDoubt:
     release: Callable[[], None] = field(compare=False, repr=False)
 
 
+def retry_age(value: str | None, key: str | None, horizon_s: int) -> int | str:
+    """The seconds since the first attempt that an :data:`IDEMPOTENCY_AGE` header ``value`` claims (0 without one),
+    or why it is refused: it needs an ``Idempotency-Key`` and whole seconds in ``[0, horizon_s]`` (the spec's
+    ``window.retry_horizon_s``: a later copy could count twice, so it is refused, never forwarded).
+
+    The gateway stamps a retry into the window of ``now - age``: its copies then share one pseudonym and partition,
+    and it takes its device's quota of that window, not of a later one (where it would refuse an honest device's next
+    report, issue 30). A device that claims an age only moves its own report to an earlier window, with that window's
+    quota and bounds -- closed windows count nothing (``late``)."""
+    if value is None:
+        return 0
+    if key is None:
+        return f"{IDEMPOTENCY_AGE} is for retries: it needs an Idempotency-Key"
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        return f"{IDEMPOTENCY_AGE} must be whole seconds in [0, {horizon_s}]"
+    if int(value) > horizon_s:
+        return f"{IDEMPOTENCY_AGE} {value} s is past the retry horizon ({horizon_s} s: window.retry_horizon_s)"
+    return int(value)
+
+
 class IdempotencyCache:
     """``slot -> answer`` of the first attempt (the slot: a request's idempotency tag), for the window of the slot's
-    last event (attempt, answer, retry) and the next."""
+    last event (attempt, answer, retry) and the :data:`KEEP_WINDOWS` next."""
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, tuple[int, asyncio.Future[Answer | None]]] = {}
@@ -127,7 +153,7 @@ class IdempotencyCache:
         return None
 
     def _touch(self, slot: Hashable, window: int | None) -> None:
-        """Keep ``slot`` for ``window`` and the next (if later than what it is kept for)."""
+        """Keep ``slot`` for ``window`` and the :data:`KEEP_WINDOWS` next (if later than what it is kept for)."""
         entry = self._entries.get(slot)
         if entry is not None and window is not None and window > entry[0]:
             self._entries[slot] = (window, entry[1])
@@ -138,7 +164,7 @@ class IdempotencyCache:
         self._entries[slot] = (window, asyncio.get_running_loop().create_future())
 
     def finish(self, slot: Hashable, answer: Answer | None, *, window: int | None = None) -> None:
-        """Record the attempt's answer, given in ``window`` (kept for it and the next; default: the attempt's), or
+        """Record the attempt's answer, given in ``window`` (kept for it and the next ones; default: the attempt's), or
         ``None``: it failed before its reports were handed to the producer; forget the slot so that a retry is
         forwarded."""
         entry = self._entries.get(slot)

@@ -53,12 +53,14 @@ from gateway.device_quota import DeviceQuota
 from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.idempotency import (
+    IDEMPOTENCY_AGE,
     IDEMPOTENCY_KEY_MAX,
     IN_DOUBT,
     KEEP_WINDOWS,
     Answer,
     IdempotencyCache,
     InDoubt,
+    retry_age,
 )
 from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
@@ -331,6 +333,9 @@ class Gateway:
         key = request.headers.get("Idempotency-Key")
         if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
             return self._refuse(400, "bad_idempotency_key", f"at most {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
+        age = retry_age(request.headers.get(IDEMPOTENCY_AGE), key, self.spec.window.retry_horizon_s)
+        if isinstance(age, str):
+            return self._refuse(400, "bad_idempotency_age", age)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -366,7 +371,10 @@ class Gateway:
                 self.metrics.request(previous.status, "replayed")
                 return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
             self.idempotency.begin(tag, window)
-        answer, doubt = await self._forward(device, message, n, now, window, tag)
+        # a retry is stamped into the window of its first attempt (docs/gateway.md, "Retries"): its copies share a
+        # pseudonym, and it never takes its device's quota of a later window
+        self.quota.advance(window)  # as the idempotency cache (previous) did
+        answer, doubt = await self._forward(device, message, n, now, age, tag)
         if tag is not None:
             # kept from the window of the answer on: after a long outage that can be many windows after ``window``
             answered = math.floor(self.clock()) // self.window_s
@@ -384,12 +392,14 @@ class Gateway:
         )
 
     async def _forward(
-        self, device: str, message: Report | ReportBatch, n: int, now: float, window: int, tag: bytes | None
+        self, device: str, message: Report | ReportBatch, n: int, now: float, age: int, tag: bytes | None
     ) -> tuple[Answer, InDoubt | None]:
-        """Forward the request's reports; its answer, and :class:`InDoubt` when they were sent to Kafka and not
-        acknowledged (they may be in Kafka: the device's quota stays reserved)."""
+        """Forward the request's reports, received at ``now``, ``age`` seconds after its first attempt; its answer,
+        and :class:`InDoubt` when they were sent to Kafka and not acknowledged (they may be in Kafka: the device's
+        quota stays reserved)."""
         metric = message.metric
-        client_time = math.floor(now)
+        client_time = math.floor(now - age)  # the first attempt's window: its pseudonym and its quota
+        window = client_time // self.window_s
         pseudonym = self.keys.pseudonym(device, metric, window)
         if isinstance(message, Report):
             reports = [message.restamped(pseudonym, client_time)]

@@ -12,7 +12,9 @@ for ``window.retry_horizon_s`` after the first copy (docs/gateway.md, "Retries")
 spec: a message is retried after a 503 (waiting ``Retry-After``), a timeout or a dropped connection, with exponential
 backoff, and **no attempt starts later than** ``retry_horizon_s - FORWARD_DELAY_BOUND_S`` after the first (each
 attempt's timeout is cut to that deadline): every copy the gateways append is then within the horizon of the
-first. ``retry_horizon_s`` is the spec's (:class:`~producers.edge_client.EdgeClient` passes it), given, or read from
+first. Each retry says how long after the first attempt it is sent (``Idempotency-Age``, whole seconds): the
+gateway stamps it into the first attempt's window, where it takes no quota of a later window from the device's next
+reports. ``retry_horizon_s`` is the spec's (:class:`~producers.edge_client.EdgeClient` passes it), given, or read from
 the gateway's ``GET /v1/spec`` before the first message. When the deadline (or ``max_attempts``) passes after an
 attempt that may have reached Kafka (a timeout, a dropped connection, a 503 ``in_doubt``/``delivery_failed``/
 ``shutting_down``), the outcome is unknown and :class:`GatewayOutcomeUnknownError` is raised: the report may count
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import ssl
 import time
@@ -200,7 +203,8 @@ class GatewaySink:
         delay = self.backoff_s
         last = GatewayRefusedError(0, "unreachable", "no attempt made")
         maybe_forwarded = False  # an attempt may have reached Kafka
-        deadline = self.clock() + self.retry_deadline_s()
+        first = self.clock()
+        deadline = first + self.retry_deadline_s()
         attempt = 0
         while self.max_attempts is None or attempt < self.max_attempts:
             if attempt:
@@ -213,6 +217,8 @@ class GatewaySink:
             left = deadline - self.clock()
             if left <= 0:
                 break
+            if attempt > 1:  # the gateway stamps a retry into the window of the first attempt
+                headers["Idempotency-Age"] = str(max(0, math.floor(self.clock() - first)))
             try:
                 timeout = aiohttp.ClientTimeout(total=min(self.timeout.total or left, left))
                 async with self._client().post(

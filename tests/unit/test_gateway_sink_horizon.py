@@ -35,6 +35,7 @@ class FakeGateway:
     def __init__(self, status: int, reason: str, step_s: float) -> None:
         self.now = 0.0
         self.arrivals: list[float] = []
+        self.ages: list[str | None] = []
         self.status, self.reason, self.step_s = status, reason, step_s
 
     def clock(self) -> float:
@@ -42,6 +43,7 @@ class FakeGateway:
 
     async def report(self, request: web.Request) -> web.Response:
         self.arrivals.append(self.now)
+        self.ages.append(request.headers.get("Idempotency-Age"))
         self.now += self.step_s
         body = {"reason": self.reason, "detail": "simulated"}
         return web.json_response(body, status=self.status, headers={"Retry-After": "0"})
@@ -78,6 +80,8 @@ async def test_no_attempt_starts_past_the_horizon_less_the_forwarding_bound_and_
         last_start = HORIZON_S - FORWARD_DELAY_BOUND_S
         assert max(gateway.arrivals) < last_start <= max(gateway.arrivals) + 7.0  # retried up to the deadline
         assert len(gateway.arrivals) == -(-last_start // 7)
+        # each retry says its age: the gateway stamps it into the first attempt's window (and its quota)
+        assert gateway.ages == [None] + [str(int(t)) for t in gateway.arrivals[1:]]
         # known-bad: a schedule that is not the spec's (a 900 s horizon) sends copies the workers would count again
         gateway.arrivals.clear()
         gateway.now = 0.0

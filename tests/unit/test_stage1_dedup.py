@@ -232,3 +232,18 @@ def test_the_table_forgets_tags_past_the_horizon_before_the_mark() -> None:
     assert len(written) == 1 and written[0][1] is not None and len(dedup) == 1
     assert dedup.state_records(closed_before_ms=11_000) == []  # 1 s + 10 s is not before 11 s
     assert dedup.state_records(closed_before_ms=11_001) == [(written[0][0], None)] and len(dedup) == 0
+
+
+def test_a_gateway_pseudonym_keeps_its_device_shard_in_every_window() -> None:
+    """Copies of a request stamped into different windows (a retry without ``Idempotency-Age``) must meet on one
+    partition: the gateway pseudonym's shard (mod 64) is fixed per (device, metric), and spread over devices."""
+    from gateway.keys import GatewayKeys
+    from schemas.wire import DEFAULT_SHARDS
+
+    keys = GatewayKeys.generate()
+    for device in ("dev-1", "dev-2"):
+        for metric in ("crashed", "theme"):
+            shards = {keys.pseudonym(device, metric, w) % DEFAULT_SHARDS for w in range(50)}
+            assert len(shards) == 1, (device, metric, shards)
+            assert len({keys.pseudonym(device, metric, w) for w in range(50)}) == 50  # still one per window
+    assert len({keys.pseudonym(f"d{i}", "crashed", 0) % DEFAULT_SHARDS for i in range(400)}) > 50
