@@ -53,10 +53,11 @@ from schemas.wire.columns import RecordColumns
 
 @dataclass
 class BatchResult:
-    """What one batch produced: dead letters and the number of reports counted."""
+    """What one batch produced: dead letters, the reports counted and those beyond the contribution bounds."""
 
     dead_letters: list[DeadLetter] = field(default_factory=list)
     counted: int = 0
+    over_bound: int = 0
 
 
 @dataclass
@@ -308,8 +309,9 @@ class PartitionState:
         """Bound and count ``accepted`` into the partial of (``name``, window ``start``); whether dead letters were
         added (reports refused for the key capacity)."""
         partial = self._partial(name, start, recs[0].offset)
+        over = partial.over_bound
         added = self.aggregator.add_bounded(partial, accepted)
-        out.counted += added.counted
+        out.counted, out.over_bound = out.counted + added.counted, out.over_bound + partial.over_bound - over
         self._dirty.add((name, start))
         if added.capacity_refused is None:
             return False
