@@ -12,7 +12,8 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
        slow, the backlog is full, or the gateway is shutting down (the device keeps its reports and retries)
 415    ``unsupported_media_type`` (not ``application/octet-stream``, ``application/vnd.ptel.report`` or
        ``application/json``)
-400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
+400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``,
+       ``bad_idempotency_age`` (an ``Idempotency-Age`` without a key, or past ``window.retry_horizon_s``)
 422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
 202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s,

@@ -111,3 +111,14 @@ def test_the_edge_client_gives_its_sink_the_spec_horizon_and_refuses_another() -
         EdgeClient(SPEC, GatewaySink("http://127.0.0.1:1", "d:k1:x", retry_horizon_s=900), quota_file=None)
     with pytest.raises(ProducerParameterError, match=r"window.retry_horizon_s .* \[300, 604800\]"):
         GatewaySink("http://127.0.0.1:1", "d:k1:x", retry_horizon_s=299)
+
+
+def test_the_gateway_refuses_a_retry_age_past_the_horizon() -> None:
+    """``Idempotency-Age`` (the retry's seconds since its first attempt): 0 without one; whole seconds up to the
+    horizon; refused without a key, malformed, or past the horizon (a copy the workers would count again)."""
+    from gateway.idempotency import retry_age
+
+    assert retry_age(None, None, HORIZON_S) == 0 and retry_age(None, "k", HORIZON_S) == 0
+    assert retry_age("0", "k", HORIZON_S) == 0 and retry_age(str(HORIZON_S), "k", HORIZON_S) == HORIZON_S
+    for bad, key in (("5", None), ("-1", "k"), ("1.5", "k"), ("x", "k"), (str(HORIZON_S + 1), "k"), ("9" * 12, "k")):
+        assert isinstance(retry_age(bad, key, HORIZON_S), str), bad
