@@ -72,7 +72,7 @@ from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.spec import CollectionSpec
 from schemas.spec_document import spec_document_json
-from schemas.wire import Report, ReportBatch, WireError, contribution_key, decode, shard_of
+from schemas.wire import Report, ReportBatch, WireError, contribution_key, decode, reports_of, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
@@ -201,9 +201,12 @@ class Gateway:
             window = math.floor(self.clock()) // self.window_s
             since_ms = ((window - KEEP_WINDOWS) * self.window_s - 60) * 1000  # a minute for clocks apart
             try:
+                self.quota = DeviceQuota(self.spec)  # rebuilt from what Kafka holds (nothing admitted meanwhile)
+                self.quota.advance(window)
                 found = await recover_tags(
-                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms
-                )
+                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms,
+                    on_value=self._restore_quota,
+                )  # fmt: skip
             except Exception as err:  # Kafka unreachable meanwhile: not ready, retried
                 refused = authorization_refusal(err, "Read", self.spec.topics.reports)
                 if refused is not None:  # a missing ACL: no retry can fix it (ptel gateway exits 1)
@@ -223,6 +226,16 @@ class Gateway:
             log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
             self.forwarder.unhold()
             return
+
+    def _restore_quota(self, value: bytes | None) -> None:
+        """Count the reports of one message read back at a start against their pseudonyms' quotas (any message:
+        a device's own pseudonyms take no gateway device's quota)."""
+        try:
+            message = decode(value or b"")
+        except WireError:
+            return
+        for r in reports_of(message):
+            self.quota.restore(r.metric, r.pseudonym, r.client_time // self.window_s, contribution_key(r))
 
     def _replayed(self, n: int, window: int, appended_ms: int) -> Answer:
         """The 202 of a request whose tag was read back from Kafka: ``n`` reports of ``window`` appended at
@@ -408,7 +421,7 @@ class Gateway:
             reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
         shard = shard_of(reports[0])  # the one placement rule (every report of the request: one pseudonym)
         keys = [k for r in reports if (k := contribution_key(r)) is not None] or None
-        refused = self.quota.reserve(device, metric, window, n, keys)
+        refused = self.quota.reserve(pseudonym, metric, window, n, keys)
         if refused is not None:
             self.metrics.reports(metric, "refused", n)
             retry = self.quota.retry_after_s(window, self.window_s, now)
@@ -423,7 +436,7 @@ class Gateway:
             self.metrics.reports(metric, "refused", n)
             retry = self.settings.retry_after_s
             failed = Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": retry})
-            release = functools.partial(self.quota.release, device, metric, window, n, keys)
+            release = functools.partial(self.quota.release, pseudonym, metric, window, n, keys)
             if err.sent_by is None:  # never handed to the producer: not in Kafka
                 release()
                 return failed, None

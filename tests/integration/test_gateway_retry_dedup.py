@@ -29,7 +29,7 @@ from ptel.local_process import free_port
 from tests.faults.accounting import counted_cells, excluded_cells
 from tests.faults.harness import read_all
 from tests.integration.agents_support import WorkerProcess, make_spec, wait_for_window_start
-from tests.integration.gateway_support import GatewayProcess, privatized_bodies
+from tests.integration.gateway_support import GatewayProcess, post, privatized_bodies, served_gateway
 from tests.integration.test_gateway_reliability import DEMO_METRICS
 
 SIZE_S = 5
@@ -126,3 +126,26 @@ async def test_retries_across_two_gateways_and_a_worker_restart_count_once(
     assert set(excluded.by_reason) == {"duplicate"}, excluded.by_reason
     assert set(acked) == {(m, w) for m in names for w in (w0, w1)}, acked
     assert all(acked[c] == n[c] + over[c] + excluded.by_cell[c] for c in acked), (acked, n, excluded.by_cell)
+
+
+async def test_a_restarted_gateway_rebuilds_the_quota_from_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 30, Deliver 5 (finding 4: a restart rebuilt the quota from nothing, so reports answered a plain 202
+    were then excluded ``over_bound``). A device uses its quota (``reports_per_window: 1``, and the keyed metric's
+    8) through a gateway that is then replaced by a new one in the same window: the new one reads the reports back
+    and refuses the device's next report 429 -- the known-bad variant (no read-back) answers 202 -- while another
+    device is still admitted."""
+    spec, _ = make_spec(tmp_path, DEMO_METRICS, partitions=2, size_s=60, grace_s=1, retention_s=3600)
+    await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, f"{spec.name}-g"))
+    if (left_s := 60 - time.time() % 60) < 25:
+        await asyncio.sleep(left_s + 0.5)  # one window for the whole test
+    keys = GatewayKeys.generate()
+    body = privatized_bodies(spec, ["crashed_today"], seed=5)[0]
+    async with aiohttp.ClientSession() as session:
+        async with served_gateway(spec, kafka_bootstrap, keys=keys) as first:
+            status, _, _ = await post(session, first.url, body, token=keys.issue("dev-q"), idempotency_key="a")
+            assert status == 202
+        async with served_gateway(spec, kafka_bootstrap, keys=keys) as second:
+            status, answer, _ = await post(session, second.url, body, token=keys.issue("dev-q"), idempotency_key="b")
+            assert (status, answer.get("reason")) == (429, "reports_per_window"), answer
+            status, _, _ = await post(session, second.url, body, token=keys.issue("dev-other"), idempotency_key="c")
+            assert status == 202
