@@ -27,7 +27,7 @@ from gateway.errors import GatewaySettingError
 __all__ = ["ALLOWED_HEADERS", "EXPOSED_HEADERS", "CorsPolicy", "check_origin"]
 
 #: Request headers a page may send (besides the CORS-safelisted ones).
-ALLOWED_HEADERS = "Authorization, Content-Type, Idempotency-Key, If-None-Match"
+ALLOWED_HEADERS = "Authorization, Content-Type, Idempotency-Key, Idempotency-Age, If-None-Match"
 #: Answer headers a page's script may read (besides the CORS-safelisted ones).
 EXPOSED_HEADERS = "Retry-After, Idempotent-Replayed, ETag"
 #: Seconds a browser may cache a preflight's answer.

@@ -8,14 +8,18 @@ minting pseudonyms no longer buys quota. This table refuses a request that would
 forwarded (answered 429 with ``Retry-After`` up to the next window), so the device learns it at once.
 
 A request's reports are reserved when it is admitted and given back if Kafka does not take them (the device may
-retry without losing quota). The table is per gateway process; the agents' bound per derived pseudonym is the one
-that holds across gateways (``docs/gateway.md``, "Several gateways").
+retry without losing quota). The table is keyed by the device's derived pseudonym of the window (one per device,
+metric and window: ``gateway.keys``), so a gateway that starts rebuilds it from the reports Kafka holds for the
+recent windows (:meth:`DeviceQuota.restore`, fed by the read-back of :mod:`gateway.idempotency_recovery`): a
+restart gives no device a fresh quota. The table is per gateway process; the agents' bound per derived pseudonym is
+the one that holds across gateways (``docs/gateway.md``, "Several gateways").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
+from gateway.idempotency import KEEP_WINDOWS
 from schemas.spec import CollectionSpec
 
 __all__ = ["QUOTA_REASONS", "DeviceQuota"]
@@ -23,7 +27,9 @@ __all__ = ["QUOTA_REASONS", "DeviceQuota"]
 #: Why a request is refused by the quota.
 QUOTA_REASONS = frozenset({"reports_per_window", "keys_per_window", "repeated_key"})
 
-_KEEP_WINDOWS = 2  # windows tracked behind the newest one (a request stamped just before a boundary)
+#: Windows tracked behind the newest one (a request stamped just before a boundary; a retry stamped into its first
+#: attempt's window): as many as the idempotency cache remembers a key.
+_KEEP_WINDOWS = KEEP_WINDOWS
 
 
 class DeviceQuota:
@@ -32,25 +38,42 @@ class DeviceQuota:
     def __init__(self, spec: CollectionSpec) -> None:
         self._reports = {m.name: m.reports_per_window for m in spec.metrics}
         self._max_keys = {m.name: bound for m in spec.metrics if (bound := m.key_bound()) is not None}
-        self._used: dict[int, dict[tuple[str, str], int]] = {}
-        self._keys: dict[int, dict[tuple[str, str], set[str]]] = {}
+        self._used: dict[int, dict[tuple[str, Hashable], int]] = {}
+        self._keys: dict[int, dict[tuple[str, Hashable], set[str]]] = {}
         self._newest = -1
 
-    def _window(self, window: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], set[str]]]:
+    def advance(self, window: int) -> None:
+        """The gateway's window now is ``window``: forget the windows more than :data:`_KEEP_WINDOWS` before it -- as
+        the idempotency cache forgets their keys (a retry it forwards again is stamped into its first attempt's
+        window, which must not still hold that first attempt's reservation)."""
         if window > self._newest:
             self._newest = window
             for old in [w for w in self._used if w < window - _KEEP_WINDOWS]:
                 del self._used[old]
                 self._keys.pop(old, None)
+
+    def _window(self, window: int) -> tuple[dict[tuple[str, Hashable], int], dict[tuple[str, Hashable], set[str]]]:
+        self.advance(window)
         return self._used.setdefault(window, {}), self._keys.setdefault(window, {})
 
-    def reserve(
-        self, device_id: str, metric: str, window: int, n: int, keys: Sequence[str] | None = None
-    ) -> str | None:
-        """Reserve ``n`` reports (with ``keys``, one per report, for a keyed metric); ``None`` if within the bounds,
-        else the reason of :data:`QUOTA_REASONS` (nothing reserved)."""
+    def restore(self, metric: str, client: Hashable, window: int, key: str | None) -> None:
+        """Count one report Kafka holds (read back at a start) against ``client``'s quota of ``window``, if the
+        window is still tracked and ``metric`` in the spec; no bound is checked (it is in Kafka already)."""
+        if metric not in self._reports or window < self._newest - _KEEP_WINDOWS:
+            return
         used, keysets = self._window(window)
-        slot = (metric, device_id)
+        slot = (metric, client)
+        used[slot] = used.get(slot, 0) + 1
+        if key is not None and metric in self._max_keys:
+            keysets.setdefault(slot, set()).add(key)
+
+    def reserve(
+        self, client: Hashable, metric: str, window: int, n: int, keys: Sequence[str] | None = None
+    ) -> str | None:
+        """Reserve ``n`` reports of ``client`` (its pseudonym of ``window``; with ``keys``, one per report, for a
+        keyed metric); ``None`` if within the bounds, else the reason of :data:`QUOTA_REASONS` (nothing reserved)."""
+        used, keysets = self._window(window)
+        slot = (metric, client)
         if used.get(slot, 0) + n > self._reports[metric]:
             return "reports_per_window"
         max_keys = self._max_keys.get(metric)
@@ -65,12 +88,12 @@ class DeviceQuota:
         used[slot] = used.get(slot, 0) + n
         return None
 
-    def release(self, device_id: str, metric: str, window: int, n: int, keys: Sequence[str] | None = None) -> None:
+    def release(self, client: Hashable, metric: str, window: int, n: int, keys: Sequence[str] | None = None) -> None:
         """Give back a reservation whose reports Kafka did not take."""
         used = self._used.get(window)
         if used is None:
             return
-        slot = (metric, device_id)
+        slot = (metric, client)
         left = used.get(slot, 0) - n
         if left > 0:
             used[slot] = left

@@ -1,4 +1,4 @@
-"""Retries that cannot double-count: a request's ``Idempotency-Key`` is honoured for two windows, across restarts.
+"""Retries answered once per gateway: a request's ``Idempotency-Key`` is honoured for three windows, across restarts.
 
 A device that gets no answer (a timeout, a dropped connection) cannot know whether its reports reached Kafka. It
 sends the same request again with the same ``Idempotency-Key``; the gateway answers a key it has already accepted
@@ -18,29 +18,34 @@ flight waits for that first attempt's answer. A slot (a key's tag) is in one of 
   accepted (its tag is in Kafka) or forgotten (it is not: the retry is forwarded).
 
 Keys are remembered for the window of their last event -- the first attempt, its answer, or a retry -- and the
-next one (a retry a little after a boundary still matches). Counting from the *answer*, not from the first attempt,
-matters when Kafka is down for longer than a window: an attempt taken in window ``w`` may be acknowledged in window
-``w + 10``, after its device gave up waiting, and the device's retries come then.
+:data:`KEEP_WINDOWS` (2) next ones, as long as the device quota keeps the window's reservations. Counting from the
+*answer*, not from the first attempt, matters when Kafka is down for longer than a window: an attempt taken in window
+``w`` may be acknowledged in window ``w + 10``, after its device gave up waiting, and the device's retries come then.
 
-A key is remembered by its **tag** (:meth:`gateway.keys.GatewayKeys.idempotency_tag`: a keyed BLAKE2b of
-device and key, unlinkable without the gateway's pseudonym key), and the tag travels with the reports: the Kafka
-message that carries a request's reports has a record header :data:`TAG_HEADER` per request holding
-:func:`tag_header` (tag, report count, window). Kafka acknowledges the reports and their tags at once, so a
-gateway that starts reads the tags of the recent windows back from the reports topic
-(:mod:`gateway.idempotency_recovery`) and a retry after a crash (kill -9 included) is answered from them: what
-Kafka holds is never forwarded twice, what it does not hold is forwarded. ``docs/gateway.md`` ("Retries") says
-what holds across several gateways at once.
+A key is remembered by its **tag** (:meth:`gateway.keys.GatewayKeys.idempotency_tag`: a keyed BLAKE2b of device and key,
+unlinkable without the gateway's pseudonym key), and the tag travels with the reports: the Kafka message that carries a
+request's reports has a record header :data:`TAG_HEADER` per request holding
+:func:`~schemas.wire.idempotency_header.tag_header` (tag, report count, window, its rows in the message). Kafka
+acknowledges the reports and their tags at once, so a gateway that starts reads the tags of the recent windows back from
+the reports topic (:mod:`gateway.idempotency_recovery`) and a retry after a crash (kill -9 included) is answered from
+them: what Kafka holds is never forwarded twice, what it does not hold is forwarded.
+
+This cache only spares Kafka a copy and answers a retry at once: it is per process. What makes every copy count at
+most once -- a retry at another replica, or later than this memory -- is the workers' dedup of the tags
+(``agents.stage1.dedup``), over the spec's ``window.retry_horizon_s`` (``docs/gateway.md``, "Retries").
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.wire.idempotency_header import TAG_BYTES, TAG_HEADER, parse_tag_header, tag_header
+
 __all__ = [
+    "IDEMPOTENCY_AGE",
     "IDEMPOTENCY_KEY_MAX",
     "IN_DOUBT",
     "KEEP_WINDOWS",
@@ -50,20 +55,20 @@ __all__ = [
     "IdempotencyCache",
     "InDoubt",
     "parse_tag_header",
+    "retry_age",
     "tag_header",
 ]
 
+#: The request header of a retry: whole seconds since the device's first attempt with this ``Idempotency-Key``.
+IDEMPOTENCY_AGE = "Idempotency-Age"
 #: Longest accepted ``Idempotency-Key`` (characters).
 IDEMPOTENCY_KEY_MAX = 128
-#: Windows a key is remembered behind the newest one.
-KEEP_WINDOWS = 1
+#: Windows a key is remembered behind the window of its last event: as long as the device quota keeps a window's
+#: reservations (:mod:`gateway.device_quota`), so that a retry this gateway forwarded is answered from here, never
+#: refused 429 by its own first attempt's reservation.
+KEEP_WINDOWS = 2
 #: The 503 ``reason`` of a retry whose first attempt is in doubt (:class:`InDoubt`).
 IN_DOUBT = "in_doubt"
-#: Bytes of an idempotency tag.
-TAG_BYTES = 16
-#: The Kafka record header that carries one request's idempotency tag.
-TAG_HEADER = "ptel-idempotency"
-_ENTRY = struct.Struct(f">{TAG_BYTES}sIq")  # tag, reports accepted, window
 
 
 @dataclass(frozen=True)
@@ -89,22 +94,29 @@ class InDoubt:
     release: Callable[[], None] = field(compare=False, repr=False)
 
 
-def tag_header(tag: bytes, n: int, window: int) -> tuple[str, bytes]:
-    """The record header of a request with idempotency ``tag``, ``n`` reports, first attempted in ``window``."""
-    return TAG_HEADER, _ENTRY.pack(tag, n, window)
+def retry_age(value: str | None, key: str | None, horizon_s: int) -> int | str:
+    """The seconds since the first attempt that an :data:`IDEMPOTENCY_AGE` header ``value`` claims (0 without one),
+    or why it is refused: it needs an ``Idempotency-Key`` and whole seconds in ``[0, horizon_s]`` (the spec's
+    ``window.retry_horizon_s``: a later copy could count twice, so it is refused, never forwarded).
 
-
-def parse_tag_header(value: bytes) -> tuple[bytes, int, int] | None:
-    """``(tag, n, window)`` of a :func:`tag_header` value, or ``None`` if it is not one."""
-    if len(value) != _ENTRY.size:
-        return None
-    tag, n, window = _ENTRY.unpack(value)
-    return bytes(tag), int(n), int(window)
+    The gateway stamps a retry into the window of ``now - age``: its copies then share one pseudonym and partition,
+    and it takes its device's quota of that window, not of a later one (where it would refuse an honest device's next
+    report, issue 30). A device that claims an age only moves its own report to an earlier window, with that window's
+    quota and bounds -- closed windows count nothing (``late``)."""
+    if value is None:
+        return 0
+    if key is None:
+        return f"{IDEMPOTENCY_AGE} is for retries: it needs an Idempotency-Key"
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        return f"{IDEMPOTENCY_AGE} must be whole seconds in [0, {horizon_s}]"
+    if int(value) > horizon_s:
+        return f"{IDEMPOTENCY_AGE} {value} s is past the retry horizon ({horizon_s} s: window.retry_horizon_s)"
+    return int(value)
 
 
 class IdempotencyCache:
     """``slot -> answer`` of the first attempt (the slot: a request's idempotency tag), for the window of the slot's
-    last event (attempt, answer, retry) and the next."""
+    last event (attempt, answer, retry) and the :data:`KEEP_WINDOWS` next."""
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, tuple[int, asyncio.Future[Answer | None]]] = {}
@@ -141,7 +153,7 @@ class IdempotencyCache:
         return None
 
     def _touch(self, slot: Hashable, window: int | None) -> None:
-        """Keep ``slot`` for ``window`` and the next (if later than what it is kept for)."""
+        """Keep ``slot`` for ``window`` and the :data:`KEEP_WINDOWS` next (if later than what it is kept for)."""
         entry = self._entries.get(slot)
         if entry is not None and window is not None and window > entry[0]:
             self._entries[slot] = (window, entry[1])
@@ -152,7 +164,7 @@ class IdempotencyCache:
         self._entries[slot] = (window, asyncio.get_running_loop().create_future())
 
     def finish(self, slot: Hashable, answer: Answer | None, *, window: int | None = None) -> None:
-        """Record the attempt's answer, given in ``window`` (kept for it and the next; default: the attempt's), or
+        """Record the attempt's answer, given in ``window`` (kept for it and the next ones; default: the attempt's), or
         ``None``: it failed before its reports were handed to the producer; forget the slot so that a retry is
         forwarded."""
         entry = self._entries.get(slot)

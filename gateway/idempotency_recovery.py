@@ -14,7 +14,7 @@ partition, settles a request whose message failed without an acknowledgement (in
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -37,10 +37,12 @@ async def recover_tags(
     *,
     timeout_s: float = 120.0,
     only: Collection[int] | None = None,
+    on_value: Callable[[bytes | None], None] | None = None,
 ) -> list[tuple[bytes, int, int, int]]:
     """Every ``(tag, n, window, timestamp_ms)`` in the record headers of the messages of ``topic`` (``partitions``
     partitions, or those of ``only``; the message's broker time) with a timestamp at or after ``since_ms``, up to
-    the end offsets when the read starts; :class:`ForwardError` if it does not finish in ``timeout_s``."""
+    the end offsets when the read starts (each message's value also to ``on_value``); :class:`ForwardError` if it
+    does not finish in ``timeout_s``."""
     consumer = AIOKafkaConsumer(**client_kwargs(connection), enable_auto_commit=False, client_id="ptel-gateway-recover")
     await consumer.start()
     found: list[tuple[bytes, int, int, int]] = []
@@ -65,6 +67,8 @@ async def recover_tags(
             batches = await consumer.getmany(*todo, timeout_ms=500)
             for records in batches.values():
                 for record in records:
+                    if on_value is not None:  # the device quota read back with the tags
+                        on_value(record.value)
                     for name, value in record.headers or ():
                         if name == TAG_HEADER and (entry := parse_tag_header(value)) is not None:
                             found.append((*entry, record.timestamp))

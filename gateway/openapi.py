@@ -18,7 +18,7 @@ __all__ = ["REFUSAL_REASONS", "openapi_document", "openapi_text"]
 
 #: Every ``reason`` of a refusal, by status.
 REFUSAL_REASONS: dict[int, list[str]] = {
-    400: sorted({f"wire.{r}" for r in WIRE_ERROR_REASONS} | {"bad_idempotency_key"}),
+    400: sorted({f"wire.{r}" for r in WIRE_ERROR_REASONS} | {"bad_idempotency_key", "bad_idempotency_age"}),
     401: sorted(AUTH_REASONS),
     413: ["body_too_large", "too_many_reports"],
     415: ["unsupported_media_type"],
@@ -88,10 +88,19 @@ def openapi_document() -> dict[str, Any]:
                             "in": "header",
                             "required": False,
                             "description": "Same key on every retry of one request: a retry of an accepted request "
-                            "is answered 202 again and forwards nothing (honoured for the window of the first "
-                            "attempt and the next).",
+                            "is answered 202 again and forwards nothing; copies forwarded by another gateway count "
+                            "once (the workers drop them as duplicate within window.retry_horizon_s).",
                             "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-                        }
+                        },
+                        {
+                            "name": "Idempotency-Age",
+                            "in": "header",
+                            "required": False,
+                            "description": "On a retry: whole seconds since the first attempt with this "
+                            "Idempotency-Key, at most the spec's window.retry_horizon_s; the retry is stamped into "
+                            "its first attempt's window.",
+                            "schema": {"type": "integer", "minimum": 0},
+                        },
                     ],
                     "requestBody": {
                         "required": True,

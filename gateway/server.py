@@ -12,7 +12,8 @@ in its JSON body (``{"error": <class>, "reason": ..., "detail": ...}``) and is c
        slow, the backlog is full, or the gateway is shutting down (the device keeps its reports and retries)
 415    ``unsupported_media_type`` (not ``application/octet-stream``, ``application/vnd.ptel.report`` or
        ``application/json``)
-400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``
+400    ``wire.<reason>`` (the body is not one report or one batch of the wire format), ``bad_idempotency_key``,
+       ``bad_idempotency_age`` (an ``Idempotency-Age`` without a key, or past ``window.retry_horizon_s``)
 422    a reason of :data:`schemas.conformance.CONFORMANCE_REASONS` (the report does not fit the spec)
 429    a reason of :data:`gateway.device_quota.QUOTA_REASONS`, with ``Retry-After`` (seconds to the next window)
 202    accepted: Kafka has acknowledged every report of the request (``{"accepted": n, "window_start": s,
@@ -53,13 +54,14 @@ from gateway.device_quota import DeviceQuota
 from gateway.errors import ForwardError, GatewayKeyError, GatewaySettingError
 from gateway.forwarder import Forwarder, ForwarderSettings
 from gateway.idempotency import (
+    IDEMPOTENCY_AGE,
     IDEMPOTENCY_KEY_MAX,
     IN_DOUBT,
     KEEP_WINDOWS,
     Answer,
     IdempotencyCache,
     InDoubt,
-    tag_header,
+    retry_age,
 )
 from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
@@ -70,7 +72,7 @@ from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
 from schemas.spec import CollectionSpec
 from schemas.spec_document import spec_document_json
-from schemas.wire import Report, ReportBatch, WireError, contribution_key, decode, shard_of
+from schemas.wire import Report, ReportBatch, WireError, contribution_key, decode, reports_of, shard_of
 
 __all__ = ["MEDIA_TYPES", "Gateway", "GatewaySettings", "bound_port", "serve", "serve_operator"]
 
@@ -199,9 +201,12 @@ class Gateway:
             window = math.floor(self.clock()) // self.window_s
             since_ms = ((window - KEEP_WINDOWS) * self.window_s - 60) * 1000  # a minute for clocks apart
             try:
+                self.quota = DeviceQuota(self.spec)  # rebuilt from what Kafka holds (nothing admitted meanwhile)
+                self.quota.advance(window)
                 found = await recover_tags(
-                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms
-                )
+                    self.forwarder.connection, self.spec.topics.reports, self.forwarder.partitions, since_ms,
+                    on_value=self._restore_quota,
+                )  # fmt: skip
             except Exception as err:  # Kafka unreachable meanwhile: not ready, retried
                 refused = authorization_refusal(err, "Read", self.spec.topics.reports)
                 if refused is not None:  # a missing ACL: no retry can fix it (ptel gateway exits 1)
@@ -221,6 +226,16 @@ class Gateway:
             log.info("gateway: %d idempotency key(s) of recent windows read back from Kafka", len(found))
             self.forwarder.unhold()
             return
+
+    def _restore_quota(self, value: bytes | None) -> None:
+        """Count the reports of one message read back at a start against their pseudonyms' quotas (any message:
+        a device's own pseudonyms take no gateway device's quota)."""
+        try:
+            message = decode(value or b"")
+        except WireError:
+            return
+        for r in reports_of(message):
+            self.quota.restore(r.metric, r.pseudonym, r.client_time // self.window_s, contribution_key(r))
 
     def _replayed(self, n: int, window: int, appended_ms: int) -> Answer:
         """The 202 of a request whose tag was read back from Kafka: ``n`` reports of ``window`` appended at
@@ -332,6 +347,9 @@ class Gateway:
         key = request.headers.get("Idempotency-Key")
         if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and key.isascii() and key.isprintable()):
             return self._refuse(400, "bad_idempotency_key", f"at most {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
+        age = retry_age(request.headers.get(IDEMPOTENCY_AGE), key, self.spec.window.retry_horizon_s)
+        if isinstance(age, str):
+            return self._refuse(400, "bad_idempotency_age", age)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -367,7 +385,10 @@ class Gateway:
                 self.metrics.request(previous.status, "replayed")
                 return _answer(previous.status, previous.body, {"Idempotent-Replayed": "true"})
             self.idempotency.begin(tag, window)
-        answer, doubt = await self._forward(device, message, n, now, window, tag)
+        # a retry is stamped into the window of its first attempt (docs/gateway.md, "Retries"): its copies share a
+        # pseudonym, and it never takes its device's quota of a later window
+        self.quota.advance(window)  # as the idempotency cache (previous) did
+        answer, doubt = await self._forward(device, message, n, now, age, tag)
         if tag is not None:
             # kept from the window of the answer on: after a long outage that can be many windows after ``window``
             answered = math.floor(self.clock()) // self.window_s
@@ -385,12 +406,14 @@ class Gateway:
         )
 
     async def _forward(
-        self, device: str, message: Report | ReportBatch, n: int, now: float, window: int, tag: bytes | None
+        self, device: str, message: Report | ReportBatch, n: int, now: float, age: int, tag: bytes | None
     ) -> tuple[Answer, InDoubt | None]:
-        """Forward the request's reports; its answer, and :class:`InDoubt` when they were sent to Kafka and not
-        acknowledged (they may be in Kafka: the device's quota stays reserved)."""
+        """Forward the request's reports, received at ``now``, ``age`` seconds after its first attempt; its answer,
+        and :class:`InDoubt` when they were sent to Kafka and not acknowledged (they may be in Kafka: the device's
+        quota stays reserved)."""
         metric = message.metric
-        client_time = math.floor(now)
+        client_time = math.floor(now - age)  # the first attempt's window: its pseudonym and its quota
+        window = client_time // self.window_s
         pseudonym = self.keys.pseudonym(device, metric, window)
         if isinstance(message, Report):
             reports = [message.restamped(pseudonym, client_time)]
@@ -398,7 +421,7 @@ class Gateway:
             reports = [r.restamped(pseudonym, client_time) for r in message.reports()]
         shard = shard_of(reports[0])  # the one placement rule (every report of the request: one pseudonym)
         keys = [k for r in reports if (k := contribution_key(r)) is not None] or None
-        refused = self.quota.reserve(device, metric, window, n, keys)
+        refused = self.quota.reserve(pseudonym, metric, window, n, keys)
         if refused is not None:
             self.metrics.reports(metric, "refused", n)
             retry = self.quota.retry_after_s(window, self.window_s, now)
@@ -406,13 +429,14 @@ class Gateway:
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry}), None
         partition, partition_key = self.forwarder.partition_of(metric, shard)
         try:
-            headers = [tag_header(tag, n, window)] if tag is not None else None
-            acked_ms = await self.forwarder.forward(partition, partition_key, reports, headers)
+            acked_ms = await self.forwarder.forward(
+                partition, partition_key, reports, None if tag is None else (tag, window)
+            )
         except ForwardError as err:
             self.metrics.reports(metric, "refused", n)
             retry = self.settings.retry_after_s
             failed = Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": retry})
-            release = functools.partial(self.quota.release, device, metric, window, n, keys)
+            release = functools.partial(self.quota.release, pseudonym, metric, window, n, keys)
             if err.sent_by is None:  # never handed to the producer: not in Kafka
                 release()
                 return failed, None

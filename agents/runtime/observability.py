@@ -9,6 +9,8 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   metric                                      type      what
   ==========================================  ========  ===============================================================
   ``records``, ``reports_counted``            counter   source records processed, reports counted (this process)
+  ``reports_over_bound``,                     counter   reports of those records beyond the contribution bounds, and
+  ``reports_dead_lettered``                             dead-lettered: counted + these = the reports read, exactly
   ``transactions``, ``handovers``             counter   Kafka transactions committed, stage-1 hand-overs
   ``releases``                                counter   releases published (this process), by ``metric`` and ``outcome``
                                                         (``released`` / ``refused``)
@@ -133,6 +135,8 @@ class WorkerObserver(Collector):
         for name, value, text in (
             ("records", stats.records, "Source records processed by this process"),
             ("reports_counted", stats.reports_counted, "Reports counted by this process"),
+            ("reports_over_bound", stats.reports_over_bound, "Reports beyond the contribution bounds (not counted)"),
+            ("reports_dead_lettered", stats.reports_dead_lettered, "Reports dead-lettered (excluded by reason)"),
             ("transactions", stats.transactions, "Kafka transactions committed by this process"),
             ("handovers", stats.handovers, "Stage-1 hand-overs committed by this process"),
             ("records_refetched", stats.records_refetched, "Records fetched again and dropped"),

@@ -76,6 +76,7 @@ class _Commit:
     next_offset: int | None
     records: int = 0
     counted: int = 0
+    over_bound: int = 0
 
     def absorb(self, later: _Commit) -> None:
         """Add the changes of the partition's next batch: one transaction then writes what the two would have
@@ -88,6 +89,7 @@ class _Commit:
             self.next_offset = later.next_offset
         self.records += later.records
         self.counted += later.counted
+        self.over_bound += later.over_bound
 
 
 @dataclass
@@ -329,7 +331,7 @@ class Stage1Pipeline:
             dead = (
                 sorted(refused + result.dead_letters, key=lambda d: d.record.offset) if refused else result.dead_letters
             )
-            work = self._snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted)
+            work = self._snapshot(slot, dead, records[-1].offset + 1, len(records), result.counted, result.over_bound)
         except BaseException as err:
             slot.inflight.release()
             self.fail(err, f"stage-1 batch of partition {p}")
@@ -346,7 +348,13 @@ class Stage1Pipeline:
         return refused, self._cpu.submit(state.aggregate, prepared)
 
     def _snapshot(
-        self, slot: _Slot, dead: list[DeadLetter], next_offset: int | None, records: int = 0, counted: int = 0
+        self,
+        slot: _Slot,
+        dead: list[DeadLetter],
+        next_offset: int | None,
+        records: int = 0,
+        counted: int = 0,
+        over_bound: int = 0,
     ) -> _Commit | None:
         """What the partition's next transaction writes, taken now (before the next batch changes the state);
         ``None`` if there is nothing to write."""
@@ -355,7 +363,7 @@ class Stage1Pipeline:
         if next_offset is None and handover is None and not changes:
             return None
         handovers = [] if handover is None else [handover]
-        return _Commit(dead, dict(changes), handovers, next_offset, records, counted)
+        return _Commit(dead, dict(changes), handovers, next_offset, records, counted, over_bound)
 
     def _chain_commit(self, slot: _Slot, work: _Commit | None) -> None:
         """Chain ``work``'s transaction after the partition's previous one (the caller holds ``slot.inflight``).
@@ -419,7 +427,9 @@ class Stage1Pipeline:
         self.stats.transactions += 1
         self.stats.records += work.records
         self.stats.reports_counted += work.counted
+        self.stats.reports_over_bound += work.over_bound
         self.stats.dead_letters += len(work.dead)
+        self.stats.reports_dead_lettered += sum(d.reports for d in work.dead)
         self.stats.last_commit_s = time.perf_counter()
 
     async def _transaction(self, slot: _Slot, work: _Commit, dead_letter_limit: int) -> None:

@@ -10,8 +10,13 @@ from dataclasses import dataclass, field
 class WorkerStats:
     """Running totals of this worker process (not persisted)."""
 
+    #: Source records committed (each once per process), and the reports in them by fate: counted, beyond the
+    #: contribution bounds (``over_bound``: not dead-lettered), dead-lettered (``excluded`` by reason) -- so the reports
+    #: read are their sum, exactly (issue 30: "records read" is records, the rest reports).
     records: int = 0
     reports_counted: int = 0
+    reports_over_bound: int = 0
+    reports_dead_lettered: int = 0
     dead_letters: int = 0
     handovers: int = 0
     releases: int = 0

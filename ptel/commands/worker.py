@@ -255,8 +255,12 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
     elif s.ledger_refusal is not None:
         print(f"this worker released nothing: privacy ledger refused ({s.ledger_refusal[0]}): {s.ledger_refusal[1]}")
     print(
-        f"worker stopped: {s.records} records, {s.reports_counted} reports counted, {s.dead_letters} dead letters, "
-        f"{s.releases} releases" + (f" ({stop.reason})" if stop.requested else ""),
+        f"worker stopped: {s.records} records read, holding "
+        f"{s.reports_counted + s.reports_over_bound + s.reports_dead_lettered} reports: {s.reports_counted} counted, "
+        f"{s.reports_over_bound} over the bound, {s.reports_dead_lettered} in {s.dead_letters} dead letters; "
+        f"{s.records_refetched} records fetched again after a rebalance and dropped, {s.reports_replayed} reports "
+        f"re-read to rebuild client maps (not counted again); {s.releases} releases"
+        + (f" ({stop.reason})" if stop.requested else ""),
         flush=True,
     )
     return 0

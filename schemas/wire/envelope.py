@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_SHARDS",
     "MAX_BATCH_REPORTS",
     "MAX_MESSAGE_BYTES",
+    "NEWEST_READ_VERSION",
     "WIRE_VERSION",
     "MessageType",
     "Report",
@@ -61,8 +62,12 @@ __all__ = [
     "shard_of",
 ]
 
-#: Version written by this module; decoders read every version ``<=`` theirs exactly and newer ones by prefix.
+#: Version written by this module; decoders read every version ``<=`` theirs exactly and the next one by prefix.
 WIRE_VERSION = 1
+#: Newest version read (by its prefix): the next one, which a rolling upgrade (producers first) can meet. Anything
+#: newer is ``bad_version`` on every partition (decoding precedes placement), not counted by a prefix that happens
+#: to parse (issue 30: version bytes 2 and 5 with a version-1 body were both counted).
+NEWEST_READ_VERSION = WIRE_VERSION + 1
 #: Encoding used unless a caller asks otherwise (binary: 4-6x smaller than JSON per single report, docs/wire-format.md).
 DEFAULT_FORMAT: Literal["binary"] = "binary"
 #: Default number of shards (distinct partition keys per metric) for non-RAPPOR metrics.
@@ -376,8 +381,8 @@ def _decode_general(data: bytes) -> Report | ReportBatch:
     # hot path (one call per Kafka record): checks are plain ``if``s so that details are formatted on failure only
     r = Reader(data)
     version, mtype, kind_b, flags, fingerprint, name_len = r.unpack(_HEADER, "header")
-    if version < 1:
-        raise WireError("bad_version", "version 0 is never written")
+    if version < 1 or version > NEWEST_READ_VERSION:
+        raise WireError("bad_version", f"version {version} is not read (versions 1 to {NEWEST_READ_VERSION})")
     if mtype != 1 and mtype != 2:  # MessageType.REPORT, MessageType.BATCH
         raise WireError("bad_message_type", f"unknown message type {mtype}")
     kind = _KIND_OF_BYTE.get(kind_b)
@@ -461,7 +466,11 @@ def _decode_json(data: bytes) -> Report | ReportBatch:
     if not isinstance(obj, dict):
         raise WireError("bad_json", "a JSON message is an object")
     version = json_get(obj, "v", int)
-    check(version >= 1, "bad_version", "version 0 is never written")
+    check(
+        1 <= version <= NEWEST_READ_VERSION,
+        "bad_version",
+        f"version {version} is not read (versions 1 to {NEWEST_READ_VERSION})",
+    )
     mtype = json_get(obj, "type", str)
     check(mtype in ("report", "batch"), "bad_message_type", f"unknown message type {mtype!r}")
     kind_name = json_get(obj, "kind", str)

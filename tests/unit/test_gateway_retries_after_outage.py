@@ -75,8 +75,8 @@ async def test_an_in_doubt_slot_refuses_retries_until_resolved_then_replays_or_f
 
     cache.begin(b"old", 2)
     cache.doubt(b"old", InDoubt(0, 1, 2, release=lambda: None))
-    assert await cache.previous(b"new", 4) is None  # two windows later the doubt is dropped with the slot
-    assert cache.doubts() == {} and await cache.previous(b"old", 4) is None
+    assert await cache.previous(b"new", 5) is None  # three windows later the doubt is dropped with the slot
+    assert cache.doubts() == {} and await cache.previous(b"old", 5) is None
 
 
 async def test_an_answer_given_windows_after_its_attempt_is_kept_from_the_answer_on() -> None:
@@ -86,7 +86,7 @@ async def test_an_answer_given_windows_after_its_attempt_is_kept_from_the_answer
     cache.finish(b"k", Answer(202, {"accepted": 1}), window=11)  # acknowledged at last
     assert await cache.previous(b"k", 12) == Answer(202, {"accepted": 1})  # the device's retry is replayed
     assert await cache.previous(b"k", 13) == Answer(202, {"accepted": 1})  # each retry keeps it a window more
-    assert await cache.previous(b"k", 15) is None  # two windows after its last use it is forgotten
+    assert await cache.previous(b"k", 16) is None  # three windows after its last use it is forgotten
 
 
 async def test_known_bad_keeping_an_answer_from_its_attempt_forgets_it_after_an_outage(
@@ -135,13 +135,11 @@ class _DoubtfulForwarder(Forwarder):
         return self.back
 
     def forward(
-        self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
+        self, partition: int, key: bytes, reports: list[Report], tag: tuple[bytes, int] | None = None
     ) -> asyncio.Future[int]:
-        from gateway.idempotency import parse_tag_header
-
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.kafka.forwards += 1
-        entry = parse_tag_header(headers[0][1]) if headers else None
+        entry = None if tag is None else (tag[0], len(reports), tag[1])
         first = self.kafka.forwards == 1
         if entry is not None and (self.lands or not first):
             self.kafka.appended.append((*entry, int(NOW * 1000)))
@@ -238,7 +236,7 @@ class _SlowForwarder(_DoubtfulForwarder):
         self.ack = asyncio.Event()
 
     def forward(
-        self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
+        self, partition: int, key: bytes, reports: list[Report], tag: tuple[bytes, int] | None = None
     ) -> asyncio.Future[int]:
         self.kafka.forwards += 1
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -163,16 +163,16 @@ async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_fail
     cache.finish(b"k", Answer(202, {"accepted": 1}))
     assert (await waiting) == Answer(202, {"accepted": 1})
     assert await cache.previous(b"k", 2) == Answer(202, {"accepted": 1})  # the next window still matches
-    assert await cache.previous(b"k", 4) is None  # two windows after its last use it is forgotten
+    assert await cache.previous(b"k", 5) is None  # three windows after its last use it is forgotten (KEEP_WINDOWS)
     cache.begin(b"x", 3)
     cache.finish(b"x", None)  # failed: a retry is forwarded
     assert await cache.previous(b"x", 3) is None
     cache.restore(b"r", 3, Answer(202, {"accepted": 2}))  # read back from Kafka after a restart
-    assert await cache.previous(b"r", 4) == Answer(202, {"accepted": 2})
-    cache.restore(b"old", 1, Answer(202, {"accepted": 1}))  # older than the windows kept: not restored
-    assert await cache.previous(b"old", 4) is None
+    assert await cache.previous(b"r", 5) == Answer(202, {"accepted": 2})
+    cache.restore(b"old", 2, Answer(202, {"accepted": 1}))  # older than the windows kept: not restored
+    assert await cache.previous(b"old", 5) is None
     tag = bytes(range(16))
-    assert parse_tag_header(tag_header(tag, 7, 2**40)[1]) == (tag, 7, 2**40)
+    assert parse_tag_header(tag_header(tag, 7, 2**40, 3)[1]) == (tag, 7, 2**40)
     assert parse_tag_header(b"short") is None
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from schemas import wire
 from schemas.wire import (
     MAX_BATCH_REPORTS,
+    NEWEST_READ_VERSION,
     WIRE_ERROR_REASONS,
     WIRE_VERSION,
     BoolColumns,
@@ -381,3 +382,19 @@ def test_fast_path_agrees_with_the_general_path_on_every_single_byte_change(mess
         for value in range(256):
             raw = message[:i] + bytes([value]) + message[i + 1 :]
             assert _outcome(wire._decode_binary, raw) == _outcome(wire._decode_general, raw), (i, value)
+
+
+@pytest.mark.parametrize("version", [NEWEST_READ_VERSION + 1, 5, 0x7A])
+def test_a_version_past_the_next_is_refused_even_when_its_prefix_parses(version: int) -> None:
+    """Issue 30: version bytes 2 and 5 with a version-1 body were both counted. Only the next version (a rolling
+    upgrade, producers first) is read by its prefix; a version past it is ``bad_version``, JSON too -- decided before
+    placement, so the same on every partition. The known-bad variant (read any newer version by prefix) fails here."""
+    raw = encode_report(_report())
+    assert decode(bytes([NEWEST_READ_VERSION]) + raw[1:]) == _report()
+    with pytest.raises(WireError) as info:
+        decode(bytes([version]) + raw[1:])
+    assert info.value.reason == "bad_version" and f"version {version}" in info.value.detail
+    as_json = json.loads(encode_report(_report(), format="json"))
+    with pytest.raises(WireError) as info:
+        decode(json.dumps({**as_json, "v": version}).encode())
+    assert info.value.reason == "bad_version"
