@@ -25,8 +25,11 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: The signals that stop a command gracefully.
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
@@ -97,6 +100,30 @@ class StopRequest:
             for sig in STOP_SIGNALS:
                 self._loop.remove_signal_handler(sig)
         self._loop = None
+
+    async def unless_stopped(self, step: Awaitable[T]) -> tuple[bool, T | None]:
+        """Await ``step`` unless a stop is (or becomes) requested first: ``(True, result)`` when it finished,
+        ``(False, None)`` when a signal came first -- then ``step`` is cancelled and waited for (whatever it raises
+        while cancelled is dropped: the command is stopping). For the steps of a start-up (connecting, creating
+        topics, retrying a broker that is not up yet), so that a SIGTERM at any moment stops the command gracefully
+        instead of waiting for them or cutting them off with status 143. Outside ``async with``: just ``await step``."""
+        task = asyncio.ensure_future(step)
+        if self._event is None:
+            return True, await task
+        stopped = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await task
+        return False, None
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True at once if a stop is (or becomes) requested (outside ``async with``: a
