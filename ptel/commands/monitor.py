@@ -39,6 +39,12 @@ class _MonitorWorker(faust.Worker):
 
     stop_signal: signal.Signals | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust's start-up spinner writes cursor escape codes even to a file or a pipe (" OK ^" after "\x1b[?25h");
+        # the command's banner and the log say when it is up ("Ready" at INFO)
+        self.spinner = None
+
     def start_error(self) -> BaseException | None:
         """What the start raised (mode logs it with its traceback and exits 1), or ``None``."""
         started = self._starting_fut
@@ -151,7 +157,8 @@ def run(args: Any) -> int:
         worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    refused = explain_crash(app.crash_reason or worker.crash_reason or worker.start_error(), app_id)
+    sources = (spec.topics.releases, spec.topics.dead_letter)
+    refused = explain_crash(app.crash_reason or worker.crash_reason or worker.start_error(), app_id, sources)
     if refused is not None:  # Faust logged the traceback; the command's last word names the ACL
         print(f"ptel monitor: {refused}", file=sys.stderr, flush=True)
         code = code or 1

@@ -21,11 +21,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.monitor.app import default_app_id
+from agents.runtime.composition import default_group
 from ptel.local_process import free_port
+from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec
-from tests.integration.secured_broker import USER, Pki, SecuredBroker
+from tests.integration.secured_broker import USER, AuthorizingBroker, Pki, SecuredBroker, start_authorizing_broker
+from tests.integration.test_least_privilege import principal_acls
 
 METRICS = [{"name": "crashed", "kind": "bool", "prob": 0.75}]
 #: A worker still running this long after its first refused bootstrap is retrying what no retry fixes (the issue's
@@ -100,6 +108,16 @@ def _get(url: str) -> int:
         return 0
 
 
+async def _wait_for_200(proc: subprocess.Popen[str], url: str) -> int:
+    """GET ``url`` until it answers 200, ``proc`` ends, or :data:`STOP_WITHIN_S` passed; the last status."""
+    deadline = time.monotonic() + STOP_WITHIN_S
+    status = 0
+    while status != 200 and proc.poll() is None and time.monotonic() < deadline:
+        status = await asyncio.to_thread(_get, url)
+        await asyncio.sleep(0.2)
+    return status
+
+
 async def test_a_starting_worker_is_alive_for_its_probes_and_stops_on_sigterm(tmp_path: Path) -> None:
     """Kafka not up (nothing listens on the bootstrap port): the worker retries, ``/healthz`` answers 200 and
     ``/readyz`` 503 meanwhile, and SIGTERM during those retries exits 0 with the summary."""
@@ -110,11 +128,7 @@ async def test_a_starting_worker_is_alive_for_its_probes_and_stops_on_sigterm(tm
         argv, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + STOP_WITHIN_S
-        health = 0
-        while health != 200 and proc.poll() is None and time.monotonic() < deadline:
-            health = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/healthz")
-            await asyncio.sleep(0.2)
+        health = await _wait_for_200(proc, f"http://127.0.0.1:{port}/healthz")
         ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/readyz")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -128,3 +142,66 @@ async def test_a_starting_worker_is_alive_for_its_probes_and_stops_on_sigterm(tm
     assert health == 200 and ready == 503, (health, ready, err[-2000:])
     assert proc.returncode == 0, err[-2000:]
     assert "worker stopped: 0 records" in out and "(stopped by SIGTERM)" in out, (out[-1000:], err[-1000:])
+
+
+@pytest.fixture(scope="module")
+async def authorizing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[AuthorizingBroker, Path, dict[str, Acl]]]:
+    """A broker whose StandardAuthorizer denies what no ACL allows, the spec's topics (created as the administrator),
+    and the monitor's ACLs of docs/operations.md in place."""
+    tmp = tmp_path_factory.mktemp("revoked")
+    broker = await asyncio.to_thread(start_authorizing_broker, ["monitor"])
+    try:
+        spec, spec_path = make_spec(tmp, METRICS, partitions=1, size_s=1, grace_s=0)
+        group = default_group(spec)
+        await ensure_topics(broker.plaintext, WorkerTopics.for_spec(spec, group))
+        acls = principal_acls(spec, group, default_app_id(spec))["monitor"]
+        await create_acls(broker.plaintext, acls.values())
+        yield broker, spec_path, acls
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+@pytest.mark.parametrize("label", ["Read releases"])  # the dead-letter topic: the same path (unit-tested)
+async def test_the_monitor_names_a_permission_revoked_while_it_runs(
+    authorizing: tuple[AuthorizingBroker, Path, dict[str, Acl]], label: str, tmp_path: Path
+) -> None:
+    """The monitor runs (``/readyz`` 200) as ``User:monitor`` with exactly its ACLs; one of them is removed: it exits
+    1 within seconds, its stderr one line naming that permission, no traceback (f2b1380: 35 s, 159 lines, 7
+    tracebacks, naming "All on topics prefixed ptel-monitor.demo")."""
+    broker, spec_path, acls = authorizing
+    acl = acls[label]
+    port = free_port()
+    argv = [sys.executable, "-m", "ptel.cli", "monitor", "--spec", str(spec_path), "--bootstrap", broker.sasl]
+    argv += ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "monitor"]
+    argv += ["--web-port", str(port), "--app-id", f"ptel-monitor.{tmp_path.name}"[:60]]
+    env = _env(tmp_path, PTEL_KAFKA_SASL_PASSWORD=broker.password)
+    app_id = argv[-1]
+    grants = [
+        Acl("User:monitor", "All", kind, app_id, pattern)
+        for kind, pattern in (("Topic", "PREFIXED"), ("Group", "LITERAL"))
+    ]
+    await create_acls(broker.plaintext, grants)  # this case's own app id: its own group and changelogs
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = await _wait_for_200(proc, f"http://127.0.0.1:{port}/readyz")
+        assert ready == 200, proc.communicate(timeout=30) if proc.poll() is not None else "not ready"
+        await delete_acls(broker.plaintext, [acl])
+        t0 = time.monotonic()
+        try:
+            _, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
+        finally:
+            await create_acls(broker.plaintext, [acl])
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        await delete_acls(broker.plaintext, grants)
+    lines = [line for line in err.splitlines() if line.strip()]
+    print(f"monitor without {acl}: exit {proc.returncode} after {took:.1f} s, {len(lines)} stderr lines: {lines[-1:]}")
+    assert proc.returncode == 1, lines[-10:]
+    assert lines == [f"ptel monitor: not authorized: the monitor needs Read on topic {acl.name}"], "\n".join(
+        lines[-40:]
+    )
