@@ -242,6 +242,14 @@ class JsonLines(io.TextIOBase):
         self.flush()
 
 
+def data_stdout() -> TextIO:
+    """The stream for a command's *data* on stdout -- what a script captures, ``TOKEN=$(ptel gateway-keys token ...)``
+    -- as it is, whatever the log format: the real stdout under :class:`JsonLines` (which would wrap it in a log
+    record)."""
+    out = sys.stdout
+    return out.target if isinstance(out, JsonLines) else out
+
+
 def json_everywhere(stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
     """Make every line of the process JSON (see the module docstring): ``sys.stdout`` and ``sys.stderr`` become
     :class:`JsonLines`, warnings go through logging, an uncaught exception is one ``critical`` record. Call it

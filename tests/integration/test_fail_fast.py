@@ -190,7 +190,7 @@ async def test_the_monitor_names_a_permission_revoked_while_it_runs(
         await delete_acls(broker.plaintext, [acl])
         t0 = time.monotonic()
         try:
-            _, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
+            out, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
         finally:
             await create_acls(broker.plaintext, [acl])
         took = time.monotonic() - t0
@@ -202,6 +202,7 @@ async def test_the_monitor_names_a_permission_revoked_while_it_runs(
     lines = [line for line in err.splitlines() if line.strip()]
     print(f"monitor without {acl}: exit {proc.returncode} after {took:.1f} s, {len(lines)} stderr lines: {lines[-1:]}")
     assert proc.returncode == 1, lines[-10:]
+    assert "\x1b" not in out + err, out  # a pipe: no terminal escape codes (Faust's spinner wrote "\x1b[?25h")
     assert lines == [f"ptel monitor: not authorized: the monitor needs Read on topic {acl.name}"], "\n".join(
         lines[-40:]
     )
