@@ -55,10 +55,9 @@ from ptel.commands.options import (
 from ptel.commands.releases import Truth, format_release, plot_releases
 from ptel.demo_gateway import DemoGateway
 from ptel.demo_gateway import add_arguments as add_gateway_arguments
-from ptel.errors import PtelError
 from ptel.kafka_broker import BrokerError, LocalKafka
 from ptel.local_process import free_port, port_is_free
-from ptel.shutdown import StopRequest
+from ptel.shutdown import StoppedOutsideLoopError, StopRequest, stop_outside_the_loop
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 
@@ -102,28 +101,17 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-class _InterruptedError(PtelError):
-    """SIGTERM (or SIGINT) outside the event loop: while the local broker starts or stops."""
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise _InterruptedError(signal.Signals(signum).name)
-
-
 def run(args: argparse.Namespace) -> int:
     base = load_spec_or_report(args.spec)
     if base is None:
         return SPEC_ERROR_EXIT
     # outside the event loop (the local broker's start), a signal unwinds through the `finally` that stops it
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _run(base, args)
-    except _InterruptedError as interrupted:
-        print(f"ptel demo: stopped by {interrupted} before the run began; nothing to clean up", flush=True)
-        return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_outside_the_loop():
+        try:
+            return _run(base, args)
+        except StoppedOutsideLoopError as interrupted:
+            print(f"ptel demo: {interrupted} before the run began; nothing to clean up", flush=True)
+            return 0
 
 
 def _run(base: CollectionSpec, args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ import pytest
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
+from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec
@@ -206,3 +208,46 @@ async def test_the_monitor_names_a_permission_revoked_while_it_runs(
     assert lines == [f"ptel monitor: not authorized: the monitor needs Read on topic {acl.name}"], "\n".join(
         lines[-40:]
     )
+
+
+def _stop_while_connecting(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``argv`` against a "Kafka" that accepts connections and never answers; SIGTERM the command as soon as it
+    connects (it is then in its start-up, whatever the machine's speed); its status, stdout and stderr."""
+    with socket.create_server(("127.0.0.1", 0)) as kafka:
+        kafka.settimeout(STOP_WITHIN_S)
+        argv = [*argv, "--bootstrap", f"127.0.0.1:{kafka.getsockname()[1]}"]
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            connection, _ = kafka.accept()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=STOP_WITHIN_S)
+            connection.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return proc.returncode, out, err
+
+
+async def test_sigterm_during_start_up_exits_0_with_a_summary(tmp_path: Path) -> None:
+    """Issue 31, finding 4: SIGTERM in the first seconds exited 143 without a summary (produce, gateway, worker) or
+    waited for Kafka's request timeout, then exited 1 (releases)."""
+    _, spec_path = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
+    keys = tmp_path / "gateway.keys"
+    GatewayKeys.generate().save(keys)
+    ptel = [sys.executable, "-m", "ptel.cli"]
+    commands = {
+        "releases": [*ptel, "releases", "--spec", str(spec_path), "--follow"],
+        "produce": [*ptel, "produce", "--spec", str(spec_path), "--clients", "5", "--truth", str(tmp_path / "t.json")],
+        "gateway": [*ptel, "gateway", "--spec", str(spec_path), "--keys", str(keys), "--listen", "127.0.0.1:0"],
+        "worker": _worker(spec_path),
+    }
+    commands["gateway"] += ["--operator-listen", "127.0.0.1:0"]
+    results = await asyncio.gather(
+        *(asyncio.to_thread(_stop_while_connecting, argv, _env(tmp_path)) for argv in commands.values())
+    )
+    for name, (code, out, err) in zip(commands, results, strict=True):
+        print(f"{name}: exit {code}: {out.strip().splitlines()[-1:]}")
+        assert code == 0, (name, code, out[-1000:], err[-2000:])
+        assert "stopped by SIGTERM" in out, (name, out[-1000:])
+        assert "Traceback" not in err and "Unclosed" not in err, (name, err[-2000:])
