@@ -26,12 +26,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
 from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
+from schemas.releases import EstimateRecord, LedgerSummary, PrivacySpent, Release
+from tests.conftest import TopicFactory
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec
 from tests.integration.secured_broker import USER, AuthorizingBroker, Pki, SecuredBroker, start_authorizing_broker
@@ -251,3 +254,65 @@ async def test_sigterm_during_start_up_exits_0_with_a_summary(tmp_path: Path) ->
         assert code == 0, (name, code, out[-1000:], err[-2000:])
         assert "stopped by SIGTERM" in out, (name, out[-1000:])
         assert "Traceback" not in err and "Unclosed" not in err, (name, err[-2000:])
+
+
+#: Releases in the topic a ``--follow`` catches up on: more than one fetch's worth (f2b1380 showed a whole fetch,
+#: about 2,000 of these, before it looked at a signal).
+CATCH_UP = 3000
+
+
+async def test_releases_follow_stops_during_a_catch_up_and_shows_nothing_more(
+    kafka_bootstrap: str, new_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """Issue 31, finding 4: ``releases --follow`` took 6-9 s to stop during a catch-up and kept printing. SIGTERM as
+    soon as the first release is shown: it exits 0, having shown a handful (not the rest of a fetch)."""
+    topic = await new_topic(1)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=50)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, _release(i).to_bytes(), key=str(i).encode()) for i in range(CATCH_UP)]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    _, spec_path = make_spec(tmp_path, METRICS, partitions=1, size_s=1, grace_s=0)
+    argv = [sys.executable, "-m", "ptel.cli", "releases", "--spec", str(spec_path), "--bootstrap", kafka_bootstrap]
+    argv += ["--topic", topic, "--follow", "--format", "jsonl"]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        first = await asyncio.to_thread(proc.stdout.readline)  # the first release shown: the catch-up has begun
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    shown = len([first, *out.splitlines()])
+    print(
+        f"releases --follow: SIGTERM after the first of {CATCH_UP} releases: exit {proc.returncode} "
+        f"after {took:.2f} s, {shown} shown"
+    )
+    assert proc.returncode == 0 and "(stopped by SIGTERM)" in err, err[-2000:]
+    assert first.startswith("{") and shown < 100, shown
+
+
+def _release(i: int) -> Release:
+    """A small release record of window ``i``."""
+    return Release(
+        spec="catch-up",
+        metric="crashed",
+        kind="bool",
+        window_start_ms=i * 1000,
+        window_end_ms=(i + 1) * 1000,
+        n=100,
+        confidence=0.95,
+        estimates=(EstimateRecord(label="true", value=30.5, se=4.0, ci_low=22.7, ci_high=38.3),),
+        mechanism="RR",
+        privacy=PrivacySpent(epsilon_1=1.0, epsilon_inf=1.0),
+        ledger=LedgerSummary(measure="none"),
+        partitions=1,
+    )
