@@ -156,14 +156,14 @@ async def authorizing(
     """A broker whose StandardAuthorizer denies what no ACL allows, the spec's topics (created as the administrator),
     and the monitor's ACLs of docs/operations.md in place."""
     tmp = tmp_path_factory.mktemp("revoked")
-    broker = await asyncio.to_thread(start_authorizing_broker, ["monitor"])
+    broker = await asyncio.to_thread(start_authorizing_broker, ["monitor", "device"])
     try:
         spec, spec_path = make_spec(tmp, METRICS, partitions=1, size_s=1, grace_s=0)
         group = default_group(spec)
         await ensure_topics(broker.plaintext, WorkerTopics.for_spec(spec, group))
-        acls = principal_acls(spec, group, default_app_id(spec))["monitor"]
-        await create_acls(broker.plaintext, acls.values())
-        yield broker, spec_path, acls
+        every = principal_acls(spec, group, default_app_id(spec))
+        await create_acls(broker.plaintext, [*every["monitor"].values(), *every["device"].values()])
+        yield broker, spec_path, every["monitor"]
     finally:
         await asyncio.to_thread(broker.stop)
 
@@ -316,3 +316,20 @@ def _release(i: int) -> Release:
         ledger=LedgerSummary(measure="none"),
         partitions=1,
     )
+
+
+async def test_a_default_produce_with_write_only_says_what_to_do(
+    authorizing: tuple[AuthorizingBroker, Path, dict[str, Acl]], tmp_path: Path
+) -> None:
+    """Issue 31, finding 4: ``ptel produce`` as a principal with Write only (the device's ACL) said the *worker* checks
+    the topic's configs; it names its own check and the flag that skips it."""
+    broker, spec_path, _ = authorizing
+    argv = [sys.executable, "-m", "ptel.cli", "produce", "--spec", str(spec_path), "--bootstrap", broker.sasl]
+    argv += ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "device"]
+    argv += ["--clients", "5", "--windows", "1", "--truth", str(tmp_path / "truth.json")]
+    code, err, took = await asyncio.to_thread(_run, argv, _env(tmp_path, PTEL_KAFKA_SASL_PASSWORD=broker.password))
+    lines = [line for line in err.splitlines() if line.strip()]
+    print(f"produce with Write only: exit {code} after {took:.1f} s: {lines[-1:]}")
+    assert code == 1, lines[-5:]
+    assert "DescribeConfigs on topic" in lines[-1] and "--no-create-topic" in lines[-1], lines[-5:]
+    assert "worker" not in lines[-1], lines[-1]
