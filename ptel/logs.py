@@ -23,9 +23,9 @@ Two filters keep the console readable without hiding anything that needs a perso
 - :class:`RetriableNoise`: the warnings aiokafka logs for errors it retries by design -- ``NotEnoughReplicasError``
   while a Kafka >= 3.6 broker verifies a new transaction (KIP-890) and a group coordinator that is not ready yet at
   start-up -- are logged at DEBUG instead (shown with ``--log-level DEBUG``);
-- :class:`RefusalNoise`: Kafka's refusal for lack of an ACL ends the command with one line naming the missing
-  permission (docs/operations.md, "Least privilege"); what the clients and Faust log about the same refusal on the
-  way -- aiokafka's "Not authorized" warning, Faust's crash records with their tracebacks -- is logged at DEBUG.
+- :class:`RefusalNoise` (installed by the commands whose last line names any refusal for lack of an ACL: ``ptel
+  monitor``): what the clients and Faust log about the same refusal on the way -- aiokafka's "Not authorized"
+  warning, Faust's crash records with their tracebacks -- is logged at DEBUG.
 """
 
 from __future__ import annotations
@@ -250,6 +250,12 @@ def data_stdout() -> TextIO:
     return out.target if isinstance(out, JsonLines) else out
 
 
+def quiet_refusals() -> None:
+    """Add a :class:`RefusalNoise` to the handlers of the root logger (after :func:`configure`)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RefusalNoise())
+
+
 def json_everywhere(stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
     """Make every line of the process JSON (see the module docstring): ``sys.stdout`` and ``sys.stderr`` become
     :class:`JsonLines`, warnings go through logging, an uncaught exception is one ``critical`` record. Call it
@@ -297,7 +303,6 @@ def configure(level: str | int = "WARNING", fmt: str = "text", stream: TextIO | 
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
     handler.addFilter(RetriableNoise())
-    handler.addFilter(RefusalNoise())
     handler.addFilter(RepeatLimiter())
     root = logging.getLogger()
     for old in list(root.handlers):

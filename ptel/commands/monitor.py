@@ -30,6 +30,7 @@ from ptel.commands.options import (
     operator_token_or_report,
     spec_and_connection_or_report,
 )
+from ptel.logs import quiet_refusals
 from ptel.shutdown import forced_exit_status
 
 
@@ -120,6 +121,7 @@ def run(args: Any) -> int:
             file=sys.stderr,
         )
         return 2
+    quiet_refusals()  # a refusal for lack of an ACL: the last line names it; Faust's crash records go to DEBUG
     # One event loop for the topic check and the Faust worker (Faust binds its services to the current loop).
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

@@ -11,7 +11,7 @@ import pytest
 
 from ptel.broker_probe import _QUIET
 from ptel.cli import main
-from ptel.logs import RepeatLimiter, configure
+from ptel.logs import RepeatLimiter, configure, quiet_refusals
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +92,7 @@ def test_a_refusal_for_lack_of_an_acl_is_one_line_not_tracebacks() -> None:
 
     out = io.StringIO()
     configure("WARNING", "text", out)
+    quiet_refusals()  # what ptel monitor installs
     for name in ("aiokafka.consumer.fetcher", "faust.transport.consumer", "faust.worker", "agents.monitor.transport"):
         chain = logging.getLogger(name)
         chain.disabled, chain.propagate = False, True
