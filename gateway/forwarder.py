@@ -286,6 +286,10 @@ class Forwarder:
                 if self.partitions and len(partitions) != self.partitions:
                     self._partition_of.clear()
                 self.partitions = len(partitions)
+            except asyncio.CancelledError:  # stopped while connecting: close what the start opened, no leak
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                raise
             except Exception as err:  # a failure to connect: retried with backoff unless no retry can fix it
                 with contextlib.suppress(Exception):
                     await producer.stop()

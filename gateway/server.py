@@ -108,6 +108,22 @@ class GatewaySettings:
         CorsPolicy(self.cors_origins)  # each a valid origin
 
 
+#: What a device's 503 says of each forwarding reason: what happened and what to do, never the cause -- Kafka's
+#: address, its errors and the gateway's internals are the operator's (the operator listener's ``/readyz``, the log).
+DEVICE_DETAILS = {
+    "kafka_unavailable": "the gateway cannot hand reports on right now: retry after Retry-After",
+    "backlog_full": "the gateway is at capacity: retry after Retry-After",
+    "shutting_down": "this gateway is stopping: retry after Retry-After",
+    "delivery_failed": "the reports may not have been stored: retry after Retry-After with the same Idempotency-Key",
+    "internal_error": "the gateway failed to forward the reports: retry after Retry-After",
+}
+
+
+def device_detail(reason: str) -> str:
+    """The ``detail`` of a device's 503 with forwarding ``reason`` (:data:`DEVICE_DETAILS`)."""
+    return DEVICE_DETAILS.get(reason, "retry after Retry-After")
+
+
 def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         status=status,
@@ -338,9 +354,8 @@ class Gateway:
             return self._refuse(401, device.reason, device.detail)
         refusal = self.forwarder.refusal(started)
         if refusal is not None:
-            return self._refuse(
-                503, refusal, self.forwarder.refusal_detail(refusal, started), retry_after=self.settings.retry_after_s
-            )
+            log.debug("refusing reports (%s): %s", refusal, self.forwarder.refusal_detail(refusal, started))
+            return self._refuse(503, refusal, device_detail(refusal), retry_after=self.settings.retry_after_s)
         media_type = request.headers.get("Content-Type", "").partition(";")[0].strip().lower()
         if media_type not in MEDIA_TYPES:
             return self._refuse(415, "unsupported_media_type", f"{media_type!r}: use one of {sorted(MEDIA_TYPES)}")
@@ -435,7 +450,8 @@ class Gateway:
         except ForwardError as err:
             self.metrics.reports(metric, "refused", n)
             retry = self.settings.retry_after_s
-            failed = Answer(503, {"reason": err.reason, "detail": err.detail, "retry_after": retry})
+            log.debug("reports not forwarded (%s): %s", err.reason, err.detail)
+            failed = Answer(503, {"reason": err.reason, "detail": device_detail(err.reason), "retry_after": retry})
             release = functools.partial(self.quota.release, pseudonym, metric, window, n, keys)
             if err.sent_by is None:  # never handed to the producer: not in Kafka
                 release()

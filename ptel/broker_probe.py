@@ -1,5 +1,6 @@
 """Readiness of a Kafka broker: a Metadata request through aiokafka's admin client (in KRaft a broker is listed
-only once the controller has registered and unfenced it), from asynchronous or synchronous code.
+only once the controller has registered and unfenced it), from asynchronous or synchronous code; and why a client
+could not bootstrap, when no retry can fix it (:func:`refused_connection`).
 """
 
 from __future__ import annotations
@@ -7,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from gateway.kafka_probe import connection_problem, is_fatal
+from kafka_settings.connection import Connection, bootstrap_of
 from ptel.broker_config import NODE_ID
 from ptel.errors import BrokerError, BrokerParameterError
 
@@ -119,3 +123,36 @@ def wait_for_kafka(bootstrap: str, timeout: float = 60.0, node_id: int | None = 
             if time.monotonic() >= deadline:
                 raise BrokerError(f"Kafka at {bootstrap} not ready within {timeout:g} s: {exc}") from exc
         time.sleep(0.25)
+
+
+def _bootstrap_failure(err: BaseException | None) -> bool:
+    """Whether ``err`` or an exception it was raised from is aiokafka's ``Unable to bootstrap`` (whatever the cause)."""
+    from aiokafka.errors import KafkaConnectionError
+
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, KafkaConnectionError):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
+
+
+async def refused_connection(connection: Connection, err: BaseException) -> str | None:
+    """One line naming the cause when ``err`` is a failed bootstrap that no retry can fix -- Kafka refused the
+    credentials, or the TLS handshake failed (an untrusted CA, a wrong host name, no client certificate) -- else
+    ``None`` (a broker that is down or still starting: worth retrying).
+
+    aiokafka reports every failed bootstrap as ``KafkaConnectionError("Unable to bootstrap from ...")`` and only logs
+    the cause, so one connection is opened here with the same settings to learn it
+    (:func:`gateway.kafka_probe.connection_problem`)."""
+    if not _bootstrap_failure(err):
+        return None
+    problem = await connection_problem(connection)
+    if not is_fatal(problem):
+        return None
+    kind = "TLS handshake failed" if isinstance(problem, ssl.SSLError) else "authentication failed"
+    detail = " ".join(str(problem).split())
+    if type(problem).__name__ not in detail:
+        detail = f"{type(problem).__name__}: {detail}"
+    return f"Kafka at {bootstrap_of(connection)}: {kind}, no retry can fix it: {detail}"

@@ -32,6 +32,7 @@ from ptel.commands import (
     worker,
 )
 from ptel.logs import LogSetupError, add_logging_arguments, configure
+from ptel.shutdown import StoppedOutsideLoopError, stop_outside_the_loop
 
 #: Every command module, in the order ``ptel --help`` lists them; each has ``register(subparsers)`` and ``run(args)``.
 COMMANDS: tuple[ModuleType, ...] = (
@@ -84,10 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ptel: {err}", file=sys.stderr)
         return 2
     try:
-        result = func(args)
+        with stop_outside_the_loop():  # SIGINT/SIGTERM before the command's own handling: a graceful exit too
+            result = func(args)
     except KafkaError as err:  # e.g. unreachable, authentication or certificate failures (their log lines say why)
         print(f"ptel {args.command}: Kafka: {err}", file=sys.stderr)
         return 1
+    except StoppedOutsideLoopError as stopped:
+        print(f"ptel {args.command}: {stopped} during start-up, before any work began", flush=True)
+        return 0
     return int(result) if result is not None else 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BrokerError", "BrokerParameterError", "PtelError"]
+__all__ = ["BrokerError", "BrokerParameterError", "KafkaRefusedError", "PtelError"]
 
 # ``ptel.logs.LogSetupError`` (a logging option out of range) also descends from PtelError.
 
@@ -26,3 +26,8 @@ class BrokerParameterError(BrokerError, ValueError):
         self.value = value
         self.requirement = requirement
         super().__init__(f"{name} ({value!r}) {requirement}")
+
+
+class KafkaRefusedError(PtelError):
+    """Kafka refused this client for good -- its credentials, or the TLS handshake -- so no retry can help; the
+    message is one line naming the cause (:func:`ptel.broker_probe.refused_connection`)."""

@@ -22,7 +22,10 @@ Two filters keep the console readable without hiding anything that needs a perso
   handful of lines, not thousands);
 - :class:`RetriableNoise`: the warnings aiokafka logs for errors it retries by design -- ``NotEnoughReplicasError``
   while a Kafka >= 3.6 broker verifies a new transaction (KIP-890) and a group coordinator that is not ready yet at
-  start-up -- are logged at DEBUG instead (shown with ``--log-level DEBUG``).
+  start-up -- are logged at DEBUG instead (shown with ``--log-level DEBUG``);
+- :class:`RefusalNoise` (installed by the commands whose last line names any refusal for lack of an ACL: ``ptel
+  monitor``): what the clients and Faust log about the same refusal on the way -- aiokafka's "Not authorized"
+  warning, Faust's crash records with their tracebacks -- is logged at DEBUG.
 """
 
 from __future__ import annotations
@@ -122,6 +125,55 @@ class RetriableNoise(logging.Filter):
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
+#: Kafka's refusals of a principal (aiokafka's error classes, by name: the module stays importable without aiokafka).
+_REFUSALS = (
+    "TopicAuthorizationFailedError",
+    "GroupAuthorizationFailedError",
+    "ClusterAuthorizationFailedError",
+    "TransactionalIdAuthorizationFailed",
+)
+
+
+def _names_a_refusal(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is about a refusal for lack of an ACL: its exception (or one it came from) is one, or its
+    message names one (aiokafka's ``Not authorized to read from topic``, Faust's ``Crashed reason=...``)."""
+    message = record.getMessage()
+    if "Not authorized to" in message or any(name in message for name in _REFUSALS):
+        return True
+    error = record.exc_info[1] if record.exc_info else None
+    seen = 0
+    while error is not None and seen < 10:
+        if type(error).__name__ in _REFUSALS:
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+#: The loggers of Faust's and mode's services (the monitor's transport is one): their crash records after a refusal
+#: are the refusal again (the crash, its re-raise, children found crashed while stopping).
+_SERVICES = ("faust", "mode", "agents.monitor")
+
+
+class RefusalNoise(logging.Filter):
+    """The records about a refusal for lack of an ACL become DEBUG records (module docstring), and so do Faust's
+    and mode's crash records after one: the command's own last line names the missing permission."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        if _names_a_refusal(record):
+            self.refused = True
+        elif not (self.refused and record.name.startswith(_SERVICES) and "crash" in record.getMessage()):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
 #: ANSI/VT100 escape sequences (colours, cursor moves): never part of a JSON log line.
 _ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07]*(\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -188,6 +240,20 @@ class JsonLines(io.TextIOBase):
             self._emit(self._partial)
             self._partial = ""
         self.flush()
+
+
+def data_stdout() -> TextIO:
+    """The stream for a command's *data* on stdout -- what a script captures, ``TOKEN=$(ptel gateway-keys token ...)``
+    -- as it is, whatever the log format: the real stdout under :class:`JsonLines` (which would wrap it in a log
+    record)."""
+    out = sys.stdout
+    return out.target if isinstance(out, JsonLines) else out
+
+
+def quiet_refusals() -> None:
+    """Add a :class:`RefusalNoise` to the handlers of the root logger (after :func:`configure`)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RefusalNoise())
 
 
 def json_everywhere(stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:

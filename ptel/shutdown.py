@@ -16,6 +16,12 @@ for SIGTERM), saying on stderr that the flush was cut short.
     print(summary, stop.reason)              # "stopped by SIGTERM"
 
 ``on_stop`` is called on the first signal too (say, ``worker.stop``), for commands whose loop lives elsewhere.
+
+Before a command enters its :class:`StopRequest` -- loading its spec, connecting, creating topics -- and after it
+left, :func:`stop_outside_the_loop` (installed by ``ptel.cli.main`` around every command) makes the first signal raise
+:class:`StoppedOutsideLoopError`, which unwinds through the command's ``finally`` blocks; ``ptel`` then says so and
+exits 0 (a second signal after a graceful stop still exits at once with ``128 + n``). A signal during Python's own
+import of the modules, before ``main`` runs, ends the process the default way.
 """
 
 from __future__ import annotations
@@ -25,16 +31,82 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
+from typing import TypeVar
+
+from ptel.errors import PtelError
+
+T = TypeVar("T")
 
 #: The signals that stop a command gracefully.
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 
 
+class StoppedOutsideLoopError(PtelError):
+    """SIGINT or SIGTERM outside a command's :class:`StopRequest` (see the module docstring)."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.signal = sig
+        super().__init__(f"stopped by {sig.name}")
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise StoppedOutsideLoopError(signal.Signals(signum))
+
+
+def _exit_now(signum: int, _frame: object) -> None:
+    sig = signal.Signals(signum)
+    print(f"{sig.name} again while stopping: exiting now (status {forced_exit_status(sig)})", file=sys.stderr)
+    os._exit(forced_exit_status(sig))
+
+
+#: How many :func:`stop_outside_the_loop` are in force (then a :class:`StopRequest` puts its handler back on leaving).
+_OUTSIDE = [0]
+
+
+@contextlib.contextmanager
+def stop_outside_the_loop() -> Iterator[None]:
+    """While in force, SIGINT and SIGTERM outside a :class:`StopRequest` raise :class:`StoppedOutsideLoopError` (module
+    docstring); the previous handlers are restored on leaving. Only in the main thread (elsewhere: nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    _OUTSIDE[0] += 1
+    try:
+        yield
+    finally:
+        _OUTSIDE[0] -= 1
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def forced_exit_status(sig: signal.Signals) -> int:
     """The status of a stop forced by a second signal: the shell's convention, ``128 + n``."""
     return 128 + int(sig)
+
+
+async def unless_set(step: Awaitable[T], event: asyncio.Event) -> tuple[bool, T | None]:
+    """Await ``step`` unless ``event`` is (or becomes) set first: ``(True, result)`` when it finished, ``(False, None)``
+    when the event came first -- then ``step`` is cancelled and waited for (whatever it raises while cancelled is
+    dropped: the caller is stopping)."""
+    task = asyncio.ensure_future(step)
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        waiting.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await task
+    return False, None
 
 
 class StopRequest:
@@ -95,8 +167,18 @@ class StopRequest:
     ) -> None:
         if self._loop is not None and not self._loop.is_closed():
             for sig in STOP_SIGNALS:
-                self._loop.remove_signal_handler(sig)
+                self._loop.remove_signal_handler(sig)  # SIG_DFL for SIGTERM
+                if _OUTSIDE[0]:  # after a graceful stop, a second signal is "now"; before one, a first one
+                    signal.signal(sig, _exit_now if self.requested else _raise_stop)
         self._loop = None
+
+    async def unless_stopped(self, step: Awaitable[T]) -> tuple[bool, T | None]:
+        """Await ``step`` unless a stop is (or becomes) requested first (:func:`unless_set`). For the steps of a
+        start-up (connecting, creating topics, retrying a broker that is not up yet), so that a SIGTERM at any moment
+        stops the command gracefully instead of waiting for them. Outside ``async with``: just ``await step``."""
+        if self._event is None:
+            return True, await step
+        return await unless_set(step, self._event)
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True at once if a stop is (or becomes) requested (outside ``async with``: a

@@ -38,7 +38,8 @@ counted twice, no hot-path cost) and :func:`serve` exposes it with aiohttp:
   The exact dead-letter counts are operator data (see ``docs/privacy.md``): ``/metrics`` is an *operator* route
   (:data:`ROUTES`, :mod:`agents.runtime.http_surface`): it needs the operator token (``Authorization: Bearer``) when one
   is configured, and without one it answers on a loopback listener only.
-- ``GET /healthz`` -- 200 while the worker has not failed (liveness), else 503 with the error;
+- ``GET /healthz`` -- 200 from the start of the process (while it creates its topics and joins its group too) as long
+  as the worker has not failed (liveness), else 503 -- without the error, which is in the log (public route);
 - ``GET /readyz`` -- 200 when the worker has partitions assigned and a fetch response arrived within
   ``ready_after_s`` (the broker is reachable), else 503 with the reason: it turns false within that many seconds of
   losing the broker and true again with the first fetch after it returns. Also 503 while its stage 2 refuses the
@@ -226,8 +227,8 @@ class WorkerObserver(Collector):
     def readiness(self) -> Readiness:
         """Ready: not failed, partitions assigned, and a fetch response within :attr:`ready_after_s`."""
         w = self.worker
-        if w.failure is not None:
-            return Readiness(False, f"failed: {w.failure!r}")
+        if w.failure is not None:  # public: the error itself (addresses, topics, principals) is in the log only
+            return Readiness(False, FAILED)
         refusal = w.stats.ledger_refusal
         if refusal is not None:
             return Readiness(False, f"privacy ledger refused ({refusal[0]}): {refusal[1]}")
@@ -242,6 +243,10 @@ class WorkerObserver(Collector):
     def metrics_text(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
+
+#: What the public ``/healthz`` and ``/readyz`` say of a failed worker: no internals (the error names brokers, topics
+#: and principals), only where to look.
+FAILED = "failed: the worker's log names the error"
 
 #: Every route of the worker's server and who may read it (see :mod:`agents.runtime.http_surface`).
 ROUTES = RouteTable("worker", {"/metrics": "operator", "/healthz": "public", "/readyz": "public"})
@@ -269,7 +274,7 @@ def build_app(observer: WorkerObserver, access: OperatorAccess | None = None) ->
         failure = observer.worker.failure
         if failure is None:
             return web.json_response({"status": "alive"})
-        return web.json_response({"status": "failed", "reason": repr(failure)}, status=503)
+        return web.json_response({"status": "failed", "reason": FAILED}, status=503)
 
     async def readyz(_: web.Request) -> web.Response:
         r = observer.readiness()

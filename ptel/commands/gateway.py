@@ -193,21 +193,22 @@ async def _serve(
     operator: tuple[str, int, str | None],
     watcher: KeyFileWatcher,
 ) -> int:
-    runner = await serve(
-        gateway, host, port, ssl_context=context, shutdown_timeout=gateway.settings.forwarder.stop_timeout_s + 5
-    )
-    operator_runner = await serve_operator(gateway, operator[0], operator[1], token=operator[2])
-    scheme = "https" if context is not None else "http"
-    shown = f"[{host}]" if ":" in host else host
-    op_shown = f"[{operator[0]}]" if ":" in operator[0] else operator[0]
-    print(
-        f"gateway for spec {spec.name!r} -> {spec.topics.reports} on {connection.describe()}: "
-        f"{scheme}://{shown}:{bound_port(runner)}/v1/reports (/healthz, /readyz, /openapi.json); operator: "
-        f"http://{op_shown}:{bound_port(operator_runner)} (/metrics, /readyz"
-        f"{', bearer token' if operator[2] else ', loopback peers only'})",
-        flush=True,
-    )
-    async with StopRequest(command="ptel gateway") as stop:  # a second signal while stopping exits at once
+    # SIGINT/SIGTERM from the start (also while the servers start): a graceful stop; a second one exits at once
+    async with StopRequest(command="ptel gateway") as stop:
+        runner = await serve(
+            gateway, host, port, ssl_context=context, shutdown_timeout=gateway.settings.forwarder.stop_timeout_s + 5
+        )
+        operator_runner = await serve_operator(gateway, operator[0], operator[1], token=operator[2])
+        scheme = "https" if context is not None else "http"
+        shown = f"[{host}]" if ":" in host else host
+        op_shown = f"[{operator[0]}]" if ":" in operator[0] else operator[0]
+        print(
+            f"gateway for spec {spec.name!r} -> {spec.topics.reports} on {connection.describe()}: "
+            f"{scheme}://{shown}:{bound_port(runner)}/v1/reports (/healthz, /readyz, /openapi.json); operator: "
+            f"http://{op_shown}:{bound_port(operator_runner)} (/metrics, /readyz"
+            f"{', bearer token' if operator[2] else ', loopback peers only'})",
+            flush=True,
+        )
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, watcher.reload, "SIGHUP")
         watching = asyncio.create_task(watcher.run(), name="gateway-key-file-watch")
         gave_up = asyncio.create_task(gateway.forwarder.gave_up.wait())

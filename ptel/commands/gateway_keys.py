@@ -2,7 +2,8 @@
 
 ``create FILE`` writes fresh keys (mode 0600); ``rotate FILE`` puts a fresh token key first and keeps the previous
 one valid (the one before is dropped; the pseudonym key never changes); ``token FILE DEVICE_ID`` prints the token of
-a device under the current key, to provision it on the device.
+a device under the current key, to provision it on the device -- the bare token on stdout, also with
+``--log-format json`` (``TOKEN=$(ptel gateway-keys token FILE DEVICE)``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.keys import GatewayKeys
+from ptel.logs import data_stdout
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +49,8 @@ def run(args: Any) -> int:
             if args.device_id is None:
                 print("ptel gateway-keys token: give the device id", file=sys.stderr)
                 return 2
-            print(GatewayKeys.load(args.file).issue(args.device_id))
+            # the token alone, whatever $PTEL_LOG_FORMAT: it is data for TOKEN=$(...), not a log line
+            print(GatewayKeys.load(args.file).issue(args.device_id), file=data_stdout(), flush=True)
     except (GatewayError, ValueError) as err:
         print(f"ptel gateway-keys: {err}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ from ptel.commands.options import (
     operator_token_or_report,
     spec_and_connection_or_report,
 )
+from ptel.logs import quiet_refusals
 from ptel.shutdown import forced_exit_status
 
 
@@ -38,6 +39,12 @@ class _MonitorWorker(faust.Worker):
     also remembers the signal for the summary and, like every ``ptel`` command, exits at once on a second one."""
 
     stop_signal: signal.Signals | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust's start-up spinner writes cursor escape codes even to a file or a pipe (" OK ^" after "\x1b[?25h");
+        # the command's banner and the log say when it is up ("Ready" at INFO)
+        self.spinner = None
 
     def start_error(self) -> BaseException | None:
         """What the start raised (mode logs it with its traceback and exits 1), or ``None``."""
@@ -114,6 +121,7 @@ def run(args: Any) -> int:
             file=sys.stderr,
         )
         return 2
+    quiet_refusals()  # a refusal for lack of an ACL: the last line names it; Faust's crash records go to DEBUG
     # One event loop for the topic check and the Faust worker (Faust binds its services to the current loop).
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -151,7 +159,8 @@ def run(args: Any) -> int:
         worker.execute_from_commandline()  # handles SIGINT/SIGTERM: stops the agents, the web server, the loop
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    refused = explain_crash(app.crash_reason or worker.crash_reason or worker.start_error(), app_id)
+    sources = (spec.topics.releases, spec.topics.dead_letter)
+    refused = explain_crash(app.crash_reason or worker.crash_reason or worker.start_error(), app_id, sources)
     if refused is not None:  # Faust logged the traceback; the command's last word names the ACL
         print(f"ptel monitor: {refused}", file=sys.stderr, flush=True)
         code = code or 1

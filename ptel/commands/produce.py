@@ -42,7 +42,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agents.errors import AgentError
+from agents.errors import AgentError, AuthorizationError
 from agents.kafka_io.topics import ensure_plans, reports_plan
 from kafka_settings.connection import KafkaConnection
 from producers.client_secret import ClientSecret, ClientSecretError
@@ -343,6 +343,12 @@ async def produce(args: argparse.Namespace, spec: CollectionSpec, connection: Ka
         try:
             plan = reports_plan(topic, spec.topics.partitions)
             await ensure_plans(connection, [plan], spec.topics.replication_factor)
+        except AuthorizationError as err:  # the topic's check, not the sending: say what a Write-only principal does
+            refused = str(err).split(":", 1)[0]
+            raise PublishError(
+                f"{refused}: ptel produce checks the reports topic before sending (--create-topic, the default); a "
+                "principal with Write only passes --no-create-topic (docs/operations.md, 'Least privilege')"
+            ) from None
         except AgentError as err:
             raise PublishError(str(err)) from None
         print(f"topic {topic!r} ready ({spec.topics.partitions} partitions, LogAppendTime)", file=sys.stderr)

@@ -32,7 +32,7 @@ from ptel.commands.options import (
     spec_and_connection_or_report,
 )
 from ptel.release_plot import plot_releases
-from ptel.shutdown import StopRequest
+from ptel.shutdown import StopRequest, unless_set
 from schemas.headline import headline
 from schemas.presentation import presentation_of
 from schemas.releases import EstimateRecord, Release, neighbours
@@ -295,6 +295,9 @@ LEGEND = (
 # ----------------------------------------------------------------------------------------------
 # reading
 
+#: Records per fetch: a catch-up shows them one by one, and a signal is answered between two.
+CATCH_UP_BATCH = 100
+
 
 async def read_releases(
     bootstrap: Connection,
@@ -306,11 +309,18 @@ async def read_releases(
     stop: asyncio.Event | None = None,
 ) -> list[Release]:
     """Releases of ``topic`` from the beginning, deduplicated by key, until ``idle_s`` without a new one (or
-    ``stop`` is set: within one 0.3 s poll)."""
+    ``stop`` is set: at once while connecting, else after the release being shown -- the loop yields to the event
+    loop after each one, so a signal is seen during a catch-up of thousands of releases too, and nothing more is
+    shown after it)."""
     consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), isolation_level="read_committed", enable_auto_commit=False)
     seen: dict[str, Release] = {}
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
     try:
-        await consumer.start()
+        if stop is not None and not (await unless_set(consumer.start(), stop))[0]:
+            return []
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
             await consumer._client.set_topics([topic])  # this topic's metadata, whether or not it may be described
@@ -322,21 +332,23 @@ async def read_releases(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         last = time.monotonic()
-        while (follow or time.monotonic() - last < idle_s) and not (stop is not None and stop.is_set()):
-            batch = await consumer.getmany(timeout_ms=300)
-            for recs in batch.values():
-                for r in recs:
-                    try:
-                        rel = Release.from_bytes(r.value)
-                    except ValueError as err:
-                        print(f"skipping an unreadable release record at offset {r.offset}: {err}", file=sys.stderr)
-                        continue
-                    if rel.key in seen:
-                        continue
-                    seen[rel.key] = rel
-                    last = time.monotonic()
-                    if on_release is not None:
-                        on_release(rel)
+        while (follow or time.monotonic() - last < idle_s) and not stopped():
+            batch = await consumer.getmany(timeout_ms=300, max_records=CATCH_UP_BATCH)
+            for r in (r for recs in batch.values() for r in recs):
+                if stopped():
+                    break
+                try:
+                    rel = Release.from_bytes(r.value)
+                except ValueError as err:
+                    print(f"skipping an unreadable release record at offset {r.offset}: {err}", file=sys.stderr)
+                    continue
+                if rel.key in seen:
+                    continue
+                seen[rel.key] = rel
+                last = time.monotonic()
+                if on_release is not None:
+                    on_release(rel)
+                    await asyncio.sleep(0)  # let a signal's handler run between two releases shown
     finally:
         await consumer.stop()
     return list(seen.values())

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,17 @@ from agents.kafka_io.recovery import retry_retriable
 from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_topics
 from agents.runtime.composition import build_worker, default_group
 from agents.runtime.observability import WorkerObserver, serve
-from agents.runtime.worker import WorkerSettings
+from agents.runtime.worker import Worker, WorkerSettings
 from agents.stage2.ledger_seal import LedgerSecret, default_key_path
 from agents.windowing.watermarks import IdlePolicy
+from ptel.broker_probe import refused_connection
 from ptel.commands.options import (
     add_bootstrap_argument,
     add_spec_argument,
     operator_token_or_report,
     spec_and_connection_or_report,
 )
+from ptel.errors import KafkaRefusedError
 from ptel.shutdown import StopRequest
 from schemas.releases import Release
 
@@ -199,6 +202,9 @@ def run(args: Any) -> int:
     except AgentError as err:
         print(f"worker failed: {err}", file=sys.stderr)
         return 1
+    except KafkaRefusedError as err:
+        print(f"ptel worker: {err}", file=sys.stderr, flush=True)
+        return 1
     except KafkaError as err:
         denied = denied_access(err, WorkerTopics.for_spec(spec, settings.group), settings.group)
         if denied is None:
@@ -215,33 +221,29 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
-    topics = WorkerTopics.for_spec(spec, settings.group)
-    # a broker still starting, or a fresh cluster whose metadata has not reached every broker: retried, bounded
-    await retry_retriable(
-        lambda: ensure_topics(settings.connection, topics), "ensuring the topics", args.startup_timeout
-    )
 
     def show(rel: Release) -> None:
         if not args.quiet:
             print(release_line(rel), flush=True)
 
     worker = build_worker(spec, settings, insecure_noise_seed=args.insecure_noise_seed, on_release=show)
-    print(
-        f"worker of group {settings.group} on {settings.kafka.describe() if settings.kafka else settings.bootstrap}: "
-        f"{len(spec.metrics)} metrics, "
-        f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
-        flush=True,
-    )
     runner = None
-    await retry_retriable(worker.start, "joining the group", args.startup_timeout)
-    # SIGINT/SIGTERM: the open transaction commits, then the loop ends (a second signal: exit at once)
-    async with StopRequest(worker.stop, command="ptel worker") as stop, worker:
-        if args.metrics_port is not None:
-            observer = WorkerObserver(worker, ready_after_s=args.ready_after)
-            runner = await serve(observer, args.metrics_bind, args.metrics_port, token=args.operator_token)
-            print(f"metrics: http://{args.metrics_bind}:{args.metrics_port}/metrics (/healthz, /readyz)", flush=True)
+    # SIGINT/SIGTERM at any moment: during start-up the step under way is abandoned; once running the open transaction
+    # commits, then the loop ends (a second signal: exit at once)
+    async with StopRequest(worker.stop, command="ptel worker") as stop:
         try:
-            await worker.run()
+            if args.metrics_port is not None:  # /healthz from the start: alive while the worker starts
+                observer = WorkerObserver(worker, ready_after_s=args.ready_after)
+                runner = await serve(observer, args.metrics_bind, args.metrics_port, token=args.operator_token)
+                print(
+                    f"metrics: http://{args.metrics_bind}:{args.metrics_port}/metrics (/healthz, /readyz)", flush=True
+                )
+            started, _ = await stop.unless_stopped(_start(spec, settings, worker, args.startup_timeout))
+            if started:
+                async with worker:
+                    await worker.run()
+            else:
+                await worker.close()
         finally:
             if runner is not None:
                 await runner.cleanup()
@@ -264,3 +266,30 @@ async def _main(spec: Any, settings: WorkerSettings, args: Any) -> int:
         flush=True,
     )
     return 0
+
+
+async def _start(spec: Any, settings: WorkerSettings, worker: Worker, deadline_s: float) -> None:
+    """Create and check the topics, then join the group, retrying retriable errors for ``deadline_s`` seconds (a
+    broker still starting, a fresh cluster whose metadata has not reached every broker) -- but not a bootstrap that
+    failed for good (credentials refused, TLS handshake failed): :class:`KafkaRefusedError` at once."""
+    topics = WorkerTopics.for_spec(spec, settings.group)
+
+    async def failing_fast(step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except Exception as err:
+            refused = await refused_connection(settings.connection, err)
+            if refused is not None:
+                raise KafkaRefusedError(refused) from None
+            raise
+
+    await retry_retriable(
+        lambda: failing_fast(lambda: ensure_topics(settings.connection, topics)), "ensuring the topics", deadline_s
+    )
+    print(
+        f"worker of group {settings.group} on {settings.kafka.describe() if settings.kafka else settings.bootstrap}: "
+        f"{len(spec.metrics)} metrics, "
+        f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
+        flush=True,
+    )
+    await retry_retriable(lambda: failing_fast(worker.start), "joining the group", deadline_s)

@@ -248,6 +248,8 @@ async def test_demo_deletes_its_topics_on_sigterm_and_exits_0(kafka_bootstrap: s
         assert f"[1/7] using Kafka at {kafka_bootstrap}" in out and "starting Apache Kafka" not in out
         assert re.search(r"^ptel demo: stopped by SIGTERM after \d+ of \d+ releases$", out, re.MULTILINE), out[-3000:]
         assert "deleted this run's 7 topics" in out, out[-3000:]
+        # issue 31: drawing the plot after a stop made the demo exit 33.5 s after SIGTERM (> Kubernetes' 30 s grace)
+        assert not (tmp_path / "out" / "demo-releases.png").exists(), out[-3000:]
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         try:

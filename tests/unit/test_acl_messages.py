@@ -50,3 +50,16 @@ def test_the_monitor_names_its_app_topics_or_group() -> None:
     assert group is not None and "All on group ptel-monitor.x" in group
     assert explain_crash(None, "ptel-monitor.x") is None
     assert explain_crash(_wrapped(KafkaConnectionError("down")), "ptel-monitor.x") is None
+
+
+def test_the_monitor_names_the_source_topic_revoked_while_it_runs() -> None:
+    """Issue 31, finding 3: Read on the releases topic removed while the monitor ran was reported as "All on topics
+    prefixed ptel-monitor.demo" (aiokafka's fetcher raises the refusal with the topic's name)."""
+    sources = ("ptel.demo.releases", "ptel.demo.dead-letter")
+    for topic in sources:
+        said = explain_crash(_wrapped(TopicAuthorizationFailedError(topic)), "ptel-monitor.demo", sources)
+        assert said == f"not authorized: the monitor needs Read on topic {topic}", said
+    own = explain_crash(
+        TopicAuthorizationFailedError("ptel-monitor.demo-__assignor-__leader"), "ptel-monitor.demo", sources
+    )
+    assert own is not None and "All on topics prefixed ptel-monitor.demo" in own, own

@@ -11,7 +11,7 @@ import pytest
 
 from ptel.broker_probe import _QUIET
 from ptel.cli import main
-from ptel.logs import RepeatLimiter, configure
+from ptel.logs import RepeatLimiter, configure, quiet_refusals
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +83,35 @@ def test_retried_kafka_warnings_go_to_debug() -> None:
     configure("DEBUG", "text", out)
     sender.warning("Got error produce response on %s, retrying. Error: %s", "tp", "NotEnoughReplicasError")
     assert "NotEnoughReplicasError" in out.getvalue() and "debug" in out.getvalue().lower()
+
+
+def test_a_refusal_for_lack_of_an_acl_is_one_line_not_tracebacks() -> None:
+    """Issue 31, finding 3: a Read ACL revoked under the monitor gave 159 lines with 7 tracebacks (aiokafka's warning,
+    Faust's crash records); the command's last line names the permission, the rest is DEBUG."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    out = io.StringIO()
+    configure("WARNING", "text", out)
+    quiet_refusals()  # what ptel monitor installs
+    for name in ("aiokafka.consumer.fetcher", "faust.transport.consumer", "faust.worker", "agents.monitor.transport"):
+        chain = logging.getLogger(name)
+        chain.disabled, chain.propagate = False, True
+        chain.setLevel(logging.NOTSET)
+    logging.getLogger("faust.worker").warning("a warning before any refusal")
+    logging.getLogger("aiokafka.consumer.fetcher").warning("Not authorized to read from topic t.releases.")
+    try:
+        raise TopicAuthorizationFailedError("t.releases")
+    except TopicAuthorizationFailedError:
+        logging.getLogger("faust.transport.consumer").exception("[^---Fetcher]: Crashed reason=%r", "x")
+    logging.getLogger("faust.worker").critical("We experienced a crash! Reraising original exception...")
+    try:
+        raise RuntimeError("Event loop is closed")
+    except RuntimeError:
+        logging.getLogger("agents.monitor.transport").exception("Error while stopping child <X: crashed >")
+    logging.getLogger("ptel").error("an unrelated error")
+    text = out.getvalue()
+    assert "Traceback" not in text and "Not authorized" not in text and "crash" not in text, text
+    assert "a warning before any refusal" in text and "an unrelated error" in text, text
 
 
 def test_a_bad_level_or_format_is_a_one_line_error(

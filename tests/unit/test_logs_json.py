@@ -4,6 +4,7 @@ on stderr, escape codes and multi-line unclosed-producer dumps were plain text).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,25 @@ def test_json_lines_keeps_the_last_carriage_return_segment_and_strips_escapes() 
     (record,) = _records(sink.text.splitlines())
     assert record["event"] == "done" and record["level"] == "info"
     assert strip_escapes("\x1b]0;title\x07a\x1b[31mb\x1b[0m") == "ab"
+
+
+def test_a_device_token_is_printed_bare_whatever_the_log_format(tmp_path: Path) -> None:
+    """Issue 31, finding 4: with ``PTEL_LOG_FORMAT=json``, ``gateway-keys token`` printed a JSON record, so
+    ``TOKEN=$(ptel gateway-keys token ...)`` captured a log line instead of the token."""
+    from gateway.keys import GatewayKeys
+
+    keys = tmp_path / "gateway.keys"
+    GatewayKeys.generate().save(keys)
+    done = subprocess.run(
+        [sys.executable, "-m", "ptel.cli", "gateway-keys", "token", str(keys), "device-7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PTEL_LOG_FORMAT": "json"},
+    )
+    assert done.returncode == 0, done.stderr
+    token = done.stdout.removesuffix("\n")
+    assert "\n" not in token and token.startswith("device-7:"), done.stdout
+    assert GatewayKeys.load(keys).verify(token) == ("device-7", "")
