@@ -78,19 +78,23 @@ class WorkerSettings:
 
     def release_hold_ms(self, window: WindowSpec) -> int:
         """How long after its end stage 2 holds a window before releasing it (:attr:`ReleaserState.hold_ms`):
-        the grace, the idle timeout, the clock skew, a poll and :attr:`release_slack_ms`.
+        the grace, the idle timeout, the clock skew, the replication lag, a poll and :attr:`release_slack_ms`.
 
         Every partition closes window ``[s, e)`` by then in normal operation, whoever reported when: the last
-        record that keeps it open has a broker time ``t < e + grace``; the partition is idle from ``t +
-        idle_timeout`` and advances to ``t_fetch - skew >= e + grace`` once ``t_fetch >= e + grace + skew``, at the
-        next poll. So the release time is ``e + hold`` (plus the stage-2 tick): the window and the settings, not
-        the arrivals (issue 22, finding 6). Only a lagging worker (overload, an outage) releases later, when the
-        window completes."""
+        record that keeps it open has a broker time ``t < e + grace`` and reaches the worker by wall time
+        ``t + skew + lag`` (``lag``: :attr:`IdlePolicy.replication_lag_ms`, how long the high watermark may hide it on
+        a replicated topic); the partition is idle ``idle_timeout`` later and advances to ``t_fetch - skew - lag >= e
+        + grace`` once ``t_fetch >= e + grace + skew + lag``, at the next poll. So the release time is ``e + hold``
+        (plus the stage-2 tick): the window and the settings, not the arrivals (issue 22, finding 6). Left out, the
+        lag (30 s at replication factor >= 2) made a quiet window wait for the idle advance *unless* one record of a
+        later window arrived and closed it first (issue 30, finding 3). Only a lagging worker (overload, an outage)
+        releases later, when the window completes."""
         idle = self.idle
         return (
             window.grace_ms
             + max(idle.idle_timeout_ms, idle.clock_skew_ms)
             + idle.clock_skew_ms
+            + idle.replication_lag_ms
             + (self.poll_timeout_ms + self.release_slack_ms)
         )
 

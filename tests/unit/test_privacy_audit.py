@@ -29,6 +29,7 @@ The numbers are in docs/privacy.md; ``-s`` prints them.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -38,10 +39,14 @@ import pytest
 import agents.handlers.keyed
 import agents.runtime.composition
 import tests.privacy_harness
+import tests.unit.test_release_timing
 from agents.partials import KeyedCounts
+from agents.runtime.worker_settings import WorkerSettings
 from agents.stage1.aggregator import Aggregator
-from agents.stage1.records import Handover
+from agents.stage1.records import Handover, SourceRecord
 from agents.stage2.releaser import ReleaserState
+from agents.windowing.watermarks import IdlePolicy
+from agents.windowing.windows import WindowSpec
 from mechanisms.central.capacity_test import CapacityTest, make_capacity_test
 from mechanisms.core.rng import DerivedRandom
 from producers.client_secret import ClientSecret
@@ -51,6 +56,7 @@ from schemas.spec import CollectionSpec, KeyedMetric, RapporMetric
 from schemas.wire import BoolColumns, RapporColumns
 from tests.privacy_harness import (
     KEYED,
+    POLL_MS,
     SIZE_S,
     T0_S,
     Send,
@@ -60,6 +66,7 @@ from tests.privacy_harness import (
     make_spec,
     neighbours,
     records,
+    release_time,
     released_keys,
     stage1,
     stage2,
@@ -518,3 +525,45 @@ def test_a_spec_change_mid_horizon_is_covered_by_the_ledger() -> None:
 
 def test_the_audit_detects_a_horizon_charged_by_the_spec_now() -> None:
     refuted(spec_change(scaled(10_000), charge_by_spec_now=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. release timing at replication factor 3 (mutation: the hold without the replication lag, f2b1380)
+
+#: Noise of scale 10 and a threshold far above it: a small charge (ε = 0.1), so few trials refute the mutation.
+TIMED = {**KEYED, "release": {"mechanism": "laplace", "scale": 10.0, "threshold": 200}}
+_arrival = random.SystemRandom()
+
+
+def release_timing(trials: int) -> Outcome:
+    """A quiet partition of a reports topic at replication factor 3 (the worker's idle policy,
+    :meth:`IdlePolicy.for_replication`, and its hold, :meth:`WorkerSettings.release_hold_ms`): one report in window
+    ``[T0, T0 + 10 s)``; the target reports once in the next window, after the grace, at a time drawn uniformly in
+    ``[T0 + 12 s, T0 + 20 s)`` (issue 30, finding 3). The event: the window is released before ``T0 + 30 s``. Claim:
+    the window's charge (its release time is part of what the analyst observes)."""
+    spec = make_spec([TIMED])
+    settings = WorkerSettings("x", "g", IdlePolicy.for_replication(3))
+    hold = settings.release_hold_ms(WindowSpec(SIZE_S, spec.window.grace_s))
+    (base, target) = records(spec, [("errors", (k, True), ClientSecret.generate(), T0_S + 1) for k in ("a", "b")])
+
+    def early(with_target: bool) -> Callable[[], bool]:
+        def run() -> bool:
+            recs = [base]
+            if with_target:
+                at_ms = T0_S * 1000 + _arrival.randrange(12_000, 20_000, POLL_MS)
+                recs.append(SourceRecord(1, at_ms, None, target.value))
+            return release_time(spec, recs, settings.idle, hold, until_s=30) is not None
+
+        return run
+
+    claim = claim_of(stage2(spec, stage1(spec, [base]))[0], WINDOW)
+    return audit("release timing at replication factor 3", trials, repeat(trials, (early(True), early(False))), claim)
+
+
+def test_the_release_time_at_replication_factor_3_does_not_tell_whether_the_target_reported() -> None:
+    holds(release_timing(scaled(40)))
+
+
+def test_the_audit_detects_a_hold_without_the_replication_lag(mutate: pytest.MonkeyPatch) -> None:
+    mutate.setattr(WorkerSettings, "release_hold_ms", tests.unit.test_release_timing._hold_without_replication_lag)
+    refuted(release_timing(scaled(40)))
