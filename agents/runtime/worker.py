@@ -432,6 +432,7 @@ class Worker:
                     group_records,
                     new_dataset=self.settings.new_dataset,
                     migrate=self.settings.migrate_ledger,
+                    keep_legacy_noise_key=self.settings.keep_legacy_noise_key,
                 )
             state.restore(group_records + (dataset_records or migrated))
             state.claim()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agents.errors import ConfigurationError
 from agents.kafka_io.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS
 from agents.stage2.ledger_seal import LedgerSecret
 from agents.windowing.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy
@@ -53,6 +54,9 @@ class WorkerSettings:
     #: Move an unsealed ledger of an older version (:func:`agents.kafka_io.topics.legacy_ledger_topic`) into the sealed
     #: one.
     migrate_ledger: bool = False
+    #: With :attr:`migrate_ledger`: import the older ledger's release-noise key as it is (it was stored in the clear);
+    #: without it the migration draws a new key (:mod:`agents.stage2.lost_ledger`).
+    keep_legacy_noise_key: bool = False
     #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
     #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
     #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
@@ -67,6 +71,10 @@ class WorkerSettings:
     recovery_deadline_s: float = 900.0
     #: Bound on closing one failed Kafka client during a recovery (a client of a broker that is down may hang).
     close_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.keep_legacy_noise_key and not self.migrate_ledger:
+            raise ConfigurationError("keep_legacy_noise_key", True, "needs migrate_ledger (a ledger migration)")
 
     @property
     def connection(self) -> Connection:
