@@ -46,7 +46,7 @@ async def test_a_lowered_budget_refuses_windows_and_the_worker_keeps_running(
         worker.start()
 
         def lowered(records: list[object]) -> list[Release]:
-            return [r for r in releases_of(records)[len(first) :] if r.ledger.budget_epsilon == 4.4]  # type: ignore[arg-type]
+            return [r for r in releases_of(records)[len(first) :] if r.ledger.budget_epsilon == 4.4]
 
         def released_again(records: list[object]) -> bool:
             after = lowered(records)
