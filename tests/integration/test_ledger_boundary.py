@@ -235,3 +235,49 @@ async def test_a_migration_keeps_the_older_noise_key_only_when_told(kafka_bootst
         assert key not in b"".join(v or b"" for _, v in sealed)  # sealed: never in the clear in the new topic
     finally:
         await _stop(worker, task)
+
+
+def _replay(older: Records, newer: Records) -> Records:
+    """What replaying the ``older`` complete state after ``newer`` writes: its live records byte for byte, and
+    tombstones for the keys only ``newer`` holds (so the seal's record count matches the older head again)."""
+    old, new = dict(older), dict(newer)
+    return [(k, v) for k, v in old.items()] + [(k, None) for k, v in new.items() if v is not None and k not in old]
+
+
+async def test_a_rolled_back_ledger_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 34, minor 4: on f2b1380 an earlier complete sealed state replayed after a later one was accepted -- its
+    cursors lie before windows released since, which were released again (with other counts) and charged again. Now
+    stage 2 checks the restored state against the releases topic and refuses it (``tampered``: rolled back); the
+    latest state put back opens again (no false alarm)."""
+    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    ledger = worker.topics.ledger
+    try:
+        await _until("first releases", lambda: worker.stats.releases >= 2)
+    finally:
+        await _stop(worker, task)
+    earlier = await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        await _until("later releases", lambda: worker.stats.releases >= 3)
+    finally:
+        await _stop(worker, task)
+    later = await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))
+    await _produce(kafka_bootstrap, ledger, _replay(earlier, later))
+    assert LedgerSeal(secret, ledger).open(await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))) is not None
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        refusal = worker.stats.ledger_refusal
+        assert refusal is not None and worker.releaser() is None, "stage 2 took a rolled-back ledger"
+        assert refusal[0] == "tampered" and "rolled back" in refusal[1], refusal
+        await asyncio.sleep(1.5)
+        assert worker.stats.releases == 0
+    finally:
+        await _stop(worker, task)
+    await _produce(kafka_bootstrap, ledger, _replay(later, earlier))  # the latest state back
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        assert worker.releaser() is not None and worker.stats.ledger_refusal is None
+        await _until("releases again", lambda: worker.stats.releases >= 1)
+    finally:
+        await _stop(worker, task)
