@@ -106,12 +106,17 @@ class MetricLedger:
     noise_key: bytes | None = field(default=None, repr=False, compare=False)
 
     def _accountant(self, entries: list[LedgerCharge]) -> PrivacyAccountant | None:
+        """The budget's accountant with ``entries`` charged; :class:`BudgetError` when they exceed it already (the
+        budget was lowered after they were charged: nothing more may be charged)."""
         if self.budget is None:
             return None
-        acc = PrivacyAccountant(budget_of(self.budget))
-        for e in entries:
-            acc.charge(e.release_id, e.loss, e.measure, timestamp=e.window_start_ms / 1000.0)
-        return acc
+        try:
+            return _replayed(budget_of(self.budget), entries)
+        except ReleaseRefusedError as err:
+            raise BudgetError(
+                f"{self.metric}: the horizon's charges exceed the budget (lowered since they were charged): {err}"
+            ) from err
+
 
     def charge(self, release_id: str, window_start_ms: int, loss: Loss, measure: str) -> LedgerSummary:
         """Charge a release; :class:`BudgetError` (spending nothing) if the horizon's budget would be exceeded."""
@@ -203,7 +208,11 @@ class MetricLedger:
                 spent_delta=delta,
                 releases=len(self.entries),
             )
-        acc = acc or self._accountant(self.entries)
+        if acc is None:
+            try:
+                acc = self._accountant(self.entries)
+            except BudgetError:  # over a lowered budget: the spend is still shown (never raises: issue 34, minor 2)
+                acc = _over_budget(budget_of(self.budget), self.entries)
         if acc is None:
             raise StateError(f"ledger of {self.metric}: a budget without an accountant")
         spent = acc.spent
@@ -242,6 +251,24 @@ class MetricLedger:
 
 
 _CARRY = "|carry|"  # in the id of a carry entry (charge_horizon): a rule's deficit charged with a later release
+
+
+def _over_budget(budget: PrivacyBudget, entries: list[LedgerCharge]) -> PrivacyAccountant:
+    """An accountant with ``entries`` charged in ``budget``'s measure, whatever its size (it may have been lowered
+    below them): under a ceiling of their sum (ε and ε²/2 each, so any conversion fits, twice, plus ``budget``)."""
+    first, delta = budget.loss if isinstance(budget.loss, tuple) else (budget.loss, 0.0)
+    for e in entries:
+        first += 2 * (e.first + e.first * e.first / 2)
+        delta += 2 * e.delta
+    return _replayed(PrivacyBudget(budget.measure, (first + 1.0, min(1.0, delta))), entries)
+
+
+def _replayed(budget: PrivacyBudget, entries: list[LedgerCharge]) -> PrivacyAccountant:
+    """An accountant of ``budget`` with ``entries`` charged (:class:`ReleaseRefusedError` if they do not fit)."""
+    acc = PrivacyAccountant(budget)
+    for e in entries:
+        acc.charge(e.release_id, e.loss, e.measure, timestamp=e.window_start_ms / 1000.0)
+    return acc
 
 
 def _plain(loss: Loss) -> Loss:

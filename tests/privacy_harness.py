@@ -190,6 +190,48 @@ def stage2(
     return releases, written if emission_aborted else written + emitted
 
 
+#: The wall-clock simulation's poll (the worker's ``poll_timeout_ms``).
+POLL_MS = 100
+
+
+def release_time(
+    spec: CollectionSpec, recs: Sequence[SourceRecord], idle: IdlePolicy, hold_ms: int | None, until_s: int = 80
+) -> int | None:
+    """Wall time (ms after ``T0``) at which stage 2 releases window ``[T0, T0 + size)`` of the spec's first metric
+    (``None``: not before ``T0 + until_s``).
+
+    The real :class:`PartitionState` idle rule (one source partition, caught up between arrivals) and
+    :class:`ReleaserState` with ``hold_ms`` run on a simulated wall clock equal to the broker clock, one poll every
+    :data:`POLL_MS`; each record arrives at its broker time. A record the high watermark hides arrives later on a
+    replicated topic, which only delays the idle advance: the simulation shows the earliest release."""
+    window = WindowSpec(spec.window.size_s, spec.window.grace_s)
+    part = PartitionState(0, window, Validator(spec), Aggregator(spec), idle)
+    now = [T0_S * 1000]
+    retention = spec.window.retention_s * 1000
+    ledgers = {m.name: MetricLedger(m.name, m.budget, retention) for m in spec.metrics}
+    st = ReleaserState(1, ledgers, retention, window_ms=window.size_ms, empty=Aggregator(spec).empty,
+                       backlog_windows=0, clock=lambda: now[0], hold_ms=hold_ms)  # fmt: skip
+    st.restore([])
+    st.state_records()
+    build = release_builder(spec)
+    target = f"{spec.metrics[0].name}|{T0_S * 1000}"
+    last_activity = now[0]
+    for t in range(T0_S * 1000, (T0_S + until_s) * 1000, POLL_MS):
+        now[0] = t
+        due = [r for r in recs if t - POLL_MS < r.timestamp <= t]
+        if due:
+            part.process(due)
+            last_activity = t
+        else:
+            part.advance_idle(t, last_activity, True, t)
+        handover = part.take_closed()
+        if handover is not None:
+            st.apply(handover)
+        if any(rel.key == target for rel in st.release(build)):
+            return t - T0_S * 1000
+    return None
+
+
 def released_keys(releases: list[Release], window_key: str) -> frozenset[str]:
     """The keys released in the record ``window_key`` (empty when refused)."""
     return frozenset(k.key for r in releases if r.key == window_key for k in r.released_keys)

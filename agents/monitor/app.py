@@ -136,7 +136,9 @@ def create_app(spec: CollectionSpec, settings: MonitorSettings) -> Any:
         web_enabled=True,
         web_port=settings.web_port,
         web_bind=settings.web_bind,
-        web_router_enabled=settings.faust_views,
-        web_tables_enabled=settings.faust_views,
+        # Faust's raw views, when asked for (``faust_views``), are mounted behind the operator rule by
+        # agents.monitor.views.register_views: Faust itself would serve them to anyone (issue 34, minor 5)
+        web_router_enabled=False,
+        web_tables_enabled=False,
         **extra,
     )

@@ -46,6 +46,7 @@ def build_monitor(spec: CollectionSpec, settings: MonitorSettings) -> Any:
         ready=Readiness(app, settings).check,
         prometheus=metrics.registry,
         feed=feed,
+        faust_views=settings.faust_views,
     )
     return app
 

@@ -44,8 +44,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from faust.web import View as FaustView
+from faust.web.apps import router as faust_router
+from faust.web.apps import tables as faust_tables
 from prometheus_client import CollectorRegistry, generate_latest
 
+from agents.errors import ConfigurationError
 from agents.monitor import dashboard
 from agents.monitor.dead_letters import totals
 from agents.monitor.summaries import history_of
@@ -70,9 +74,9 @@ def metrics_index(spec: CollectionSpec, latest: Any) -> dict[str, Any]:
 
 
 #: Every route of the monitor's web server -- ours and Faust's own (its index ``/``; its ``/router`` and ``/table``
-#: views are off unless ``--faust-views``, and then they are operator data, raw tables, served on the operator
-#: listener only: ``MonitorSettings`` refuses ``faust_views`` off loopback, as Faust serves them without our rule)
-#: -- and who may read it.
+#: views are off unless ``--faust-views``, and then they are operator data, raw tables, registered by
+#: :func:`register_views` behind the operator rule (:data:`FAUST_VIEWS`) and served on a loopback listener only:
+#: ``MonitorSettings`` refuses ``faust_views`` off loopback) -- and who may read it.
 ROUTES = RouteTable(
     "monitor",
     {
@@ -134,6 +138,7 @@ def register_views(
     ready: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
     prometheus: CollectorRegistry | None = None,
     feed: dashboard.ReleaseFeed | None = None,
+    faust_views: bool = False,
 ) -> None:
     """Add the views to ``app``'s web server (see the module docstring for the paths and who may read which)."""
     known = {m.name for m in spec.metrics}
@@ -225,6 +230,40 @@ def register_views(
     page_of("/readyz", "readyz", readyz)
     for old in ("/metrics/", "/dead-letters/", "/metrics/{metric}/latest/", "/metrics/{metric}/history/"):
         page_of(old, f"moved{old}", _moved(old))
+    if faust_views:
+        for path, faust_view in faust_view_routes():
+            if ROUTES.surface(path) != "operator":
+                raise ConfigurationError("route of the monitor", path, "must be classified operator (raw tables)")
+            app.page(path, name=f"faust{path}")(_operator_only(faust_view, access, spec))
+
+
+#: Faust's raw table and router views (``--faust-views``): ``(path prefix, blueprint)``, as Faust mounts them
+#: (``faust.web.base.DEFAULT_BLUEPRINTS``). The monitor's Faust app never mounts them itself (``web_router_enabled``
+#: and ``web_tables_enabled`` off, :func:`agents.monitor.app.create_app`) -- Faust would serve them without the
+#: operator rule (issue 34, minor 5) -- :func:`register_views` mounts their views behind it.
+FAUST_VIEWS = (("/router", faust_router.blueprint), ("/table", faust_tables.blueprint))
+
+
+def faust_view_routes() -> list[tuple[str, type[Any]]]:
+    """Every ``(path, view class)`` of :data:`FAUST_VIEWS`."""
+    out = []
+    for prefix, blueprint in FAUST_VIEWS:
+        for route in blueprint.routes:
+            view = route.handler if isinstance(route.handler, type) else FaustView.from_handler(route.handler)
+            out.append((prefix + "/" + route.uri.lstrip("/"), view))
+    return out
+
+
+def _operator_only(view: type[Any], access: Access, spec: CollectionSpec) -> type[Any]:
+    """``view`` (a Faust view class) answering only requests the operator rule admits (:meth:`Access.denial`)."""
+
+    async def dispatch(self: Any, request: Any) -> Any:
+        denied = access.denial(request.headers.get("Authorization"), operator=True)
+        if denied is not None:
+            return self.error(denied[0], denied[1], spec=spec.name)
+        return await view.dispatch(self, request)
+
+    return type(view.__name__, (view,), {"dispatch": dispatch, "__module__": view.__module__})
 
 
 #: Public routes served to anyone on any listener (orchestrators' probes, the dashboard's data-free page and

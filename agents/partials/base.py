@@ -27,6 +27,7 @@ from numpy.typing import ArrayLike, NDArray
 from agents.errors import StateError
 from agents.partials.clients import ClientCounts
 from schemas.kinds import METRIC_KINDS, MetricKind
+from schemas.spec import CENTRAL_KINDS
 
 _MAGIC = b"PTP1"
 
@@ -329,9 +330,16 @@ class Conflicted(Partial):
         """The conflict of ``partials`` (one window's, at least one): their counts dropped, their ``n``,
         ``over_bound`` and :attr:`excluded` summed -- numbers of reports (a function of their transport, published for
         the local kinds like any window's), so a refused window's record still says how many reports it did not
-        release and why (records written before the sums hold 0)."""
+        release and why (records written before the sums hold 0).
+
+        The conflict takes a central kind (:data:`schemas.spec.CENTRAL_KINDS`) if *any* partial has one, whichever
+        merged first: a central kind's counts are private, so its record publishes no ``n``, ``over_bound`` or
+        ``excluded`` -- a sum that included a central partial's exact count would publish it (issue 34, minor 1: a
+        metric changed from keyed to bool, the bool partial merged first, ``n`` 12 or 13 with the target's one
+        keyed report)."""
         first = partials[0]
-        out = cls(metric=first.metric, kind=first.kind, window_start_ms=first.window_start_ms)
+        kind = next((p.kind for p in partials if p.kind in CENTRAL_KINDS), first.kind)
+        out = cls(metric=first.metric, kind=kind, window_start_ms=first.window_start_ms)
         for p in partials:
             out.n += p.n
             out.over_bound += p.over_bound

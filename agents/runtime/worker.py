@@ -49,6 +49,7 @@ from agents.stage1.validation import Validator
 from agents.stage2.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
 from agents.stage2.lost_ledger import lost_ledger
 from agents.stage2.releaser import ReleaserState, is_dataset_key, ledger_owner
+from agents.stage2.rollback import check_not_rolled_back
 from agents.windowing.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
 from agents.windowing.windows import WindowSpec
 from kafka_settings.connection import client_kwargs
@@ -437,8 +438,13 @@ class Worker:
                     group_records,
                     new_dataset=self.settings.new_dataset,
                     migrate=self.settings.migrate_ledger,
+                    keep_legacy_noise_key=self.settings.keep_legacy_noise_key,
                 )
             state.restore(group_records + (dataset_records or migrated))
+            if dataset_records is not None and self._consumer is not None:  # a sealed state: is it the latest?
+                await check_not_rolled_back(
+                    self._consumer, self.settings.connection, self.topics.releases, self.topics.ledger, state
+                )
             state.claim()
             offset = await self._seek_committed(tp)
         except BaseException:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agents.errors import ConfigurationError
 from agents.kafka_io.changelog import TRANSACTIONAL_RETRY_BACKOFF_MS
 from agents.stage2.ledger_seal import LedgerSecret
 from agents.windowing.watermarks import FUTURE_TOLERANCE_MS, IdlePolicy
@@ -53,6 +54,9 @@ class WorkerSettings:
     #: Move an unsealed ledger of an older version (:func:`agents.kafka_io.topics.legacy_ledger_topic`) into the sealed
     #: one.
     migrate_ledger: bool = False
+    #: With :attr:`migrate_ledger`: import the older ledger's release-noise key as it is (it was stored in the clear);
+    #: without it the migration draws a new key (:mod:`agents.stage2.lost_ledger`).
+    keep_legacy_noise_key: bool = False
     #: Static group membership (KIP-345, ``group.instance.id``): a worker restarted with the same id -- after a crash
     #: or a ``kill -9`` -- takes its partitions back at once instead of after the session timeout. Unique per worker
     #: process of the group; ``None``: dynamic membership (a stopped worker's partitions move at once).
@@ -68,6 +72,10 @@ class WorkerSettings:
     #: Bound on closing one failed Kafka client during a recovery (a client of a broker that is down may hang).
     close_timeout_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if self.keep_legacy_noise_key and not self.migrate_ledger:
+            raise ConfigurationError("keep_legacy_noise_key", True, "needs migrate_ledger (a ledger migration)")
+
     @property
     def connection(self) -> Connection:
         """What every client of the worker connects with: :attr:`kafka`, else plaintext to :attr:`bootstrap`."""
@@ -78,19 +86,23 @@ class WorkerSettings:
 
     def release_hold_ms(self, window: WindowSpec) -> int:
         """How long after its end stage 2 holds a window before releasing it (:attr:`ReleaserState.hold_ms`):
-        the grace, the idle timeout, the clock skew, a poll and :attr:`release_slack_ms`.
+        the grace, the idle timeout, the clock skew, the replication lag, a poll and :attr:`release_slack_ms`.
 
         Every partition closes window ``[s, e)`` by then in normal operation, whoever reported when: the last
-        record that keeps it open has a broker time ``t < e + grace``; the partition is idle from ``t +
-        idle_timeout`` and advances to ``t_fetch - skew >= e + grace`` once ``t_fetch >= e + grace + skew``, at the
-        next poll. So the release time is ``e + hold`` (plus the stage-2 tick): the window and the settings, not
-        the arrivals (issue 22, finding 6). Only a lagging worker (overload, an outage) releases later, when the
-        window completes."""
+        record that keeps it open has a broker time ``t < e + grace`` and reaches the worker by wall time
+        ``t + skew + lag`` (``lag``: :attr:`IdlePolicy.replication_lag_ms`, how long the high watermark may hide it on
+        a replicated topic); the partition is idle ``idle_timeout`` later and advances to ``t_fetch - skew - lag >= e
+        + grace`` once ``t_fetch >= e + grace + skew + lag``, at the next poll. So the release time is ``e + hold``
+        (plus the stage-2 tick): the window and the settings, not the arrivals (issue 22, finding 6). Left out, the
+        lag (30 s at replication factor >= 2) made a quiet window wait for the idle advance *unless* one record of a
+        later window arrived and closed it first (issue 30, finding 3). Only a lagging worker (overload, an outage)
+        releases later, when the window completes."""
         idle = self.idle
         return (
             window.grace_ms
             + max(idle.idle_timeout_ms, idle.clock_skew_ms)
             + idle.clock_skew_ms
+            + idle.replication_lag_ms
             + (self.poll_timeout_ms + self.release_slack_ms)
         )
 

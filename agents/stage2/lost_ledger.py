@@ -8,6 +8,14 @@ only when nothing says the dataset was released before: the older version's unse
 written after the ledger's), a committed offset of the group on the partials topic, or records in the releases topic.
 Otherwise stage 2 fails closed (:class:`agents.errors.LedgerError`) until an operator restores the ledger or says
 ``--new-dataset`` (or ``--migrate-ledger`` for an older version's ledger).
+
+A migration re-keys: the older version kept the release-noise key in the clear, so whoever read its topic (or a
+backup of it) could strip the noise from every later release under that key. The migrated ledger gets a new key
+(its cursors, spend, owner, origin and outbox move as they are: a window already released is never built again, and
+a recorded release is emitted byte for byte) unless the operator keeps the old one explicitly
+(``--keep-legacy-noise-key``). And the older version's ledger is only ever a *first* state: once the sealed ledger
+has held records (its log end offset is past 0), an empty one is a lost ledger -- never a hint to migrate, and
+``--migrate-ledger`` is refused, as importing the older state then would roll the ledger back (issue 34, minor 6).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.errors import LedgerError
 from agents.kafka_io.changelog import read_to_end
 from agents.kafka_io.topics import WorkerTopics, legacy_ledger_topic
-from agents.stage2.releaser import is_dataset_key
+from agents.stage2.releaser import NOISE_KEY, is_dataset_key
 from kafka_settings.connection import Connection
 
 log = logging.getLogger(__name__)
@@ -37,27 +45,38 @@ async def lost_ledger(
     *,
     new_dataset: bool,
     migrate: bool,
+    keep_legacy_noise_key: bool = False,
 ) -> Records:
     """The records a stage 2 restores when the ledger holds none: ``[]`` for a new dataset, the legacy ledger's
-    live records with ``migrate`` (to be sealed into the new topic); :class:`LedgerError` (``lost`` or ``legacy``)
-    when the dataset was released before and the operator said neither ``new_dataset`` nor ``migrate``.
+    live records with ``migrate`` (to be sealed into the new topic; its noise key dropped -- a new one is drawn --
+    unless ``keep_legacy_noise_key``); :class:`LedgerError` (``lost`` or ``legacy``) when the dataset was released
+    before and the operator said neither ``new_dataset`` nor ``migrate``, and ``lost`` for ``migrate`` when the
+    sealed ledger held records before (see the module docstring).
 
     ``consumer`` is the worker group's (its committed offset on ``partials``); ``None`` skips the checks that need
     it (unit tests without a broker)."""
     legacy = legacy_ledger_topic(topics.reports)
-    if consumer is not None and legacy in await consumer.topics():
+    sealed_end = 0
+    if consumer is not None:
+        sealed = TopicPartition(topics.ledger, 0)
+        sealed_end = (await consumer.end_offsets([sealed])).get(sealed, 0)
+    if consumer is not None and sealed_end == 0 and legacy in await consumer.topics():
         latest = {k: v for k, v in await read_to_end(connection, TopicPartition(legacy, 0)) if is_dataset_key(k)}
         live: Records = [(k, v) for k, v in latest.items() if v is not None]
         if live and migrate:
+            kept = [(k, v) for k, v in live if keep_legacy_noise_key or k != NOISE_KEY]
             log.warning(
-                "migrating %d records of the unsealed ledger %s into %s; delete %s afterwards (it holds the noise "
-                "key in the clear)",
-                len(live),
+                "migrating %d records of the unsealed ledger %s into %s (%s); delete %s afterwards",
+                len(kept),
                 legacy,
                 topics.ledger,
+                "its noise key kept as it is (--keep-legacy-noise-key): whoever read it can strip the noise of "
+                "every later release"
+                if keep_legacy_noise_key
+                else "with a NEW noise key: the old one was stored in the clear",
                 legacy,
             )
-            return live
+            return kept
         if live and not new_dataset:
             raise LedgerError(
                 "legacy",
@@ -65,6 +84,8 @@ async def lost_ledger(
                 "stop every older worker, then start once with --migrate-ledger",
             )
     evidence = []
+    if sealed_end > 0:
+        evidence.append(f"{topics.ledger} held records before (log end offset {sealed_end})")
     if group_records:
         evidence.append(f"{topics.stage2_state} holds {len(group_records)} records")
     if consumer is not None:
@@ -76,6 +97,13 @@ async def lost_ledger(
             evidence.append(f"{topics.releases} holds {ends[releases]} records")
     if not evidence:
         return []
+    if migrate and sealed_end > 0:
+        raise LedgerError(
+            "lost",
+            f"the privacy ledger {topics.ledger} is empty or tombstoned, but it held records before (log end offset "
+            f"{sealed_end}): --migrate-ledger would roll it back to the older version's state and release windows "
+            "again; restore the ledger, or start a new dataset deliberately with --new-dataset",
+        )
     if new_dataset:
         log.warning(
             "the privacy ledger %s is gone although %s: starting a NEW dataset (--new-dataset): spend and cursors "

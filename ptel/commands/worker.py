@@ -98,7 +98,13 @@ def register(subparsers: Any) -> None:
         "--migrate-ledger",
         action="store_true",
         help="move the unsealed <reports>.privacy-ledger of an older version into the sealed "
-        "privacy-ledger.<reports> (stop the older workers first; delete the old topic afterwards)",
+        "privacy-ledger.<reports> with a new release-noise key (stop the older workers first; delete the old topic "
+        "afterwards)",
+    )
+    p.add_argument(
+        "--keep-legacy-noise-key",
+        action="store_true",
+        help="with --migrate-ledger: keep the older ledger's noise key, which it stored in the clear (off: re-key)",
     )
     p.add_argument(
         "--instance-id",
@@ -196,6 +202,7 @@ def run(args: Any) -> int:
         ledger_secret=ledger_secret,
         new_dataset=args.new_dataset,
         migrate_ledger=args.migrate_ledger,
+        keep_legacy_noise_key=args.keep_legacy_noise_key,
     )
     try:
         return asyncio.run(_main(spec, settings, args))

@@ -13,12 +13,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.errors import ConfigurationError
 from agents.kafka_io.changelog import read_to_end
 from agents.kafka_io.topics import legacy_ledger_topic
 from agents.runtime.observability import WorkerObserver
@@ -163,20 +165,30 @@ async def test_a_forged_altered_planted_or_lost_ledger_stops_releases_and_readin
         await _stop(worker, task)
 
 
-async def test_an_older_versions_unsealed_ledger_is_refused_until_migrated(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
+async def _legacy_ledger(bootstrap: str, spec: CollectionSpec, group: str) -> tuple[bytes, int]:
+    """An older version's unsealed ledger of ``spec``'s reports, owned by ``group``: its noise key and cursor."""
     legacy = legacy_ledger_topic(spec.topics.reports)
-    await create_topic(kafka_bootstrap, legacy, configs={"cleanup.policy": "compact"})
+    await create_topic(bootstrap, legacy, configs={"cleanup.policy": "compact"})
     key, cursor = os.urandom(32), (int(time.time()) - 5) * 1000
     old = [
         (NOISE_KEY, key),
         (b"origin", json.dumps({"origin_ms": cursor - 10_000, "created_ms": cursor - 9_000}).encode()),
-        (OWNER_KEY, json.dumps({"group": settings.group}).encode()),
+        (OWNER_KEY, json.dumps({"group": group}).encode()),
         (b"cursor/crashed", str(cursor).encode()),
     ]
-    await _produce(kafka_bootstrap, legacy, old)
+    await _produce(bootstrap, legacy, old)
+    return key, cursor
+
+
+async def test_an_older_versions_unsealed_ledger_is_refused_until_migrated_and_re_keyed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 34, minor 6: on f2b1380 ``--migrate-ledger`` imported the older version's noise key -- stored in the
+    clear -- as it was, and once migrated, a sealed ledger emptied later still told the operator to migrate (which
+    would roll the ledger back to the older state). Now the migration re-keys (cursors continued), and an emptied
+    sealed ledger is ``lost`` -- no hint to migrate, and ``--migrate-ledger`` refused."""
+    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
+    key, cursor = await _legacy_ledger(kafka_bootstrap, spec, settings.group)
     worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
     try:
         refusal = worker.stats.ledger_refusal
@@ -184,16 +196,88 @@ async def test_an_older_versions_unsealed_ledger_is_refused_until_migrated(
         assert not WorkerObserver(worker).readiness().ready
     finally:
         await _stop(worker, task)
-    migrating = WorkerSettings(
-        kafka_bootstrap, settings.group, settings.idle, ledger_secret=secret, migrate_ledger=True
-    )
+    migrating = replace(settings, migrate_ledger=True)
     worker, task = await _stage2_outcome(kafka_bootstrap, spec, migrating)
     try:
         releaser = worker.releaser()
         assert releaser is not None and worker.stats.ledger_refusal is None
-        assert releaser.noise_key == key and releaser.cursor("crashed") >= cursor  # continued, not a new dataset
+        assert releaser.cursor("crashed") >= cursor  # continued, not a new dataset
+        assert releaser.noise_key != key and len(releaser.noise_key) == len(key)  # re-keyed
+        ledger = worker.topics.ledger
+        sealed = await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))
+        assert dict(LedgerSeal(secret, ledger).open(sealed) or [])[NOISE_KEY] == releaser.noise_key
+    finally:
+        await _stop(worker, task)
+    # the sealed ledger emptied later, the older topic still there: a lost ledger, not one to migrate
+    await _produce(kafka_bootstrap, ledger, [(k, None) for k in dict(sealed)])
+    for attempt in (settings, migrating):
+        worker, task = await _stage2_outcome(kafka_bootstrap, spec, attempt)
+        try:
+            refusal = worker.stats.ledger_refusal
+            assert refusal is not None and worker.releaser() is None, attempt
+            assert refusal[0] == "lost" and "held records before" in refusal[1], refusal
+            assert ("--migrate-ledger" in refusal[1]) == attempt.migrate_ledger, refusal  # named only to refuse it
+        finally:
+            await _stop(worker, task)
+
+
+async def test_a_migration_keeps_the_older_noise_key_only_when_told(kafka_bootstrap: str, tmp_path: Path) -> None:
+    spec, _, settings = _dataset(kafka_bootstrap, tmp_path)
+    key, _ = await _legacy_ledger(kafka_bootstrap, spec, settings.group)
+    with pytest.raises(ConfigurationError, match="keep_legacy_noise_key"):
+        replace(settings, keep_legacy_noise_key=True)
+    keeping = replace(settings, migrate_ledger=True, keep_legacy_noise_key=True)
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, keeping)
+    try:
+        releaser = worker.releaser()
+        assert releaser is not None and releaser.noise_key == key
         sealed = await read_to_end(kafka_bootstrap, TopicPartition(worker.topics.ledger, 0))
-        assert key not in b"".join(v or b"" for _, v in sealed)
-        assert dict(LedgerSeal(secret, worker.topics.ledger).open(sealed) or [])[NOISE_KEY] == key
+        assert key not in b"".join(v or b"" for _, v in sealed)  # sealed: never in the clear in the new topic
+    finally:
+        await _stop(worker, task)
+
+
+def _replay(older: Records, newer: Records) -> Records:
+    """What replaying the ``older`` complete state after ``newer`` writes: its live records byte for byte, and
+    tombstones for the keys only ``newer`` holds (so the seal's record count matches the older head again)."""
+    old, new = dict(older), dict(newer)
+    return [(k, v) for k, v in old.items()] + [(k, None) for k, v in new.items() if v is not None and k not in old]
+
+
+async def test_a_rolled_back_ledger_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 34, minor 4: on f2b1380 an earlier complete sealed state replayed after a later one was accepted -- its
+    cursors lie before windows released since, which were released again (with other counts) and charged again. Now
+    stage 2 checks the restored state against the releases topic and refuses it (``tampered``: rolled back); the
+    latest state put back opens again (no false alarm)."""
+    spec, secret, settings = _dataset(kafka_bootstrap, tmp_path)
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    ledger = worker.topics.ledger
+    try:
+        await _until("first releases", lambda: worker.stats.releases >= 2)
+    finally:
+        await _stop(worker, task)
+    earlier = await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        await _until("later releases", lambda: worker.stats.releases >= 3)
+    finally:
+        await _stop(worker, task)
+    later = await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))
+    await _produce(kafka_bootstrap, ledger, _replay(earlier, later))
+    assert LedgerSeal(secret, ledger).open(await read_to_end(kafka_bootstrap, TopicPartition(ledger, 0))) is not None
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        refusal = worker.stats.ledger_refusal
+        assert refusal is not None and worker.releaser() is None, "stage 2 took a rolled-back ledger"
+        assert refusal[0] == "tampered" and "rolled back" in refusal[1], refusal
+        await asyncio.sleep(1.5)
+        assert worker.stats.releases == 0
+    finally:
+        await _stop(worker, task)
+    await _produce(kafka_bootstrap, ledger, _replay(later, earlier))  # the latest state back
+    worker, task = await _stage2_outcome(kafka_bootstrap, spec, settings)
+    try:
+        assert worker.releaser() is not None and worker.stats.ledger_refusal is None
+        await _until("releases again", lambda: worker.stats.releases >= 1)
     finally:
         await _stop(worker, task)

@@ -130,3 +130,27 @@ async def test_the_monitors_prometheus_metrics_are_operator_data() -> None:
 def test_loopback_addresses() -> None:
     assert all(map(is_loopback, ("127.0.0.1", "127.3.0.1", "::1", "localhost")))
     assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.1", "example.org")))
+
+
+async def test_fausts_raw_views_answer_only_behind_the_operator_rule() -> None:
+    """Issue 34, minor 5: ``--faust-views`` (raw tables: ``/table/...``, ``/router/...``) are operator routes, but on
+    f2b1380 Faust served them itself, outside the guard: on loopback with a token configured they answered without
+    it. Now every one of them answers 401 without the token (403 off loopback without one is refused at settings) and
+    the table list with it; without ``--faust-views`` they are not served at all."""
+    from pydantic import SecretStr
+
+    paths = {p for p in MONITOR_ROUTES.operator_routes() if p.startswith(("/table", "/router"))}
+    assert len(paths) == 7
+    concrete = [p.format(name="latest_release", key="k") for p in sorted(paths)]
+    for faust_views in (True, False):
+        settings = MonitorSettings("127.0.0.1:9092", operator_token=SecretStr(TOKEN), faust_views=faust_views)
+        app = build_monitor(SPEC, settings)
+        app.web.init_server()
+        async with TestClient(TestServer(app.web.web_app)) as client:
+            for path in concrete:
+                got = await client.get(path)
+                assert got.status == (401 if faust_views else 404), (path, got.status, await got.text())
+            listed = await client.get("/table/", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert listed.status == (200 if faust_views else 404), await listed.text()
+            if faust_views:
+                assert "latest_release" in await listed.text()

@@ -175,3 +175,26 @@ def test_a_conflicted_window_says_how_many_reports_it_did_not_release() -> None:
     (rel,) = [r for r in stage2(new, handovers, partitions=2)[0] if r.key == f"color|{T0_S * 1000}"]
     assert rel.refused is not None and rel.refused.startswith("spec changed")
     assert rel.n == 5 and rel.excluded is not None and rel.excluded["spec_changed"] == 4
+
+
+def test_a_conflict_with_a_central_partial_publishes_no_exact_counts() -> None:
+    """Issue 34, minor 1: a metric changed from keyed to bool while window ``T0`` is open, on two partitions. On
+    f2b1380 the conflict took the kind of the partial merged first; with the bool one first, the "spec changed" record
+    published ``n`` summed over both -- the keyed partial's exact count included (12 without the target, 13 with its
+    one keyed report). Now ``n``, ``over_bound`` and ``excluded`` are null whichever partial merges first, under
+    either spec."""
+    keyed, boolean = make_spec([KEYED]), make_spec([{"name": "errors", "kind": "bool", "prob": 0.75}])
+    bools: list[Send] = [("errors", True, ClientSecret.generate(), T0_S + 1) for _ in range(12)]
+    bool_part = _window(stage1(boolean, records(boolean, bools)), "errors")
+    target: list[Send] = [("errors", ("k", True), ClientSecret.generate(), T0_S + 1)]
+    keyed_part = _window(stage1(keyed, records(keyed, target)), "errors")
+    assert (bool_part.n, keyed_part.n) == (12, 1)
+    seen = set()
+    for parts in ((bool_part, keyed_part), (keyed_part, bool_part)):
+        handovers = [Handover(p, (T0_S + 10) * 1000, (part,)) for p, part in enumerate(parts)]
+        for spec in (boolean, keyed):
+            (rel,) = [r for r in stage2(spec, handovers, partitions=2)[0] if r.key == WINDOW]
+            assert rel.refused is not None and rel.refused.startswith("spec changed"), rel
+            assert (rel.n, rel.over_bound, rel.excluded) == (None, None, None), rel
+            seen.add(rel.model_dump_json(include={"n", "over_bound", "excluded", "kind"}))
+    assert len(seen) == 1, seen
