@@ -44,6 +44,8 @@ from ptel.commands.options import (
 from ptel.demo_gateway import GATEWAY_PORT, PAGE_ORIGINS
 from ptel.kafka_broker import BrokerError, LocalKafka
 from ptel.local_process import free_port, port_is_free
+from ptel.shutdown import STOP_SIGNALS, StoppedOutsideLoopError, stop_outside_the_loop
+from schemas.spec import CollectionSpec
 
 #: Seconds each child has to stop after SIGINT before it is killed.
 STOP_S = 20.0
@@ -97,14 +99,6 @@ class _Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
-class _StopError(Exception):
-    """SIGINT or SIGTERM."""
-
-
-def _on_signal(signum: int, _frame: object) -> None:
-    raise _StopError(signal.Signals(signum).name)
-
-
 def _port(wanted: int) -> int:
     return wanted if port_is_free(wanted) else free_port()
 
@@ -153,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec_or_report(args.spec)
     if spec is None:
         return SPEC_ERROR_EXIT
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_outside_the_loop():  # SIGINT or SIGTERM anywhere below: StoppedOutsideLoopError, then the cleanup
+        return _run(spec, args)
+
+
+def _run(spec: CollectionSpec, args: argparse.Namespace) -> int:
     broker: LocalKafka | None = None
     children: list[_Child] = []
     try:
@@ -233,15 +231,14 @@ def run(args: argparse.Namespace) -> int:
                 if child.proc.poll() is not None:
                     return _report_failure(child)
             time.sleep(0.5)
-    except _StopError as stop:
-        print(f"ptel up: {stop}: stopping the services", flush=True)
+    except StoppedOutsideLoopError as stop:
+        print(f"ptel up: {stop.signal.name}: stopping the services", flush=True)
         return 0
     except BrokerError as err:
         print(f"ptel up: {err}", file=sys.stderr)
         return 1
     finally:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)  # the cleanup below is not interrupted a second time
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}  # the cleanup runs to its end
         _stop_children(children)
         if broker is not None and broker.release():
             print("ptel up: stopped the broker it started", flush=True)
