@@ -46,6 +46,8 @@ def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> No
 ALL_COMMANDS = {
     "broker",
     "demo",
+    "up",
+    "simulate",
     "produce",
     "worker",
     "releases",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -140,14 +141,16 @@ def test_secured_broker_listens_on_sasl_ssl_only() -> None:
         # a listener that is not SASL_SSL is bound to the container's loopback only
         assert protocols[name] == "SASL_SSL" or address.startswith("127.0.0.1:"), (name, address)
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
-    assert "--add-scram" in script and 'SCRAM-SHA-512=[name=${file##*/scram-}' in script
+    assert "--add-scram" in script and "SCRAM-SHA-512=[name=${file##*/scram-}" in script
     # deny by default; the administrator and the loopback-only listeners' ANONYMOUS are the only super users
     assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert props["super.users"] == "User:ptel-admin;User:ANONYMOUS"
 
 
-def test_make_secrets_writes_each_service_its_own_login_and_only_its_row(tmp_path: Path) -> None:
+def test_make_secrets_writes_each_service_its_own_login_and_only_its_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each service's folder holds exactly its row's files (ptel/principal_roles.py), a --kafka-config that loads
     with its own SCRAM user, whose password the broker's folder has under that user's name; every secret file is
     mode 0600; the worker's ledger key is one the worker loads; a second run keeps everything."""
@@ -155,6 +158,8 @@ def test_make_secrets_writes_each_service_its_own_login_and_only_its_row(tmp_pat
     from kafka_settings.connection import KafkaConnection
     from ptel.principal_roles import ADMIN, ROLES
 
+    for name in [k for k in os.environ if k.startswith("PTEL_KAFKA_") or k == "KAFKA_BOOTSTRAP_SERVERS"]:
+        monkeypatch.delenv(name)  # the files alone decide (the environment would override them)
     module = make_secrets_module()
     folder = tmp_path / "secrets"
     assert module.make_secrets(folder, "kafka-secured", mount=folder / "worker") is True  # where ca.pem is, here

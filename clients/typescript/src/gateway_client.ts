@@ -24,7 +24,7 @@
  * happened (`outcome`; `admitted` -- on its way or accepted; `accepted` -- the gateway's 202 for this report, with
  * its `late` and `windowMismatch`), and `onDrop` reports every stored report that leaves the outbox without a 202.
  * Calls made before the client is open wait for it, in order. The outbox gives up on a report before the spec's
- * retry horizon (`window.retry_horizon_s`, default 600 s) passes: `onDrop` with `unknown_outcome` if an attempt
+ * retry horizon (`window.retry_horizon_s`, default 900 s) passes: `onDrop` with `unknown_outcome` if an attempt
  * may have reached Kafka, else `expired`.
  *
  * Consent: {@link GatewayClient.optOut} deletes the secret, the quota and the outbox and remembers the choice
@@ -38,7 +38,7 @@ import type { QuotaStore, Refusal } from "./quota.js";
 import { type DropReason, type FlushResult, LocalStorageQueueStore, type QueueStore, type QueuedMessage, SendQueue, type StorageLike } from "./queue.js";
 import type { RandomSource } from "./random.js";
 import { prrThresholds, usesIrr } from "./rappor.js";
-import { CollectionSpec, type Metric } from "./spec.js";
+import { CollectionSpec, FORWARD_DELAY_BOUND_S, type Metric } from "./spec.js";
 import { IndexedDbStore, isErasable, type SecretStore } from "./storage.js";
 import { type Attempt, GatewayRefusedError, GatewayTransport, type TransportOptions } from "./transport.js";
 
@@ -292,7 +292,7 @@ export class GatewayClient {
     // the retry horizon (the spec's window.retry_horizon_s): the last attempt must end before it passes, so one
     // attempt's timeout (at most half of it) is kept off; backoffs capped so at least ~10 attempts fit in it
     const horizonMs = spec.retryHorizonS * 1000;
-    const giveUpMs = horizonMs - Math.min(transport.timeoutMs, horizonMs / 2);
+    const giveUpMs = horizonMs - Math.min(Math.max(transport.timeoutMs, FORWARD_DELAY_BOUND_S * 1000), horizonMs / 2);
     // the gateway remembers a key for at least one window after it first saw it (docs/gateway.md "Retries")
     const windowMs = spec.windowSizeS * 1000;
     const queue = new SendQueue(transport, queueStore, {

@@ -19,6 +19,7 @@ export {
   CollectionSpec,
   metricFingerprint,
   DEFAULT_RETRY_HORIZON_S,
+  FORWARD_DELAY_BOUND_S,
   SPEC_DOCUMENT_FORMAT,
   type Bins,
   type BoolMetric,

@@ -18,8 +18,12 @@ import { canonicalJson, JsonNumber, parseJsonTree, plain, type JsonTree } from "
 import { MAX_HASHES, prrThresholds, usesBloom, usesIrr, type RapporConfig, type RapporVariant } from "./rappor.js";
 
 export const SPEC_DOCUMENT_FORMAT = "ptel-spec-document/v1";
-/** The retry horizon of a spec that states none (`window.retry_horizon_s`), s. */
-export const DEFAULT_RETRY_HORIZON_S = 600;
+/** The retry horizon of a spec that states none (`window.retry_horizon_s`), s: the Python spec's default. */
+export const DEFAULT_RETRY_HORIZON_S = 900;
+/** How long a gateway may still be forwarding an attempt after it was sent, s (the Python spec's
+ * `FORWARD_DELAY_BOUND_S`: the gateway's delivery timeout and a margin): no attempt starts later than the horizon
+ * less this, so that every copy of a report reaches Kafka inside the workers' deduplication horizon. */
+export const FORWARD_DELAY_BOUND_S = 150;
 
 /** Whether a resolved parameter's computed loss fits the spec's epsilon: 1e-12 relative slack, plus 4 ulps of 1
  * absolute -- a loss computed as `ln(x)` with x = 1 + O(epsilon) carries an absolute rounding error of a few ulps

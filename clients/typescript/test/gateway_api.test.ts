@@ -12,6 +12,7 @@ import { canonicalJson, JsonNumber, parseJsonTree, type JsonTree } from "../src/
 import {
   CollectionSpec,
   DEFAULT_MAX_EPSILON,
+  DEFAULT_RETRY_HORIZON_S,
   FileQueueStore,
   FileQuotaStore,
   FileSecretStore,
@@ -246,7 +247,8 @@ describe("send", () => {
   it("gives up before the spec's retry horizon (window.retry_horizon_s) and reports the outcome as unknown", async () => {
     const horizon = CollectionSpec.parse(served(["crashed"], {}, { retry_horizon_s: "60" }));
     assert.equal(horizon.retryHorizonS, 60);
-    assert.equal(CollectionSpec.parse(spec).retryHorizonS, 600, "default 600 s when absent");
+    assert.equal(CollectionSpec.parse(spec).retryHorizonS, 900, "the served spec's (Python's default)");
+    assert.equal(DEFAULT_RETRY_HORIZON_S, 900, "the same default as the Python spec's");
     let up = false;
     const gw = await gateway(specAndReports(served(["crashed"]), () => (up ? [202, { accepted: 1, window_start: 0 }] : [503, { reason: "delivery_failed" }])));
     try {
