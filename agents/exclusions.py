@@ -6,7 +6,8 @@ window that was *open for it* on its partition when it arrived -- its broker win
 broker window had already closed there, the first window still open (the partition's mark). So the record that carries
 a refusal is: for ``late``, the window it arrived in -- a later one than its own, which was closed, and possibly
 released, before it arrived; for ``window_mismatch``, its broker window -- an earlier one than its ``client_time``'s;
-for ``wrong_partition``, the window it arrived in (its broker window, or the mark when that had closed); for
+for ``wrong_partition`` and ``duplicate`` (a copy of a device request counted already: :mod:`agents.stage1.dedup`),
+the window it arrived in (its broker window, or the mark when that had closed); for
 ``spec_changed`` and ``key_capacity``, its own window (the one that refused it). Summed over a run's released windows,
 every report of a local metric that stage 1 read is in exactly one record's ``n`` or ``excluded``, but for the
 refusals named last below (no window attributed). A window whose partials conflict (a spec change mid-window) is
@@ -21,10 +22,11 @@ another client's reports there count (docs/privacy.md, "Reports not counted").
 
 **What is published.** The local kinds (bool, categorical, RAPPOR) publish the exact counts, with every reason of
 :data:`PUBLISHED_REASONS` present (0 included) and ``over_bound`` equal to the record's ``over_bound`` field. Each
-decision depends on a report's transport only -- its broker time, ``client_time``, pseudonym or cohort, and the
-number of reports its pseudonym sent -- never on its privatized value, the only thing a neighbouring dataset of
-these kinds changes (substitution of a client's values, participation public: docs/privacy.md): the counts are the
-same on both sides, a function of what already determines the published ``n``. The central kinds (keyed,
+decision depends on a report's transport only -- its broker time, ``client_time``, pseudonym or cohort, the number of
+reports its pseudonym sent, and whether its device's request was read before (its idempotency tag) -- never on its
+privatized value, the only thing a neighbouring dataset of these kinds changes (substitution of a client's values,
+participation public: docs/privacy.md): the counts are the same on both sides, a function of what already determines the
+published ``n``. The central kinds (keyed,
 regression) publish ``None``: their neighbours add or remove a client, whose refused reports are not bounded per
 client (a client can send any number of late reports), so an exact or a noised count would have no finite
 sensitivity; their ``n`` and ``over_bound`` are withheld for the same reason.
@@ -38,10 +40,10 @@ report of this metric's population) and a record whose broker timestamp is not t
 from __future__ import annotations
 
 #: Stage 1's refusals that belong to a (metric, window) of the spec (see the module docstring).
-WINDOW_REASONS = ("late", "window_mismatch", "wrong_partition", "spec_changed", "key_capacity")
+WINDOW_REASONS = ("late", "window_mismatch", "wrong_partition", "duplicate", "spec_changed", "key_capacity")
 #: The reasons a local kind's record lists, in this order: its contribution bound and the stage-1 refusals a local
 #: metric can meet (``key_capacity`` is keyed only).
-PUBLISHED_REASONS = ("over_bound", "late", "window_mismatch", "wrong_partition", "spec_changed")
+PUBLISHED_REASONS = ("over_bound", "late", "window_mismatch", "wrong_partition", "duplicate", "spec_changed")
 
 
 def published_exclusions(excluded: dict[str, int], over_bound: int, central: bool) -> dict[str, int] | None:

@@ -48,7 +48,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -59,6 +59,7 @@ from gateway.kafka_probe import authorization_refusal, connection_problem, is_fa
 from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
 from kafka_settings.failover import REQUEST_TIMEOUT_MS
 from schemas.wire import Report, ReportBatch, encode_batch, partition_key
+from schemas.wire.idempotency_header import tag_headers
 
 __all__ = ["FORWARD_REASONS", "Forwarder", "ForwarderSettings"]
 
@@ -133,8 +134,8 @@ class _Request:
     reports: list[Report]
     #: The broker time (ms) of the acknowledgement: see :meth:`Forwarder.forward`.
     done: asyncio.Future[int]
-    #: Kafka record headers this request adds to the message that carries it.
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    #: ``(idempotency tag, window)`` of a request with an ``Idempotency-Key`` (a record header of its message).
+    tag: tuple[bytes, int] | None = None
     #: Handed to the producer: its settlement belongs to the acknowledgement, not to a failure of the flush.
     handed: bool = False
 
@@ -458,10 +459,11 @@ class Forwarder:
         return partition, key
 
     def forward(
-        self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
+        self, partition: int, key: bytes, reports: list[Report], tag: tuple[bytes, int] | None = None
     ) -> asyncio.Future[int]:
         """Queue ``reports`` (all bound for ``partition``, whose partition key is ``key``, of one metric and
-        fingerprint) with the Kafka record ``headers`` they add to their message; the future completes when Kafka
+        fingerprint), with their request's ``(idempotency tag, window)`` if it has one (a record header of their
+        message names their rows: :mod:`schemas.wire.idempotency_header`); the future completes when Kafka
         acknowledged them -- with the broker time (ms) of their message, its LogAppendTime (the wall clock at the
         acknowledgement if the broker gave none: later than the append, the safe side for a lateness check) -- or
         fails with :class:`ForwardError`. Call only when :meth:`refusal` is ``None``."""
@@ -473,7 +475,7 @@ class Forwarder:
             self._queued_since = time.monotonic()
             self._wake.set()
         group = (partition, first.metric, first.fingerprint)
-        self._queued.setdefault(group, []).append(_Request(key, reports, done, headers or []))
+        self._queued.setdefault(group, []).append(_Request(key, reports, done, tag))
         self.pending_reports += len(reports)
         return done
 
@@ -525,7 +527,7 @@ class Forwarder:
         try:
             reports = [r for request in chunk for r in request.reports]
             value = encode_batch(ReportBatch.from_reports(reports))
-            headers = [h for request in chunk for h in request.headers]
+            headers = tag_headers([(request.tag, len(request.reports)) for request in chunk])
         except Exception as err:  # a bug, never the device's fault (the reports passed the spec's checks)
             log.error("gateway: cannot encode %d report(s) for partition %d", size, partition, exc_info=err)
             self._settle(chunk, size, ForwardError("internal_error", f"{type(err).__name__}: {err}"))

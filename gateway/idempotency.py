@@ -22,23 +22,27 @@ next one (a retry a little after a boundary still matches). Counting from the *a
 matters when Kafka is down for longer than a window: an attempt taken in window ``w`` may be acknowledged in window
 ``w + 10``, after its device gave up waiting, and the device's retries come then.
 
-A key is remembered by its **tag** (:meth:`gateway.keys.GatewayKeys.idempotency_tag`: a keyed BLAKE2b of
-device and key, unlinkable without the gateway's pseudonym key), and the tag travels with the reports: the Kafka
-message that carries a request's reports has a record header :data:`TAG_HEADER` per request holding
-:func:`tag_header` (tag, report count, window). Kafka acknowledges the reports and their tags at once, so a
-gateway that starts reads the tags of the recent windows back from the reports topic
-(:mod:`gateway.idempotency_recovery`) and a retry after a crash (kill -9 included) is answered from them: what
-Kafka holds is never forwarded twice, what it does not hold is forwarded. ``docs/gateway.md`` ("Retries") says
-what holds across several gateways at once.
+A key is remembered by its **tag** (:meth:`gateway.keys.GatewayKeys.idempotency_tag`: a keyed BLAKE2b of device and key,
+unlinkable without the gateway's pseudonym key), and the tag travels with the reports: the Kafka message that carries a
+request's reports has a record header :data:`TAG_HEADER` per request holding
+:func:`~schemas.wire.idempotency_header.tag_header` (tag, report count, window, its rows in the message). Kafka
+acknowledges the reports and their tags at once, so a gateway that starts reads the tags of the recent windows back from
+the reports topic (:mod:`gateway.idempotency_recovery`) and a retry after a crash (kill -9 included) is answered from
+them: what Kafka holds is never forwarded twice, what it does not hold is forwarded.
+
+This cache only spares Kafka a copy and answers a retry at once: it is per process. What makes every copy count at
+most once -- a retry at another replica, or later than this memory -- is the workers' dedup of the tags
+(``agents.stage1.dedup``), over the spec's ``window.retry_horizon_s`` (``docs/gateway.md``, "Retries").
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+
+from schemas.wire.idempotency_header import TAG_BYTES, TAG_HEADER, parse_tag_header, tag_header
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX",
@@ -59,11 +63,6 @@ IDEMPOTENCY_KEY_MAX = 128
 KEEP_WINDOWS = 1
 #: The 503 ``reason`` of a retry whose first attempt is in doubt (:class:`InDoubt`).
 IN_DOUBT = "in_doubt"
-#: Bytes of an idempotency tag.
-TAG_BYTES = 16
-#: The Kafka record header that carries one request's idempotency tag.
-TAG_HEADER = "ptel-idempotency"
-_ENTRY = struct.Struct(f">{TAG_BYTES}sIq")  # tag, reports accepted, window
 
 
 @dataclass(frozen=True)
@@ -87,19 +86,6 @@ class InDoubt:
     #: Gives back the attempt's quota reservation: called when the slot is forgotten (its reports are not in Kafka),
     #: never while in doubt -- if they are in Kafka they count against the device's bound.
     release: Callable[[], None] = field(compare=False, repr=False)
-
-
-def tag_header(tag: bytes, n: int, window: int) -> tuple[str, bytes]:
-    """The record header of a request with idempotency ``tag``, ``n`` reports, first attempted in ``window``."""
-    return TAG_HEADER, _ENTRY.pack(tag, n, window)
-
-
-def parse_tag_header(value: bytes) -> tuple[bytes, int, int] | None:
-    """``(tag, n, window)`` of a :func:`tag_header` value, or ``None`` if it is not one."""
-    if len(value) != _ENTRY.size:
-        return None
-    tag, n, window = _ENTRY.unpack(value)
-    return bytes(tag), int(n), int(window)
 
 
 class IdempotencyCache:

@@ -19,12 +19,18 @@ dropped (at most two keys are valid at once).
     pseudonym(d, metric, w) = BLAKE2b-64(key = pseudonym_key, person = "ptel-gw-pseud1",
                                           len(d) || d || len(metric) || metric || uint64_be(w))
 
-(keyed BLAKE2b is a PRF: RFC 7693, https://www.rfc-editor.org/rfc/rfc7693, section 2.9), replacing the one the
-device claimed. Without the key, pseudonyms of different windows and metrics are unlinkable, as the devices' own are
+(keyed BLAKE2b is a PRF: RFC 7693, https://www.rfc-editor.org/rfc/rfc7693, section 2.9) with its low bits -- its shard,
+``pseudonym mod 64`` (:data:`schemas.wire.DEFAULT_SHARDS`), which places the report on its partition -- replaced by
+those of the same PRF without the window (``w`` omitted, person "ptel-gw-shard1"), replacing the one the device claimed.
+So one device's reports of one metric land on one partition in every window: a retry that the gateway stamps into a
+later window (another replica, or after the device's first attempt was forgotten) meets its first copy there, where the
+workers drop it as ``duplicate`` (:mod:`agents.stage1.dedup`). The cost is 6 bits of linkability across windows for
+whoever reads the reports topic (the partition says as much); the pseudonyms stay unlinkable to the device without the
+key. Without the key, pseudonyms of different windows and metrics are unlinkable, as the devices' own are
 (``producers.client_secret``); with it, every gateway gives one device one pseudonym per (metric, window), so the
 agents' contribution bounds -- per pseudonym and window -- hold per authenticated device. The pseudonym key never
-rotates with the token keys: rotating it inside a window would give each device a second pseudonym, and a second
-quota, in that window.
+rotates with the token keys: rotating it inside a window would give each device a second pseudonym, and a second quota,
+in that window.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from pathlib import Path
 
 from gateway.errors import GatewayKeyError
 from schemas.private_file import private_temp_file
+from schemas.wire import DEFAULT_SHARDS
 
 __all__ = ["DEVICE_ID_PATTERN", "KEY_BYTES", "GatewayKeys", "TokenKey", "check_device_id"]
 
@@ -54,6 +61,9 @@ _KEY_ID = re.compile(r"[a-z0-9]{1,16}")
 _TOKEN_CONTEXT = b"ptel-device-token/v1\x00"
 _PERSON_PSEUDONYM = b"ptel-gw-pseud1"
 _PERSON_IDEMPOTENCY = b"ptel-gw-idem1"
+_PERSON_SHARD = b"ptel-gw-shard1"
+#: The pseudonym bits that are stable per (device, metric): its shard under the default 64 shards.
+_SHARD_MASK = DEFAULT_SHARDS - 1
 
 
 def check_device_id(device_id: str) -> str:
@@ -139,7 +149,8 @@ class GatewayKeys:
         d, m = device_id.encode("utf-8"), metric.encode("utf-8")
         msg = len(d).to_bytes(4, "big") + d + len(m).to_bytes(4, "big") + m + window.to_bytes(8, "big")
         mac = hashlib.blake2b(msg, key=self._pseudonym_key, digest_size=8, person=_PERSON_PSEUDONYM).digest()
-        return int.from_bytes(mac, "big")
+        stable = hashlib.blake2b(msg[:-8], key=self._pseudonym_key, digest_size=8, person=_PERSON_SHARD).digest()
+        return (int.from_bytes(mac, "big") & ~_SHARD_MASK) | (int.from_bytes(stable, "big") & _SHARD_MASK)
 
     def idempotency_tag(self, device_id: str, key: str) -> bytes:
         """The 16-byte tag of ``device_id``'s ``Idempotency-Key`` ``key``: BLAKE2b-128(key = pseudonym key,

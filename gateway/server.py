@@ -59,7 +59,6 @@ from gateway.idempotency import (
     Answer,
     IdempotencyCache,
     InDoubt,
-    tag_header,
 )
 from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
@@ -406,8 +405,9 @@ class Gateway:
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry}), None
         partition, partition_key = self.forwarder.partition_of(metric, shard)
         try:
-            headers = [tag_header(tag, n, window)] if tag is not None else None
-            acked_ms = await self.forwarder.forward(partition, partition_key, reports, headers)
+            acked_ms = await self.forwarder.forward(
+                partition, partition_key, reports, None if tag is None else (tag, window)
+            )
         except ForwardError as err:
             self.metrics.reports(metric, "refused", n)
             retry = self.settings.retry_after_s

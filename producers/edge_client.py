@@ -31,6 +31,10 @@ A delivery delayed beyond the grace (a broker outage while the sink retries) is 
 (:class:`~producers.kafka_publisher.WindowDeadline`), so an acknowledgement past its window's grace is counted in the
 publisher's ``stats.late_reports``, logged and passed to its ``on_late``; a
 :class:`~producers.gateway_sink.GatewaySink` learns it from the gateway's 202 (``"late": true``).
+
+A :class:`~producers.gateway_sink.GatewaySink` retries each message with one ``Idempotency-Key`` for at most the
+spec's ``window.retry_horizon_s`` (less the gateway's forwarding bound); the client gives it the spec's value (a sink
+built with another is refused), so the workers' dedup of the copies covers every retry (docs/gateway.md, "Retries").
 """
 
 from __future__ import annotations
@@ -132,6 +136,14 @@ class EdgeClient:
             from producers.kafka_publisher import WindowDeadline  # imported with the publisher already
 
             sink.windows = WindowDeadline(spec.window.size_s, spec.window.grace_s)  # type: ignore[attr-defined]
+        horizon = getattr(sink, "retry_horizon_s", False)  # a GatewaySink: its retry schedule is the spec's
+        if horizon is None:
+            sink.retry_horizon_s = spec.window.retry_horizon_s  # type: ignore[attr-defined]
+        elif horizon is not False and horizon != spec.window.retry_horizon_s:
+            raise ProducerParameterError(
+                f"the sink's retry_horizon_s ({horizon!r}) must be the spec's window.retry_horizon_s "
+                f"({spec.window.retry_horizon_s})"
+            )
         self.batch_size = batch_size
         self.wire_format: WireFormat = wire_format
         self.shards = shards

@@ -5,11 +5,19 @@ privatizes and encodes exactly as for Kafka (same spec, same client secret file,
 bounds) and the sink POSTs each encoded message to ``<gateway>/v1/reports`` with the device token
 (``Authorization: Bearer``). The Kafka message key is not sent: the gateway derives the partition itself.
 
-Retries cannot double-count: every message gets a fresh random ``Idempotency-Key`` that all its attempts carry,
-and the gateway answers a key it has already accepted with that first answer and forwards nothing. A message is
-retried after a 503 (waiting ``Retry-After``), a timeout or a dropped connection, with exponential backoff, for at
-most ``max_attempts`` attempts; any other refusal raises :class:`GatewayRefusedError` at once (retrying a malformed or
-over-quota report cannot succeed).
+Retries cannot double-count: every message gets a fresh random ``Idempotency-Key`` that all its attempts carry.
+A gateway that remembers the key answers with the first answer and forwards nothing; one that does not (another
+replica, a restart) forwards it again, and the workers drop every copy after the first (``excluded.duplicate``) --
+for ``window.retry_horizon_s`` after the first copy (docs/gateway.md, "Retries"). So the retry schedule comes from the
+spec: a message is retried after a 503 (waiting ``Retry-After``), a timeout or a dropped connection, with exponential
+backoff, and **no attempt starts later than** ``retry_horizon_s - FORWARD_DELAY_BOUND_S`` after the first (each
+attempt's timeout is cut to that deadline): every copy the gateways append is then within the horizon of the
+first. ``retry_horizon_s`` is the spec's (:class:`~producers.edge_client.EdgeClient` passes it), given, or read from
+the gateway's ``GET /v1/spec`` before the first message. When the deadline (or ``max_attempts``) passes after an
+attempt that may have reached Kafka (a timeout, a dropped connection, a 503 ``in_doubt``/``delivery_failed``/
+``shutting_down``), the outcome is unknown and :class:`GatewayOutcomeUnknownError` is raised: the report may count
+(once) or not, and sending it again under a new key could count it twice. Any other refusal raises
+:class:`GatewayRefusedError` at once (retrying a malformed or over-quota report cannot succeed).
 
 Retries cannot make a report late either: the gateway stamps each report with its own clock when it accepts it, so a
 retry after a window boundary lands in the new window. What can is a slow Kafka behind the gateway: a 202 whose
@@ -26,6 +34,7 @@ import asyncio
 import logging
 import os
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +42,23 @@ from typing import Any
 import aiohttp
 
 from producers.errors import ProducerError, ProducerParameterError
+from schemas.spec import DEFAULT_RETRY_HORIZON_S, FORWARD_DELAY_BOUND_S, RETRY_HORIZON_RANGE_S
 
-__all__ = ["GatewayRefusedError", "GatewaySink", "GatewaySinkStats"]
+__all__ = ["GatewayOutcomeUnknownError", "GatewayRefusedError", "GatewaySink", "GatewaySinkStats"]
+
+#: 503 reasons after which the request's reports may be in Kafka (the gateway handed them to its producer).
+MAYBE_FORWARDED = frozenset({"in_doubt", "delivery_failed", "shutting_down"})
 
 log = logging.getLogger(__name__)
+
+
+def check_retry_horizon(value: object) -> int:
+    """``value`` if it is a valid ``window.retry_horizon_s`` (whole seconds in :data:`RETRY_HORIZON_RANGE_S`), else
+    :class:`ProducerParameterError` naming the field and the range."""
+    low, high = RETRY_HORIZON_RANGE_S
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ProducerParameterError(f"window.retry_horizon_s ({value!r}) must be whole seconds in [{low}, {high}]")
+    return value
 
 
 class GatewayRefusedError(ProducerError, RuntimeError):
@@ -47,6 +69,15 @@ class GatewayRefusedError(ProducerError, RuntimeError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"gateway refused the report: {status} {reason}: {detail}")
+
+
+class GatewayOutcomeUnknownError(GatewayRefusedError):
+    """Every attempt the retry horizon allows failed, and one of them may have reached Kafka: the report may count
+    (at most once: its copies share a tag) or not. Do not send it again under a new key (status 0,
+    reason ``outcome_unknown``)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0, "outcome_unknown", detail)
 
 
 @dataclass
@@ -62,6 +93,8 @@ class GatewaySinkStats:
     late_reports: int = 0
     mismatch_messages: int = 0
     mismatch_reports: int = 0
+    #: Messages given up with the outcome unknown (:class:`GatewayOutcomeUnknownError`).
+    unknown: int = 0
 
 
 class GatewaySink:
@@ -74,19 +107,31 @@ class GatewaySink:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 30.0,
-        max_attempts: int = 8,
+        max_attempts: int | None = None,
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
         on_late: Callable[[dict[str, Any]], None] | None = None,
+        retry_horizon_s: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``max_attempts``: at most this many attempts (``None``: as many as the horizon allows);
+        ``retry_horizon_s``: the spec's ``window.retry_horizon_s`` (``None``: read from ``GET /v1/spec``)."""
         if not url.startswith(("http://", "https://")):
             raise ProducerParameterError(f"url ({url!r}) must start with https:// (or http:// on loopback)")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ProducerParameterError(f"max_attempts ({max_attempts!r}) must be an integer in [1, ∞)")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise ProducerParameterError(f"max_attempts ({max_attempts!r}) must be an integer in [1, ∞) or None")
+        if retry_horizon_s is not None:
+            check_retry_horizon(retry_horizon_s)
         if not 0 < timeout_s <= 3600:
             raise ProducerParameterError(f"timeout_s ({timeout_s!r}) must be in (0, 3600]")
         self.endpoint = url.rstrip("/") + "/v1/reports"
+        self.spec_url = url.rstrip("/") + "/v1/spec"
+        #: The spec's ``window.retry_horizon_s`` (``None`` until read from the gateway).
+        self.retry_horizon_s = retry_horizon_s
+        self.clock = clock
         self._auth = f"Bearer {token}"
         self._session = session
         self._own_session = session is None
@@ -120,9 +165,33 @@ class GatewaySink:
             self._session = aiohttp.ClientSession()
         return self._session
 
+    def retry_deadline_s(self) -> float:
+        """Seconds after a message's first attempt past which no attempt starts: ``retry_horizon_s -
+        FORWARD_DELAY_BOUND_S`` (:data:`schemas.spec.FORWARD_DELAY_BOUND_S`: the longest a gateway takes to append)."""
+        if self.retry_horizon_s is None:
+            raise ProducerParameterError("retry_horizon_s: not known yet (read from the gateway's /v1/spec)")
+        return float(self.retry_horizon_s - FORWARD_DELAY_BOUND_S)
+
+    async def _horizon(self) -> None:
+        """Read ``window.retry_horizon_s`` from the gateway's ``GET /v1/spec`` (once)."""
+        if self.retry_horizon_s is not None:
+            return
+        async with self._client().get(self.spec_url, timeout=self.timeout, ssl=self.ssl_context or True) as response:
+            if response.status != 200:
+                raise GatewayRefusedError(response.status, "spec_unavailable", f"GET {self.spec_url}")
+            document = await response.json(content_type=None)
+        window = document.get("spec", {}).get("window", {}) if isinstance(document, dict) else {}
+        self.retry_horizon_s = check_retry_horizon(window.get("retry_horizon_s", DEFAULT_RETRY_HORIZON_S))
+
     async def publish(self, key: bytes | None, value: bytes) -> None:
-        """Send one encoded message (``key`` is not sent); returns once the gateway answered 202."""
+        """Send one encoded message (``key`` is not sent); returns once the gateway answered 202. Raises
+        :class:`GatewayRefusedError` (refused, or never reached), or :class:`GatewayOutcomeUnknownError`."""
         del key
+        try:
+            await self._horizon()
+        except (TimeoutError, aiohttp.ClientError, ValueError) as err:
+            detail = f"reading {self.spec_url}: {type(err).__name__}: {err}"
+            raise GatewayRefusedError(0, "unreachable", detail) from err
         headers = {
             "Authorization": self._auth,
             "Content-Type": "application/json" if value[:1] == b"{" else "application/octet-stream",
@@ -130,14 +199,24 @@ class GatewaySink:
         }
         delay = self.backoff_s
         last = GatewayRefusedError(0, "unreachable", "no attempt made")
-        for attempt in range(self.max_attempts):
+        maybe_forwarded = False  # an attempt may have reached Kafka
+        deadline = self.clock() + self.retry_deadline_s()
+        attempt = 0
+        while self.max_attempts is None or attempt < self.max_attempts:
             if attempt:
+                if self.clock() + delay >= deadline:
+                    break
                 self.stats.retries += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
+            attempt += 1
+            left = deadline - self.clock()
+            if left <= 0:
+                break
             try:
+                timeout = aiohttp.ClientTimeout(total=min(self.timeout.total or left, left))
                 async with self._client().post(
-                    self.endpoint, data=value, headers=headers, timeout=self.timeout, ssl=self.ssl_context or True
+                    self.endpoint, data=value, headers=headers, timeout=timeout, ssl=self.ssl_context or True
                 ) as response:
                     body = await response.json(content_type=None)
                     if response.status == 202:
@@ -151,11 +230,20 @@ class GatewaySink:
                     last = GatewayRefusedError(response.status, reason, detail)
                     if response.status != 503:
                         raise last
+                    maybe_forwarded |= reason in MAYBE_FORWARDED
                     retry_after = response.headers.get("Retry-After", "")
                     if retry_after.isdigit():
                         delay = min(max(delay, float(retry_after)), self.max_backoff_s)
             except (TimeoutError, aiohttp.ClientError, ValueError) as err:
                 last = GatewayRefusedError(0, "unreachable", f"{type(err).__name__}: {err}")
+                # the request may have been taken before the answer was lost -- unless no connection was made
+                maybe_forwarded |= not isinstance(err, aiohttp.ClientConnectorError)
+        if maybe_forwarded:
+            self.stats.unknown += 1
+            raise GatewayOutcomeUnknownError(
+                f"no answer within the retry horizon ({attempt} attempt(s) in {self.retry_deadline_s():g} s; last: "
+                f"{last.status} {last.reason}: {last.detail}); the report counts at most once"
+            )
         raise last
 
     def _late(self, body: dict[str, Any]) -> None:

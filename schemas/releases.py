@@ -205,6 +205,8 @@ class Release(_Frozen):
     #: windows, ``n`` plus these is every report of the metric the agents read, less the records refused before any
     #: window could be trusted (undecodable, not fitting the spec, untrusted broker time: operators see those by
     #: reason).
+    #: And ``duplicate`` (issue 30): copies of a device request already read (same idempotency tag, within the spec's
+    #: ``window.retry_horizon_s``), counted once, on the first copy (``agents.stage1.dedup``).
     #: Like ``n``, a function of the reports' transport, never of their values. ``None`` for the central kinds
     #: (keyed, regression), for the same reason as ``n``, and in records written before the field existed
     #: (added in schema version 2 with a default). docs/privacy.md, "Reports not counted".

@@ -6,15 +6,17 @@ fits ``epsilon`` (directed rounding), OUE's realized bit probabilities, OLH's bu
 so that both languages privatize with the same numbers. Shape (``format`` :data:`SPEC_DOCUMENT_FORMAT`)::
 
     {"format": "ptel-spec-document/v1",
-     "spec": {"version": 1, "name": <spec name>, "window": {"size_s": <int>, "grace_s": <int>},
+     "spec": {"version": 1, "name": <spec name>, "window": {"size_s": <int>, "grace_s": <int>,
+                                                              "retry_horizon_s": <int>},
               "metrics": [{"kind", "name", "reports_per_window", ("keys_per_window",) ...the DEVICE_FIELDS}]},
      "metrics": {"<name>": {"fingerprint": <uint32>, "payload": "bool" | "category" | "unary" | "local_hash"
                             | "rappor" | "keyed" | "regression", ...the resolved device parameters}}}
 
-``spec`` holds only what a device needs (:func:`device_spec`): the window's size and grace, and per metric its kind,
-name, quota fields and the device fields its fingerprint covers. The document is public (``GET /v1/spec`` needs no
-token), so the operator's details -- topic names, partitions, replication, release and budget parameters, the
-keyed capacity test -- stay out of it.
+``spec`` holds only what a device needs (:func:`device_spec`): the window's size and grace, the retry horizon (a device
+retries one request for at most ``retry_horizon_s`` less ``FORWARD_DELAY_BOUND_S``, docs/gateway.md), and per metric its
+kind, name, quota fields and the device fields its fingerprint covers. The document is public (``GET /v1/spec`` needs no
+token), so the operator's details -- topic names, partitions, replication, release and budget parameters, the keyed
+capacity test -- stay out of it.
 
 Resolved parameters per payload: ``bool``/``keyed`` ``prob`` (the RR keep probability); ``category`` ``k`` and
 ``prob`` (k-RR); ``unary`` ``k``, ``p``, ``q`` (OUE's realized probabilities, multiples of 2^-64); ``local_hash``
@@ -61,7 +63,7 @@ def device_spec(spec: CollectionSpec) -> dict[str, Any]:
     return {
         "version": spec.version,
         "name": spec.name,
-        "window": spec.window.model_dump(mode="json", include={"size_s", "grace_s"}),
+        "window": spec.window.model_dump(mode="json", include={"size_s", "grace_s", "retry_horizon_s"}),
         "metrics": metrics,
     }
 

@@ -41,6 +41,7 @@ from agents.runtime.stage1_pipeline import Stage1Pipeline, now_ms
 from agents.runtime.worker_settings import WorkerSettings as WorkerSettings
 from agents.runtime.worker_stats import WorkerStats
 from agents.stage1.aggregator import Aggregator
+from agents.stage1.dedup import RetryDedup
 from agents.stage1.partition_state import PartitionState
 from agents.stage1.placement import Placement
 from agents.stage1.records import Handover, SourceRecord
@@ -357,7 +358,9 @@ class Worker:
         p = tp.partition
         producer = await self._stage1_producer(p)
         try:  # a refusal (an ACL, retention) leaves no producer behind
-            state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement)
+            dedup = RetryDedup(p, self.spec.window.retry_horizon_s * 1000)  # copies of one device request count once
+            state = PartitionState(p, self.window, self.validator, self.aggregator, self.settings.idle, self.placement,
+                                   dedup)  # fmt: skip
             state.restore(await read_to_end(self.settings.connection, TopicPartition(self.topics.stage1_state, p)))
             offset = await self._seek_committed(tp)
             replay = state.replay_from()
@@ -368,7 +371,9 @@ class Worker:
                 # same decision, not a fresh one (the wall clock has moved since a future_timestamp refusal)
                 records = [r for r in records if not isinstance(r, RefusedBatch)]  # dead-lettered, never counted
                 trusted = [r for r in records if r.timestamp_type == LOG_APPEND_TIME and not state.refused_at(r.offset)]
-                readmitted = state.rebuild_clients(SourceRecord(r.offset, r.timestamp, r.key, r.value) for r in trusted)
+                readmitted = state.rebuild_clients(
+                    SourceRecord(r.offset, r.timestamp, r.key, r.value, tuple(r.headers or ())) for r in trusted
+                )
                 self.stats.reports_replayed += readmitted
         except BaseException:
             await producer.stop()

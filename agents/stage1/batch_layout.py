@@ -46,6 +46,7 @@ __all__ = [
     "Chunk",
     "ReportsChunk",
     "broker_times",
+    "by_window",
     "chunk_runs",
     "one_per_record",
     "records_at",
@@ -220,3 +221,15 @@ def records_at(records: Sequence[Record], positions: NDArray[np.intp]) -> tuple[
         return tuple(records[first : last + 1])
     picked = operator.itemgetter(*positions.tolist())(records)
     return picked if positions.size > 1 else (picked,)
+
+
+def by_window(
+    moved: list[tuple[int, Record, Accepted]],
+) -> list[tuple[int, list[Accepted], list[Record]]]:
+    """``moved`` rows grouped by window (first appearance order), each group in record order."""
+    out: dict[int, tuple[list[Accepted], list[Record]]] = {}
+    for window, rec, verdict in moved:
+        accepted, recs = out.setdefault(window, ([], []))
+        accepted.append(verdict)
+        recs.append(rec)
+    return [(w, a, r) for w, (a, r) in out.items()]

@@ -8,7 +8,8 @@ returns -- dead letters, changed state records, the hand-over of closed windows
 State records (compacted topic ``<group>.stage1-state``, partition ``p``):
 
 - key ``b"p<p>/wm"`` -> JSON ``{"wm": w_p, "cb": closed_before_p, "rejected": {reason: [records, reports]}}``;
-- key ``b"p<p>/w/<metric>/<window_start>"`` -> :meth:`Partial.to_bytes`, the counts (tombstone once handed over).
+- key ``b"p<p>/w/<metric>/<window_start>"`` -> :meth:`Partial.to_bytes`, the counts (tombstone once handed over);
+- keys ``b"p<p>/dedup/<offset>"``: the idempotency tags of recent requests (:mod:`agents.stage1.dedup`).
 
 The per-client contribution maps are not persisted: they are a deterministic function of the window's
 records in offset order, so after :meth:`PartitionState.restore` the driver replays the source partition
@@ -34,12 +35,14 @@ from agents.stage1.batch_layout import (
     BrokerTimes,
     ReportsChunk,
     broker_times,
+    by_window,
     chunk_runs,
     one_per_record,
     records_at,
     refused_by_record,
 )
 from agents.stage1.columns import decode_columns
+from agents.stage1.dedup import RetryDedup, duplicate_mask
 from agents.stage1.placement import Placement
 from agents.stage1.records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
 from agents.stage1.validation import Accepted, Rejection, Validator
@@ -82,18 +85,6 @@ class _Split:
     refused: list[tuple[Record, str, int, str]]
 
 
-def _by_window(
-    moved: list[tuple[int, Record, Accepted]],
-) -> list[tuple[int, list[Accepted], list[Record]]]:
-    """``moved`` rows grouped by window (first appearance order), each group in record order."""
-    out: dict[int, tuple[list[Accepted], list[Record]]] = {}
-    for window, rec, verdict in moved:
-        accepted, recs = out.setdefault(window, ([], []))
-        accepted.append(verdict)
-        recs.append(rec)
-    return [(w, a, r) for w, (a, r) in out.items()]
-
-
 class PartitionState:
     """Stage-1 state of one source partition and the pure logic that evolves it."""
 
@@ -105,8 +96,12 @@ class PartitionState:
         aggregator: Aggregator,
         idle: IdlePolicy | None = None,
         placement: Placement | None = None,
+        dedup: RetryDedup | None = None,
     ) -> None:
         self.partition = partition
+        #: Copies of one device request after the first (``None``: not checked): :mod:`agents.stage1.dedup`.
+        self.dedup = dedup
+        self._dups: dict[int, list[tuple[int, int]]] = {}  # this batch: position -> duplicate row ranges
         #: Which partition each report belongs to (``None``: not checked, a one-partition view in tests).
         self.placement = placement
         self.window = window
@@ -163,6 +158,8 @@ class PartitionState:
         )
         columnar = records if n >= self.FAST_PATH_MIN_RECORDS else []
         tables, table_of, row_of, wrong = decode_columns(columnar, self.validator, self.placement, self.partition, n)
+        self._dups = {} if self.dedup is None else self.dedup.scan(records)
+        table_of[list(self._dups)] = -1  # records with copies of earlier requests: decided one by one
         changed: dict[tuple[str, int], str | None] = {}  # per window of this batch: why its partial is stale
         plain = table_of >= 0
         if tables:
@@ -237,10 +234,12 @@ class PartitionState:
                     self._reject(out, rec, "spec_changed", detail, reports, (name, start))
                 continue
             verdict: Accepted | Rejection | None = check(rec.value)
+            if i in self._dups and isinstance(verdict, Accepted):
+                verdict = self._drop(out, rec, verdict, duplicate_mask(self._dups[i], verdict.reports), open_at)
             if placement is not None and isinstance(verdict, Accepted):
                 misplaced = placement.misplaced(verdict, partition)
                 if misplaced is not None:
-                    verdict = self._misplaced(out, rec, verdict, misplaced, open_at)
+                    verdict = self._drop(out, rec, verdict, misplaced, open_at, "wrong_partition")
             if verdict is None:
                 pass  # every report of the record belongs to another partition (dead-lettered)
             elif isinstance(verdict, Rejection):
@@ -260,18 +259,23 @@ class PartitionState:
     #: Fewest records in a batch for the columnar path (below, decoding one by one is as fast).
     FAST_PATH_MIN_RECORDS = 16
 
-    def _misplaced(
-        self, out: BatchResult, rec: Record, verdict: Accepted, wrong: np.ndarray, start: int
+    def _drop(
+        self, out: BatchResult, rec: Record, verdict: Accepted, rows: np.ndarray, start: int, reason: str = "duplicate"
     ) -> Accepted | None:
-        """Dead-letter the rows of ``verdict`` that belong to another partition (``wrong_partition``), counted in
-        window ``start`` (the one open for the record: its broker window, or the mark if that had closed); the rest."""
-        n = int(np.count_nonzero(wrong))
+        """Dead-letter the ``rows`` of ``verdict`` that belong to another partition (``wrong_partition``) or copy an
+        earlier request (``duplicate``), counted in window ``start`` (the one open for the record: its broker window,
+        or the mark if that had closed); the rest, or ``None``."""
+        n = int(np.count_nonzero(rows))
+        if n == 0:
+            return verdict
         detail = (
             f"{n} of {verdict.reports} reports belong to another partition of {verdict.metric.name!r} (their "
-            f"pseudonym or cohort maps elsewhere): a copy here would count beside the original"
+            "pseudonym or cohort maps elsewhere): a copy here would count beside the original"
+            if reason == "wrong_partition"
+            else f"{n} of {verdict.reports} reports copy a request read at an earlier offset (same idempotency tag)"
         )
-        self._reject(out, rec, "wrong_partition", detail, n, (verdict.metric.name, start))
-        return None if n == verdict.reports else verdict.subset(~wrong)
+        self._reject(out, rec, reason, detail, n, (verdict.metric.name, start))
+        return None if n == verdict.reports else verdict.subset(~rows)
 
     def aggregate(self, prepared: PreparedBatch) -> BatchResult:
         """The per-window half of :meth:`process` (numpy, one pass per (metric, window) of the batch): place each
@@ -287,7 +291,7 @@ class PartitionState:
                 reordered = True
             if split.kept:
                 reordered |= self._count(out, name, start, split.kept, split.records)
-            for window, moved, recs in _by_window(split.moved):
+            for window, moved, recs in by_window(split.moved):
                 stale = self._stale(changed, name, window)
                 if stale is None:
                     reordered |= self._count(out, name, window, moved, recs)
@@ -501,7 +505,7 @@ class PartitionState:
         self._dirty.clear()
         self._removed.clear()
         self._mark_dirty = False
-        return out
+        return out if self.dedup is None else out + self.dedup.state_records(self.closed_before_ms)
 
     def _mark_bytes(self) -> bytes:
         start = self.replay_from()  # monotone: windows close in order, new ones start at later offsets
@@ -520,8 +524,10 @@ class PartitionState:
         for key, value in records:
             latest[key] = value
         prefix = f"p{self.partition}/".encode()
+        if self.dedup is not None:
+            self.dedup.restore(latest)
         for key, value in latest.items():
-            if not key.startswith(prefix) or value is None:
+            if not key.startswith(prefix) or value is None or b"/dedup/" in key:
                 continue
             if key == watermark_key(self.partition):
                 mark = MarkRecord.from_bytes(value, self.partition)
@@ -554,6 +560,10 @@ class PartitionState:
             verdict = self.validator.check(rec.value)
             if isinstance(verdict, Rejection):
                 continue
+            kept = verdict if self.dedup is None else self.dedup.replayed(rec, verdict)
+            if kept is None:
+                continue  # every row a copy process() dropped
+            verdict = kept
             if self.placement is not None:  # the rows process() took: those of this partition
                 wrong = self.placement.misplaced(verdict, self.partition)
                 if wrong is not None:
@@ -568,7 +578,7 @@ class PartitionState:
         for (name, start), accepted in groups.items():
             split = self._in_window(accepted, sources[(name, start)], start, None)
             targets.append(((name, start), split.kept, split.records))
-            targets += [((name, w), moved, recs) for w, moved, recs in _by_window(split.moved)]
+            targets += [((name, w), moved, recs) for w, moved, recs in by_window(split.moved)]
         readmitted = 0
         for key, accepted, recs in targets:
             partial = self.partials.get(key)

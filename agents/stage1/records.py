@@ -41,6 +41,8 @@ class SourceRecord:
     timestamp: int
     key: bytes | None
     value: bytes | None
+    #: Kafka record headers ``(name, value)`` (a gateway's idempotency tags: :mod:`agents.stage1.dedup`).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)

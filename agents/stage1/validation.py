@@ -44,6 +44,7 @@ SPEC_REASONS = CONFORMANCE_REASONS | frozenset(
         "spec_changed",  # its open window was counted under another shape of the metric (spec edited; stage 1)
         "key_capacity",  # keyed: a key new to a (window, partition) partial already holding its max keys (stage 1)
         "wrong_partition",  # its pseudonym belongs to another source partition (stage 1)
+        "duplicate",  # a copy of a device request read before, same idempotency tag (stage 1: agents.stage1.dedup)
     }
 )
 #: A whole record batch the fetcher did not decompress (:mod:`agents.kafka_io.decompression`): one dead letter a

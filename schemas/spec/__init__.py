@@ -10,7 +10,7 @@ Shape (YAML)::
     version: 1
     name: demo
     topics: {reports: ptel.reports, releases: ptel.releases, dead_letter: ptel.dead-letter, partitions: 6}
-    window: {size_s: 10, grace_s: 5, retention_s: 3600}
+    window: {size_s: 10, grace_s: 5, retention_s: 3600, retry_horizon_s: 900}
     confidence: 0.95
     metrics:
       - {name: crashed, kind: bool, prob: 0.75, reports_per_window: 1}
@@ -73,7 +73,10 @@ from __future__ import annotations
 from schemas.kinds import MetricKind
 from schemas.spec.base import (
     DEFAULT_GRACE_S,
+    DEFAULT_RETRY_HORIZON_S,
+    FORWARD_DELAY_BOUND_S,
     KEYED_PARTIAL_KEY_BYTES,
+    RETRY_HORIZON_RANGE_S,
     SPEC_VERSION,
     BudgetSpec,
     RandomizedResponseSpec,
@@ -94,8 +97,11 @@ from schemas.spec.regression_metric import RegressionMetric
 __all__ = [
     "CENTRAL_KINDS",
     "DEFAULT_GRACE_S",
+    "DEFAULT_RETRY_HORIZON_S",
+    "FORWARD_DELAY_BOUND_S",
     "KEYED_PARTIAL_KEY_BYTES",
     "METRIC_TYPES",
+    "RETRY_HORIZON_RANGE_S",
     "SPEC_VERSION",
     "BinsSpec",
     "BoolMetric",

@@ -144,6 +144,21 @@ class TopicsSpec(_Frozen):
 #: 10 s (the release hold includes the grace). It is at most 10 windows of any window size, the spec's limit.
 DEFAULT_GRACE_S = 10
 
+#: Default ``window.retry_horizon_s``: 15 minutes. A device client retries one request (same ``Idempotency-Key``) for
+#: at most this long after its first attempt, less :data:`FORWARD_DELAY_BOUND_S`; the workers remember a request's
+#: idempotency tag this long (``agents.stage1.dedup``). 15 minutes outlasts the outages measured in issue 30 (an 85 s
+#: broker outage, clients retrying after 60 s) several times over and keeps the workers' tag memory at a few
+#: megabytes per thousand requests a second.
+DEFAULT_RETRY_HORIZON_S = 900
+#: Valid ``window.retry_horizon_s``: at least twice :data:`FORWARD_DELAY_BOUND_S` (a device keeps at least that long
+#: to retry), at most 7 days (the workers' tag memory grows with it).
+RETRY_HORIZON_RANGE_S = (300, 7 * 86_400)
+#: Longest a gateway takes from receiving a request to Kafka's append of its reports, or else answers it failed
+#: (seconds): its forwarder's ``delivery_timeout_ms`` (120 s) and ``stall_after_s`` (2 s) with margin. A device client
+#: starts its last attempt no later than ``retry_horizon_s - FORWARD_DELAY_BOUND_S`` after its first, so every copy
+#: is appended within ``retry_horizon_s`` of the first copy's append.
+FORWARD_DELAY_BOUND_S = 150
+
 
 class WindowSpec(_Frozen):
     """Tumbling windows in whole seconds, assigned by the broker's LogAppendTime (see ``schemas.wire``)."""
@@ -155,9 +170,18 @@ class WindowSpec(_Frozen):
     grace_s: Annotated[StrictInt, Field(ge=0)] = DEFAULT_GRACE_S
     #: Retention horizon over which each metric's ``budget`` must hold, in whole seconds.
     retention_s: Annotated[StrictInt, Field(ge=1)] = 86_400
+    #: How long a device may retry one request (same ``Idempotency-Key``) after its first attempt, and how long the
+    #: workers drop its copies as ``duplicate`` (whole seconds, :data:`RETRY_HORIZON_RANGE_S`; default
+    #: :data:`DEFAULT_RETRY_HORIZON_S`). Device clients derive their retry schedule from it (docs/gateway.md).
+    retry_horizon_s: Annotated[
+        StrictInt, Field(json_schema_extra={"minimum": RETRY_HORIZON_RANGE_S[0], "maximum": RETRY_HORIZON_RANGE_S[1]})
+    ] = DEFAULT_RETRY_HORIZON_S
 
     @model_validator(mode="after")
     def _consistent(self) -> WindowSpec:
+        low, high = RETRY_HORIZON_RANGE_S
+        if not low <= self.retry_horizon_s <= high:
+            raise SpecFieldError("retry_horizon_s", f"must be whole seconds in [{low}, {high}]")
         if self.grace_s > self.size_s * 10:
             raise SpecFieldError("grace_s", f"must be at most 10 windows ({self.size_s * 10} s)")
         if self.retention_s < self.size_s:

@@ -22,8 +22,8 @@ from typing import Any
 
 from agents.stage1.records import Handover
 from agents.stage1.validation import REJECTION_REASONS
-from gateway.idempotency import TAG_HEADER, parse_tag_header
 from schemas.wire import Report, ReportBatch, WireError, decode
+from schemas.wire.idempotency_header import TAG_HEADER, parse_tag_header
 
 Cell = tuple[str, int]  # (metric, window start in ms)
 
@@ -59,7 +59,8 @@ def excluded_cells(dead_letters: list[Any], size_s: int) -> Excluded:
 
     A single report: its window. A batch whose every row was refused: each row's window. A batch refused in part
     (``ptel.reports`` < rows) is only attributable for ``window_mismatch`` -- the rows whose client window is not
-    the broker's (``ptel.timestamp_ms``); any other partial refusal fails the check by name."""
+    the broker's (``ptel.timestamp_ms``) -- and for ``duplicate`` when every row has one window (a gateway's message of
+    one flush); any other partial refusal fails the check by name."""
     size_ms = size_s * 1000
     out = Excluded()
     for r in dead_letters:
@@ -77,7 +78,10 @@ def excluded_cells(dead_letters: list[Any], size_s: int) -> Excluded:
             continue
         assert isinstance(message, ReportBatch), type(message)
         windows = [int(t) * 1000 // size_ms * size_ms for t in message.client_times.tolist()]
-        if reports != len(windows):
+        if reports != len(windows) and reason == "duplicate":  # copies of some requests of a gateway's message
+            assert len(set(windows)) == 1, f"{reports} of {len(windows)} rows refused as duplicate: unattributable"
+            windows = windows[:reports]
+        elif reports != len(windows):
             assert reason == "window_mismatch", f"{reports} of {len(windows)} rows refused as {reason}: unattributable"
             broker_window = int(headers["ptel.timestamp_ms"]) // size_ms * size_ms
             windows = [w for w in windows if w != broker_window]

@@ -307,7 +307,7 @@ async def test_the_sink_retries_a_503_with_the_same_idempotency_key(tmp_path: Pa
     await site.start()
     try:
         port = runner.addresses[0][1]
-        async with GatewaySink(f"http://127.0.0.1:{port}", "d:k1:x", backoff_s=0.01) as sink:
+        async with GatewaySink(f"http://127.0.0.1:{port}", "d:k1:x", backoff_s=0.01, retry_horizon_s=900) as sink:
             started = asyncio.get_running_loop().time()
             await sink.publish(None, b"\x01")
             waited = asyncio.get_running_loop().time() - started

@@ -86,9 +86,15 @@ STREAM: list[tuple[int, bytes]] = [
 ]
 #: What each window's record must say: (n, excluded) -- ``excluded`` in the order of PUBLISHED_REASONS.
 EXPECTED = {
-    0: (6, {"over_bound": 1, "late": 0, "window_mismatch": 0, "wrong_partition": 0, "spec_changed": 0}),
-    10_000: (1, {"over_bound": 0, "late": 1, "window_mismatch": 1, "wrong_partition": 0, "spec_changed": 0}),
-    20_000: (1, {"over_bound": 0, "late": 1, "window_mismatch": 0, "wrong_partition": 0, "spec_changed": 0}),
+    0: (6, {"over_bound": 1, "late": 0, "window_mismatch": 0, "wrong_partition": 0, "duplicate": 0, "spec_changed": 0}),
+    10_000: (
+        1,
+        {"over_bound": 0, "late": 1, "window_mismatch": 1, "wrong_partition": 0, "duplicate": 0, "spec_changed": 0},
+    ),
+    20_000: (
+        1,
+        {"over_bound": 0, "late": 1, "window_mismatch": 0, "wrong_partition": 0, "duplicate": 0, "spec_changed": 0},
+    ),
 }
 
 

@@ -135,13 +135,11 @@ class _DoubtfulForwarder(Forwarder):
         return self.back
 
     def forward(
-        self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
+        self, partition: int, key: bytes, reports: list[Report], tag: tuple[bytes, int] | None = None
     ) -> asyncio.Future[int]:
-        from gateway.idempotency import parse_tag_header
-
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.kafka.forwards += 1
-        entry = parse_tag_header(headers[0][1]) if headers else None
+        entry = None if tag is None else (tag[0], len(reports), tag[1])
         first = self.kafka.forwards == 1
         if entry is not None and (self.lands or not first):
             self.kafka.appended.append((*entry, int(NOW * 1000)))
@@ -238,7 +236,7 @@ class _SlowForwarder(_DoubtfulForwarder):
         self.ack = asyncio.Event()
 
     def forward(
-        self, partition: int, key: bytes, reports: list[Report], headers: list[tuple[str, bytes]] | None = None
+        self, partition: int, key: bytes, reports: list[Report], tag: tuple[bytes, int] | None = None
     ) -> asyncio.Future[int]:
         self.kafka.forwards += 1
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -65,7 +65,11 @@ def test_the_served_spec_holds_what_a_device_needs_and_its_fingerprints_recomput
         assert served[m.name]["reports_per_window"] == m.reports_per_window
         if m.key_bound() is not None:
             assert served[m.name]["keys_per_window"] == m.key_bound()
-    assert document["spec"]["window"] == {"size_s": DEMO.window.size_s, "grace_s": DEMO.window.grace_s}
+    assert document["spec"]["window"] == {
+        "size_s": DEMO.window.size_s,
+        "grace_s": DEMO.window.grace_s,
+        "retry_horizon_s": DEMO.window.retry_horizon_s,  # the device clients' retry schedule (issue 30)
+    }
 
 
 def test_the_public_spec_route_serves_no_operator_details() -> None:

@@ -172,7 +172,7 @@ async def test_an_idempotency_key_answers_with_the_first_answer_and_forgets_fail
     cache.restore(b"old", 1, Answer(202, {"accepted": 1}))  # older than the windows kept: not restored
     assert await cache.previous(b"old", 4) is None
     tag = bytes(range(16))
-    assert parse_tag_header(tag_header(tag, 7, 2**40)[1]) == (tag, 7, 2**40)
+    assert parse_tag_header(tag_header(tag, 7, 2**40, 3)[1]) == (tag, 7, 2**40)
     assert parse_tag_header(b"short") is None
 
 
