@@ -83,9 +83,7 @@ class ForwarderSettings:
     max_pending_reports: int = 100_000
     #: Age of the oldest unacknowledged message after which new requests are refused (``kafka_unavailable``).
     stall_after_s: float = 2.0
-    #: aiokafka's per-request timeout: a request to a broker unanswered this long closes the connection and is
-    #: retried elsewhere after a metadata refresh (the idempotent producer never expires a message: it retries
-    #: until acknowledged). It bounds a silent partition (:mod:`kafka_settings.failover`).
+    #: aiokafka's per-request timeout (an idempotent producer never expires a message): bounds a silent partition.
     delivery_timeout_ms: int = REQUEST_TIMEOUT_MS
     #: Largest produce request.
     max_request_bytes: int = 8 << 20

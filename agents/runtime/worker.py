@@ -56,8 +56,6 @@ from schemas.releases import Release
 from schemas.spec import CollectionSpec
 
 log = logging.getLogger(__name__)
-#: The consumer group's rebalance timeout (ms): see :meth:`Worker.start`.
-REBALANCE_TIMEOUT_MS = 60_000
 
 #: ``(merged partial, ledger) -> release`` (see :func:`agents.stage2.release.build_release`).
 Builder = Callable[[Partial, MetricLedger], Release]
@@ -172,11 +170,7 @@ class Worker:
             auto_offset_reset="earliest",
             session_timeout_ms=self.settings.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.settings.session_timeout_ms // 5),
-            # how long the group waits for a member to finish its revocation and rejoin (aiokafka's default: the
-            # session timeout, 10 s) -- a member still committing its revoked partitions' batches, or reading its new
-            # ones' state, past it is dropped, and its partitions' new owners fence it: in a group of three on a busy
-            # host that cascaded into restarts without end (issue 30's rig); Kafka's Java default is 5 min
-            rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
+            rebalance_timeout_ms=60_000,  # aiokafka's 10 s (the session) dropped busy members: fenced, restarted
             max_partition_fetch_bytes=8 << 20,
             group_instance_id=self.settings.instance_id,
         )
