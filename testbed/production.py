@@ -29,6 +29,7 @@ from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, parse_spec
+from schemas.spec.base import DEFAULT_GRACE_S
 from testbed.cluster import Cluster
 from testbed.load_balancer import HAProxy, LossyHop
 from testbed.monitor import start_monitor, stop_monitor
@@ -137,13 +138,14 @@ class ProductionRig:
 @contextlib.asynccontextmanager
 async def production_rig(
     spec_path: Path, folder: Path, *, gateways: int = 2, workers: int = 3, loss: float = 0.0, seed: int = 0,
-    gateway_args: tuple[str, ...] = (),
+    gateway_args: tuple[str, ...] = (), grace_s: int = DEFAULT_GRACE_S,
 ) -> AsyncIterator[ProductionRig]:  # fmt: skip
-    """Start the rig for the spec at ``spec_path`` (rewritten by :func:`production_spec` first), its files under
-    ``folder``; stop everything on the way out (the brokers' data is deleted)."""
+    """Start the rig for the spec at ``spec_path`` (rewritten by :func:`production_spec` first, with ``grace_s``:
+    the default grace, which a failover must fit in), its files under ``folder``; stop everything on the way out
+    (the brokers' data is deleted)."""
     if gateways < 2 or workers < 3:
         raise ValueError(f"gateways ({gateways}) must be >= 2 and workers ({workers}) >= 3 (the production shape)")
-    spec = production_spec(spec_path)
+    spec = production_spec(spec_path, grace_s=grace_s)
     cluster = Cluster()
     started: list[GatewayReplica] = []
     supervised: list[SupervisedWorker] = []
