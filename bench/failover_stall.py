@@ -207,7 +207,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 holds.append(max(lat for first, lat in devices.held if first >= t0 - 5.0))
                 acknowledged += devices.acknowledged
                 print(
-                    f"{fault} rep {rep}: node {victim.node_id}, stall {stall:.2f} s, answers {dict(devices.statuses)}"
+                    f"{fault} rep {rep}: node {victim.node_id}, stall {stall:.2f} s (held {holds[-1]:.2f} s), "
+                    f"answers {dict(devices.statuses)}"
                 )
                 await asyncio.sleep(args.settle_s)  # the restarted node catches up (back in the ISR) before the next
             await asyncio.sleep(args.size_s + DEFAULT_GRACE_S + 5)  # the last windows close: their late reports out
