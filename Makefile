@@ -9,7 +9,7 @@
 #                  (worker and gateway kill -9, broker stop and pause across a window boundary) over 3 seeds (~25 min)
 #   make test-production-long -- the production-shape rig (3 brokers, HAProxy before 2 gateway replicas, 3 workers;
 #                  tests/production) under every fault alone and the compound fault, over 3 seeds (`make test`
-#                  runs 1 seed with the compound fault; ~40 min)
+#                  runs 1 seed with the compound fault; ~2.5 min a run, ~55 min)
 #   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
