@@ -42,7 +42,7 @@ import aiohttp
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics
 from bench.harness import RESULTS, percentile, write_result
 from gateway.keys import GatewayKeys
 from producers.client_secret import ClientSecret
@@ -51,7 +51,7 @@ from ptel.local_process import free_port
 from schemas.spec import parse_spec
 from schemas.spec.base import DEFAULT_GRACE_S
 from schemas.wire import encode_report
-from testbed.cluster import CLUSTER_SETTINGS, FAILOVER_SETTINGS, Cluster
+from testbed.cluster import CLUSTER_SETTINGS, FAILOVER_SETTINGS, Cluster, create_topics
 from testbed.processes import GatewayReplica, SupervisedWorker
 
 FAULTS = ("leader_kill9", "txn_coordinator_kill9", "group_coordinator_kill9", "leader_freeze")
@@ -171,7 +171,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     table: dict[str, Any] = {}
     try:
         await cluster.start()
-        await ensure_topics(cluster.bootstrap, WorkerTopics.for_spec(spec, f"ptel-agents.{spec.name}"), 60)
+        await create_topics(cluster.bootstrap, WorkerTopics.for_spec(spec, f"ptel-agents.{spec.name}"))
         keys = GatewayKeys.generate()
         keys.save(folder / "gateway.keys")
         worker = SupervisedWorker(spec_path, cluster.bootstrap, folder / "worker.log", instance_id="bench-worker")

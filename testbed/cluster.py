@@ -12,10 +12,13 @@ import base64
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from agents.errors import BrokerError
+from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from ptel import kafka_broker
 from ptel.broker_config import broker_properties, render_properties
 from ptel.kafka_broker import LocalKafka
@@ -167,6 +170,20 @@ class Cluster:
 
     def describe(self) -> dict[int, str]:
         return {n.node_id: n.bootstrap for n in self.nodes}
+
+
+async def create_topics(bootstrap: str, topics: WorkerTopics, timeout_s: float = 90.0) -> None:
+    """:func:`~agents.kafka_io.topics.ensure_topics` on a fresh cluster: a node that has not learned a topic just
+    created describes it without partitions (a retriable ``BrokerError``), so it is asked again until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await ensure_topics(bootstrap, topics, timeout_s=30)
+            return
+        except BrokerError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
 
 
 def _cluster_id() -> str:

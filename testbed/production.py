@@ -6,7 +6,8 @@
   before it that loses a fraction of the 202 answers on their way to the device;
 - ``workers`` ``ptel worker`` processes under supervisors (crash-only: restarted when they exit) sharing the spec's
   consumer group, on a reports topic of at least 6 partitions;
-- ``ptel monitor``.
+- ``ptel monitor``, restarted when it exits like the workers (:class:`SupervisedMonitor`; a broker killed while
+  it starts can end it).
 
 The faults (:meth:`ProductionRig.inject`, :data:`FAULTS`): kill -9 of a gateway replica (restarted after
 ``down_s``), of the node leading a reports partition, of the node coordinating a stage-1 transaction, of the node
@@ -25,12 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.topics import WorkerTopics
 from gateway.keys import GatewayKeys
 from ptel.local_process import free_port
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.spec.base import DEFAULT_GRACE_S
-from testbed.cluster import Cluster
+from testbed.cluster import Cluster, create_topics
 from testbed.load_balancer import HAProxy, LossyHop
 from testbed.monitor import start_monitor, stop_monitor
 from testbed.processes import GatewayReplica, SupervisedWorker, wait_group_ready
@@ -74,7 +75,7 @@ class ProductionRig:
     haproxy: HAProxy
     hop: LossyHop
     workers: list[SupervisedWorker]
-    monitor_port: int
+    monitor: SupervisedMonitor
     injected: list[str] = field(default_factory=list)
 
     @property
@@ -135,6 +136,31 @@ class ProductionRig:
             raise ValueError(f"fault ({fault!r}) must be one of {FAULTS}")
 
 
+class SupervisedMonitor:
+    """``ptel monitor`` restarted whenever it exits (:attr:`starts` counts its starts)."""
+
+    def __init__(self, spec_path: Path, bootstrap: str, log: Path) -> None:
+        self.spec_path, self.bootstrap, self.log = spec_path, bootstrap, log
+        self.port = free_port()
+        self.proc = start_monitor(spec_path, bootstrap, self.port, log)
+        self.starts = 1
+        self._task = asyncio.create_task(self._supervise())
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self.proc.poll() is not None:
+                self.proc = start_monitor(self.spec_path, self.bootstrap, self.port, self.log)
+                self.starts += 1
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        with contextlib.suppress(AssertionError):
+            stop_monitor(self.proc)
+
+
 @contextlib.asynccontextmanager
 async def production_rig(
     spec_path: Path, folder: Path, *, gateways: int = 2, workers: int = 3, loss: float = 0.0, seed: int = 0,
@@ -151,11 +177,11 @@ async def production_rig(
     supervised: list[SupervisedWorker] = []
     haproxy: HAProxy | None = None
     hop: LossyHop | None = None
-    monitor = None
+    monitor: SupervisedMonitor | None = None
     try:
         await cluster.start()
         group = f"ptel-agents.{spec.name}"
-        await ensure_topics(cluster.bootstrap, WorkerTopics.for_spec(spec, group), timeout_s=60)
+        await create_topics(cluster.bootstrap, WorkerTopics.for_spec(spec, group))
         keys = GatewayKeys.generate()
         keys.save(folder / "gateway.keys")
         for i in range(workers):
@@ -175,14 +201,11 @@ async def production_rig(
         await haproxy.wait_ready()
         hop = LossyHop(haproxy.url, loss, seed)
         await hop.start()
-        monitor_port = free_port()
-        monitor = start_monitor(spec_path, cluster.bootstrap, monitor_port, folder / "monitor.log")
-        yield ProductionRig(spec, spec_path, folder, cluster, keys, started, haproxy, hop, supervised, monitor_port)
-        assert monitor.poll() is None, f"the monitor exited:\n{(folder / 'monitor.log').read_text()[-3000:]}"
+        monitor = SupervisedMonitor(spec_path, cluster.bootstrap, folder / "monitor.log")
+        yield ProductionRig(spec, spec_path, folder, cluster, keys, started, haproxy, hop, supervised, monitor)
     finally:
         if monitor is not None:
-            with contextlib.suppress(AssertionError):
-                stop_monitor(monitor)
+            await monitor.stop()
         if hop is not None:
             await hop.stop()
         if haproxy is not None:

@@ -30,6 +30,7 @@ from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher
 from schemas.wire import ReportBatch, encode_batch, encode_report
+from testbed.monitor import wait_view
 from testbed.production import ProductionRig, production_rig
 from tests.faults.accounting import counted_cells, excluded_cells
 from tests.faults.harness import read_all
@@ -176,10 +177,13 @@ async def run_production(seed: int, faults: str, folder: Path) -> Outcome:
             await asyncio.sleep(2.0)
         lost = rig.hop.lost
         starts = [w.starts for w in rig.workers]
+        overview = f"http://127.0.0.1:{rig.monitor.port}/api/overview/"  # the monitor serves the releases' view
+        await wait_view(rig.monitor.proc, rig.monitor.log, overview, lambda status, _: status == 200, timeout_s=90)
+        monitor_starts = rig.monitor.starts
     print(
         f"\nseed {seed}, {faults}: {len(spec.metrics)} metrics ({', '.join(m.kind for m in spec.metrics)}), "
         f"{spec.topics.partitions} partitions; {outcome.line()}; answers {dict(statuses)}, {lost} 202s lost; "
-        f"worker starts {starts}"
+        f"worker starts {starts}, monitor starts {monitor_starts}"
     )
     return outcome
 
