@@ -1,11 +1,15 @@
 # private-telemetry developer commands. `make demo` and `make test` are the two commands of README.md.
 #   make setup  -- .venv (python3 -m venv), pip install -e ".[test]" -c constraints.txt, Maven fetch of Kafka 3.9.1,
-#                  Debian's chromium for the browser tests (apt-get as root on Debian/Ubuntu, else what to install)
+#                  Debian's chromium for the browser tests and Debian's haproxy for the production-shape rig
+#                  (apt-get as root on Debian/Ubuntu, else what to install)
 #   make demo   -- setup, then the end-to-end demo (`ptel demo`)
 #   make test   -- setup, then the whole test suite against a real Kafka broker (`pytest`; it runs the TypeScript
 #                  client's `npm test` too, tests/unit/test_typescript_client.py)
 #   make test-e2e-long -- the randomized end-to-end suite over 20 seeds (`make test` runs 2), and under each fault
 #                  (worker and gateway kill -9, broker stop and pause across a window boundary) over 3 seeds (~25 min)
+#   make test-production-long -- the production-shape rig (3 brokers, HAProxy before 2 gateway replicas, 3 workers;
+#                  tests/production) under every fault alone and the compound fault, over 3 seeds (`make test`
+#                  runs 1 seed with the compound fault; ~2.5 min a run, ~55 min)
 #   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
@@ -26,9 +30,9 @@ TS_CLIENT := clients/typescript
 # re-run only when package.json or package-lock.json change.
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.ptel-npm-ci
 
-.PHONY: setup browser promtool demo test test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
+.PHONY: setup browser load-balancer promtool demo test test-production-long test-e2e-long test-acl-matrix lint audit bench check-deploy broker-start broker-stop clean
 
-setup: $(INSTALLED) browser promtool $(TS_INSTALLED)
+setup: $(INSTALLED) browser load-balancer promtool $(TS_INSTALLED)
 	@echo "[setup 3/3] Apache Kafka $$($(BIN)/python -c 'from ptel.kafka_broker import KAFKA_VERSION as v; print(v)') jars from Maven Central into .kafka (skipped when cached; ~46 MB the first time)"
 	@$(BIN)/ptel broker fetch
 	@echo "[setup] done: run 'make demo' or 'make test'"
@@ -47,6 +51,21 @@ browser:
 	else \
 		echo "make setup: the dashboard's browser tests need Chromium at /usr/bin/chromium: run"; \
 		echo "    sudo apt-get update && sudo apt-get install -y chromium     (Debian/Ubuntu)"; \
+	fi
+
+# The production-shape rig (testbed/production.py) puts Debian's HAProxy before the gateway replicas; installed like
+# Chromium: apt-get as root on Debian/Ubuntu, else the command to run. One line when /usr/sbin/haproxy is there.
+load-balancer:
+	@echo "[setup 2/3] HAProxy for the production-shape rig"
+	@if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then echo "      haproxy is there"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's haproxy for the production-shape rig (apt-get)"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 || { apt-get update -qq >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }; } || \
+		{ echo "make setup: could not apt-get install haproxy; the production-shape tests need it"; exit 1; }; \
+	else \
+		echo "make setup: the production-shape tests need HAProxy (/usr/sbin/haproxy): run"; \
+		echo "    sudo apt-get update && sudo apt-get install -y haproxy     (Debian/Ubuntu)"; \
 	fi
 
 $(INSTALLED): pyproject.toml constraints.txt
@@ -82,6 +101,11 @@ test-e2e-long: setup
 
 # Every ACL of the device, worker and analyst removed one at a time (tests/integration/test_least_privilege.py; about
 # 3 minutes: `make test` runs the five representative cases).
+test-production-long: setup
+	PTEL_PROD_SEEDS=1,2,3 \
+	PTEL_PROD_FAULTS=gateway_kill9,leader_kill9,txn_coordinator_kill9,group_coordinator_kill9,leader_freeze,worker_kill9_in_rebalance,gateway_kill9+leader_kill9 \
+	$(BIN)/pytest -s tests/production
+
 test-acl-matrix: setup
 	PTEL_ACL_MATRIX=1 $(BIN)/pytest tests/integration/test_least_privilege.py
 

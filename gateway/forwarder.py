@@ -16,8 +16,8 @@ Back-pressure instead of unbounded buffering (:meth:`Forwarder.refusal`, answere
 - ``kafka_unavailable`` -- the producer is not connected yet, the last metadata probe (every
   ``probe_interval_s``, with or without traffic) got no answer in ``probe_timeout_s``, or the oldest
   unacknowledged message has waited more than ``stall_after_s`` (the broker is down or slow); reports already
-  handed over keep waiting for their acknowledgement (aiokafka retries them for ``delivery_timeout_ms``), new ones
-  are refused before being taken;
+  handed over keep waiting for their acknowledgement (aiokafka retries them, each request for
+  ``delivery_timeout_ms``), new ones are refused before being taken;
 - ``backlog_full`` -- ``max_pending_reports`` reports await their acknowledgement;
 - ``shutting_down`` -- :meth:`Forwarder.drain` has begun;
 - ``recovering`` -- the gateway holds new reports while it starts (:meth:`Forwarder.hold`: reading back the
@@ -57,6 +57,7 @@ from aiokafka.partitioner import murmur2
 from gateway.errors import ForwardError, GatewaySettingError
 from gateway.kafka_probe import authorization_refusal, connection_problem, is_fatal
 from kafka_settings.connection import Connection, bootstrap_of, client_kwargs
+from kafka_settings.failover import REQUEST_TIMEOUT_MS
 from schemas.wire import Report, ReportBatch, encode_batch, partition_key
 from schemas.wire.idempotency_header import tag_headers
 
@@ -82,8 +83,8 @@ class ForwarderSettings:
     max_pending_reports: int = 100_000
     #: Age of the oldest unacknowledged message after which new requests are refused (``kafka_unavailable``).
     stall_after_s: float = 2.0
-    #: How long aiokafka retries a message (also its request timeout) before it fails.
-    delivery_timeout_ms: int = 120_000
+    #: aiokafka's per-request timeout (an idempotent producer never expires a message): bounds a silent partition.
+    delivery_timeout_ms: int = REQUEST_TIMEOUT_MS
     #: Largest produce request.
     max_request_bytes: int = 8 << 20
     #: Longest a stop waits for Kafka's acknowledgements before answering the rest 503 (``shutting_down``).

@@ -11,10 +11,11 @@ delivery that fails after aiokafka's own retries (``delivery_timeout_ms``) is ne
 here (that could duplicate): the first failure is raised by the next :meth:`publish`, :meth:`flush`
 or :meth:`stop`, and counted in :attr:`PublisherStats.failed`.
 
-**Late acknowledgements.** aiokafka retries a batch for up to ``delivery_timeout_ms`` (2 min by default): through a
-broker outage a report can be acknowledged after its window has closed for the agents (window end + grace), and the
-agents then dead-letter it ``late`` -- acknowledged, yet not counted. With ``windows`` (:class:`WindowDeadline`, the
-spec's window size and grace) the publisher compares each acknowledgement's LogAppendTime (the broker's time, which
+**Late acknowledgements.** aiokafka retries a batch until it is acknowledged (each request for up to
+``delivery_timeout_ms``, :mod:`kafka_settings.failover`): through a broker outage a report can be acknowledged after
+its window has closed for the agents (window end + grace), and the agents then dead-letter it ``late`` --
+acknowledged, yet not counted. With ``windows`` (:class:`WindowDeadline`, the spec's window size and grace) the
+publisher compares each acknowledgement's LogAppendTime (the broker's time, which
 assigns the window) with the deadline of the message's earliest report and tells the sender: counted in
 :attr:`PublisherStats.late_messages` / :attr:`~PublisherStats.late_reports`, logged, and passed to ``on_late``.
 """
@@ -25,15 +26,17 @@ import asyncio
 import functools
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaTimeoutError, TopicAuthorizationFailedError
 from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
+from kafka_settings.failover import REQUEST_TIMEOUT_MS
 from producers.errors import ProducerError, ProducerParameterError
 from schemas.wire import Report, WireError, decode
 
@@ -77,8 +80,14 @@ class KafkaSettings:
     compression: Compression = "gzip"
     #: Messages that may await their acknowledgement before :meth:`ReportPublisher.publish` waits.
     max_in_flight: int = 20_000
-    #: How long aiokafka keeps retrying a batch (also its per-request timeout) before failing it.
-    delivery_timeout_ms: int = 120_000
+    #: aiokafka's per-request timeout: a request unanswered this long closes its connection and is retried after a
+    #: metadata refresh; the idempotent producer never expires a batch (it retries until acknowledged), so this is
+    #: what bounds a silent partition (:mod:`kafka_settings.failover`). Also the longest :meth:`ReportPublisher.publish`
+    #: waits for room in a full partition batch.
+    delivery_timeout_ms: int = REQUEST_TIMEOUT_MS
+    #: Longest :meth:`ReportPublisher.publish` keeps waiting for room in a partition whose batch cannot leave (its
+    #: leader is moving) before it raises; aiokafka gives up each wait after ``delivery_timeout_ms``.
+    send_wait_ms: int = 120_000
     retry_backoff_ms: int = 200
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -89,6 +98,7 @@ class KafkaSettings:
             "max_request_bytes",
             "max_in_flight",
             "delivery_timeout_ms",
+            "send_wait_ms",
             "retry_backoff_ms",
         ):
             value = getattr(self, name)
@@ -296,11 +306,20 @@ class ReportPublisher:
             raise PublishError("publisher is not started")
         self._raise_pending_error()
         await self._slots.acquire()
-        try:
-            fut = await self._producer.send(self.topic, value, key=key)
-        except Exception as err:
-            self._slots.release()
-            raise PublishError(f"cannot send to {self.topic!r}: {type(err).__name__}: {err}") from err
+        give_up = time.monotonic() + self.settings.send_wait_ms / 1000
+        while True:
+            try:
+                fut = await self._producer.send(self.topic, value, key=key)
+                break
+            except KafkaTimeoutError as err:  # no room in the partition's batch (its leader is moving): not handed
+                if time.monotonic() < give_up:  # over, so waiting again cannot duplicate it
+                    continue
+                self._slots.release()
+                waited = self.settings.send_wait_ms
+                raise PublishError(f"cannot send to {self.topic!r}: no room for {waited} ms") from err
+            except Exception as err:
+                self._slots.release()
+                raise PublishError(f"cannot send to {self.topic!r}: {type(err).__name__}: {err}") from err
         self.stats.messages += 1
         self.stats.bytes += len(value)
         self._pending.add(fut)

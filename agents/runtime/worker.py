@@ -171,6 +171,7 @@ class Worker:
             auto_offset_reset="earliest",
             session_timeout_ms=self.settings.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.settings.session_timeout_ms // 5),
+            rebalance_timeout_ms=60_000,  # aiokafka's 10 s (the session) dropped busy members: fenced, restarted
             max_partition_fetch_bytes=8 << 20,
             group_instance_id=self.settings.instance_id,
         )

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from ptel.local_process import free_port
 from schemas.releases import Release
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.wire import BoolPayload, CategoryPayload, Report, WireError, decode, encode_report, partition_key
+from testbed.processes import SupervisedWorker as SupervisedWorker  # re-exported: moved to testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE_S = 3
@@ -84,74 +83,6 @@ class Broker:
         pid = self.kafka.running_pid()
         assert pid is not None, "the broker is not running"
         os.kill(pid, signal.SIGCONT)
-
-
-class SupervisedWorker:
-    """``ptel worker`` restarted whenever it exits (as systemd or Kubernetes would: the worker is crash-only), with
-    static membership so that a restart takes its partitions back at once. ``restart=False``: never restarted (a
-    fault the worker must ride out in process; :meth:`exited` says whether it did not)."""
-
-    def __init__(self, spec_path: Path, bootstrap: str, log: Path, *, restart: bool = True) -> None:
-        self.restart = restart
-        self.args = [
-            sys.executable, "-m", "ptel.cli", "worker", "--spec", str(spec_path), "--bootstrap", bootstrap,
-            "--quiet", "--idle-timeout", "1", "--clock-skew", "0.5", "--instance-id", "fault-worker-0",
-            "--log-level", "INFO",
-        ]  # fmt: skip
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self._task: asyncio.Task[None] | None = None
-        self._stop = False
-
-    def _spawn(self) -> None:
-        fh = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1")
-        )
-        fh.close()
-        self.starts += 1
-
-    async def _supervise(self) -> None:
-        while not self._stop:
-            if self.restart and (self.proc is None or self.proc.poll() is not None):
-                self._spawn()
-            await asyncio.sleep(0.2)
-
-    def exited(self) -> int | None:
-        """The exit status of the current worker process if it has exited, else ``None``."""
-        return None if self.proc is None else self.proc.poll()
-
-    async def wait_joined(self, timeout_s: float = 120.0) -> None:
-        """Until the worker has taken stage 2 (so it holds its partitions), or fail with its log: a fixed sleep is
-        too short for a loaded machine."""
-        deadline = time.monotonic() + timeout_s
-        while "stage 2 took the partials partition" not in self.log_text():
-            assert time.monotonic() < deadline, f"the worker did not join in {timeout_s} s:\n{self.log_text()[-3000:]}"
-            await asyncio.sleep(0.2)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.is_file() else ""
-
-    def start(self) -> None:
-        self._spawn()
-        self._task = asyncio.create_task(self._supervise())
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    async def stop(self) -> None:
-        self._stop = True
-        if self._task is not None:
-            await self._task
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @dataclass
