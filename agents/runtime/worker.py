@@ -48,7 +48,7 @@ from agents.stage1.records import Handover, SourceRecord
 from agents.stage1.validation import Validator
 from agents.stage2.ledger_seal import HEAD_KEY, LedgerSeal, LedgerSecret, default_key_path
 from agents.stage2.lost_ledger import lost_ledger
-from agents.stage2.releaser import ReleaserState, is_dataset_key, ledger_owner
+from agents.stage2.releaser import ReleaserState, foreign_owner_error, is_dataset_key, ledger_owner
 from agents.stage2.rollback import check_not_rolled_back
 from agents.windowing.watermarks import LOG_APPEND_TIME, caught_up_at_fetch
 from agents.windowing.windows import WindowSpec
@@ -464,25 +464,13 @@ class Worker:
         )
 
     def _ledger_owner(self, dataset_records: Sequence[tuple[bytes, bytes | None]] | None) -> None:
-        """The group that owns the dataset's ledger if it is another one and this worker may not adopt it -- then
-        :class:`LedgerError` (``not_owner``): stage 2 stays off, said in the log, ``/readyz`` and
-        ``WorkerStats.ledger_owner``.
-
-        The ledger belongs to the reports, not to a group: a second group releasing the same windows with fresh
-        noise would let anyone average the two copies. So a group reads the reports topic only to count (its
-        stage 1) unless it owns the ledger, was the first, or is started with ``adopt_ledger`` -- which fences
-        the owner's stage 2 and continues its cursors, budget and noise key: no window is released twice.
-        """
+        """Stage 2 stays off (:class:`LedgerError` ``not_owner``, in the log, ``/readyz`` and
+        ``WorkerStats.ledger_owner``) when another group owns the dataset's ledger and this one may not adopt it
+        (:func:`agents.stage2.releaser.foreign_owner_error` says why)."""
         owner = ledger_owner(dataset_records or ())
-        if owner is None or owner == self.settings.group or self.settings.adopt_ledger:
-            return
-        self.stats.ledger_owner = owner
-        raise LedgerError(
-            "not_owner",
-            f"the privacy ledger {self.topics.ledger} of these reports belongs to worker group {owner!r}: this group "
-            f"({self.settings.group!r}) releases nothing (no window is released twice); stop that group and start "
-            "this one with --adopt-ledger to move it",
-        )
+        if owner is not None and owner != self.settings.group and not self.settings.adopt_ledger:
+            self.stats.ledger_owner = owner
+            raise foreign_owner_error(owner, self.settings.group, self.topics.ledger)
 
     async def _send_stage2_state(
         self, producer: AIOKafkaProducer, changes: list[tuple[bytes, bytes | None]]

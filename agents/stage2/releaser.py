@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agents.errors import StateError
+from agents.errors import LedgerError, StateError
 from agents.ledger import MetricLedger
 from agents.partials import Conflicted, Partial, merge
 from agents.stage1.records import Handover
@@ -95,6 +95,22 @@ def ledger_owner(dataset_records: Iterable[tuple[bytes, bytes | None]]) -> str |
         if key == OWNER_KEY:
             owner = None if value is None else str(json.loads(value)["group"])
     return owner
+
+
+def foreign_owner_error(owner: str, group: str, ledger_topic: str) -> LedgerError:
+    """The refusal of a group that does not own the dataset's ledger (``not_owner``).
+
+    The ledger belongs to the reports, not to a group: a second group releasing the same windows with fresh noise
+    would let anyone average the two copies. So a group reads the reports topic only to count (its stage 1) unless
+    it owns the ledger, was the first, or is started with ``adopt_ledger`` -- which fences the owner's stage 2 and
+    continues its cursors, budget and noise key: no window is released twice.
+    """
+    return LedgerError(
+        "not_owner",
+        f"the privacy ledger {ledger_topic} of these reports belongs to worker group {owner!r}: this group "
+        f"({group!r}) releases nothing (no window is released twice); stop that group and start "
+        "this one with --adopt-ledger to move it",
+    )
 
 
 def _outbox_key(metric: str, start: int) -> bytes:
