@@ -32,6 +32,13 @@ DEMO_DEVICE = "demo-page"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--gateway-port``, ``--page-origin`` and ``--no-gateway`` (``ptel demo``)."""
+    add_gateway_port_and_origins(parser)
+    parser.add_argument("--no-gateway", action="store_true", help="do not start the devices' gateway")
+
+
+def add_gateway_port_and_origins(parser: argparse.ArgumentParser) -> None:
+    """``--gateway-port`` and ``--page-origin``, as ``ptel demo`` and ``ptel up`` take them."""
     parser.add_argument(
         "--gateway-port", type=int, default=GATEWAY_PORT, help=f"port of the devices' gateway (default {GATEWAY_PORT})"
     )
@@ -42,7 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help=f"origin of web pages that may send to the gateway (repeatable; default {' and '.join(PAGE_ORIGINS)})",
     )
-    parser.add_argument("--no-gateway", action="store_true", help="do not start the devices' gateway")
 
 
 class DemoGateway:

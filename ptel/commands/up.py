@@ -41,7 +41,7 @@ from ptel.commands.options import (
     kafka_connection_or_report,
     load_spec_or_report,
 )
-from ptel.demo_gateway import GATEWAY_PORT, PAGE_ORIGINS
+from ptel.demo_gateway import PAGE_ORIGINS, add_gateway_port_and_origins
 from ptel.kafka_broker import BrokerError, LocalKafka
 from ptel.local_process import free_port, port_is_free
 from ptel.shutdown import STOP_SIGNALS, StoppedOutsideLoopError, stop_outside_the_loop
@@ -69,15 +69,8 @@ def register(subparsers: Any) -> None:
     add_bootstrap_argument(parser)
     parser.add_argument("--port", type=int, default=None, help="local broker port (default: $PTEL_KAFKA_PORT or 9092)")
     parser.add_argument("--dir", type=Path, default=Path("out/up"), help="the run's files and logs (default out/up)")
-    parser.add_argument("--gateway-port", type=int, default=GATEWAY_PORT, help=f"default {GATEWAY_PORT}")
     parser.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT, help=f"default {DASHBOARD_PORT}")
-    parser.add_argument(
-        "--page-origin",
-        action="append",
-        default=None,
-        metavar="ORIGIN",
-        help=f"origin of web pages that may send to the gateway (repeatable; default {' and '.join(PAGE_ORIGINS)})",
-    )
+    add_gateway_port_and_origins(parser)
     parser.set_defaults(func=run)
 
 
