@@ -113,9 +113,9 @@ class GatewaySettings:
 DEVICE_DETAILS = {
     "kafka_unavailable": "the gateway cannot hand reports on right now: retry after Retry-After",
     "backlog_full": "the gateway is at capacity: retry after Retry-After",
-    "shutting_down": "this gateway is stopping: retry after Retry-After",
+    "shutting_down": "this gateway is stopping: retry after Retry-After with the same Idempotency-Key",
     "delivery_failed": "the reports may not have been stored: retry after Retry-After with the same Idempotency-Key",
-    "internal_error": "the gateway failed to forward the reports: retry after Retry-After",
+    "internal_error": "the gateway could not forward them: retry after Retry-After with the same Idempotency-Key",
 }
 
 
