@@ -144,7 +144,7 @@ ROLES: MappingProxyType[str, Role] = MappingProxyType(
                 (
                     Grant(("Read", "DescribeConfigs"), "Topic", "{R}", "reports"),
                     Grant(("Write", "DescribeConfigs"), "Topic", "{D}", "dead-letter"),
-                    Grant(("Write", "DescribeConfigs"), "Topic", "{L}", "releases"),
+                    Grant(_RW, "Topic", "{L}", "releases"),
                     Grant(_RW, "Topic", "{G}.", "group topics", "PREFIXED"),
                     Grant(_RW, "Topic", "{ledger}", "ledger"),
                     Grant(("Read",), "Group", "{G}", "group"),
@@ -152,7 +152,8 @@ ROLES: MappingProxyType[str, Role] = MappingProxyType(
                     Grant(("Write",), "TransactionalId", "{ledger}.stage2", "stage-2 transactional id"),
                 ),
                 (*KAFKA_LOGIN, "ledger.key", "operator-token"),
-                "the group's topics are `G.stage1-state`, `G.partials`, `G.stage2-state`",
+                "the group's topics are `G.stage1-state`, `G.partials`, `G.stage2-state`; Read on `L`: a restored "
+                "ledger is checked against the releases already written (a rolled-back ledger is refused)",
             ),
             Role(
                 "monitor",

@@ -130,7 +130,7 @@ class WorkerTopics:
         return [
             replace(reports_plan(self.reports, self.partitions), access="Read and DescribeConfigs"),
             replace(dead_letter, access="Write and DescribeConfigs"),
-            replace(releases, access="Write and DescribeConfigs"),
+            replace(releases, access=own),  # Read: a restored ledger is checked against the releases written
             TopicPlan(self.stage1_state, self.partitions, compact, {"cleanup.policy": "compact"}, least, own),
             TopicPlan(self.partials, 1, big, {}, least, own),
             TopicPlan(self.stage2_state, 1, compact, {"cleanup.policy": "compact"}, least, own),
