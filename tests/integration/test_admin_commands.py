@@ -139,7 +139,7 @@ async def test_acls_print_and_apply_give_each_principal_exactly_its_row(admin: A
     print(out)
     expected = worker.acls("User:ptel-worker", _acl_names(admin))
     lines = out.splitlines()
-    assert code == 0 and len(lines) == len(expected) == 15, (out, err)
+    assert code == 0 and len(lines) == len(expected) == 16, (out, err)
     for line, acl in zip(lines, expected.values(), strict=True):
         assert (
             line.startswith("kafka-acls.sh --bootstrap-server ") and "--add --allow-principal User:ptel-worker" in line
