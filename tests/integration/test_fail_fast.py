@@ -57,6 +57,14 @@ def _worker(spec: Path, *connection: str) -> list[str]:
     return [sys.executable, "-m", "ptel.cli", "worker", "--spec", str(spec), *connection, "--quiet"]
 
 
+async def _sigterm(proc: subprocess.Popen[str]) -> tuple[str, str, float]:
+    """SIGTERM to ``proc``; its stdout, stderr and the seconds it took to exit (at most :data:`STOP_WITHIN_S`)."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
+    return out, err, time.monotonic() - t0
+
+
 def _run(argv: list[str], env: dict[str, str]) -> tuple[int | None, str, float]:
     """Run ``argv``; its status (``None``: still running after :data:`STOP_WITHIN_S`, then killed), stderr, and
     seconds from start to exit."""
@@ -135,10 +143,7 @@ async def test_a_starting_worker_is_alive_for_its_probes_and_stops_on_sigterm(tm
     try:
         health = await _wait_for_200(proc, f"http://127.0.0.1:{port}/healthz")
         ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/readyz")
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
-        took = time.monotonic() - t0
+        out, err, took = await _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -283,10 +288,7 @@ async def test_releases_follow_stops_during_a_catch_up_and_shows_nothing_more(
     try:
         assert proc.stdout is not None
         first = await asyncio.to_thread(proc.stdout.readline)  # the first release shown: the catch-up has begun
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = await asyncio.to_thread(proc.communicate, timeout=STOP_WITHIN_S)
-        took = time.monotonic() - t0
+        out, err, took = await _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
