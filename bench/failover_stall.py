@@ -18,8 +18,10 @@ times: the fault hits ``--fault-after-s`` into the load, and
   over the reports acknowledged, from the dead-letter topic.
 
 The faults: kill -9 of the node leading reports partition 0, of the node coordinating the transactions of stage 1 on
-partition 0, of the consumer group's coordinator (each restarted ``--down-s`` later), and SIGSTOP of the leader of
-partition 0 for ``--down-s`` (a silent partition: its connections stay open, nothing answers).
+partition 0, of the consumer group's coordinator, of the active KRaft controller (each restarted ``--down-s`` later;
+any of the first three may also be the active controller, which the results' ``victim_was_active_controller``
+says), and SIGSTOP of the leader of partition 0 for ``--down-s`` (a silent partition: its connections stay open,
+nothing answers).
 
     .venv/bin/python -m bench.failover_stall [--reps 5] [--rate 40] [--down-s 20] [--kafka-fencing-defaults]
 
@@ -54,7 +56,7 @@ from schemas.wire import encode_report
 from testbed.cluster import CLUSTER_SETTINGS, FAILOVER_SETTINGS, Cluster, create_topics
 from testbed.processes import GatewayReplica, SupervisedWorker
 
-FAULTS = ("leader_kill9", "txn_coordinator_kill9", "group_coordinator_kill9", "leader_freeze")
+FAULTS = ("leader_kill9", "txn_coordinator_kill9", "group_coordinator_kill9", "controller_kill9", "leader_freeze")
 
 
 class _NoSink:
@@ -157,6 +159,11 @@ async def _victim(cluster: Cluster, fault: str, spec_name: str, reports: str) ->
         return await cluster.transaction_coordinator(f"{group}.stage1.0")
     if fault == "group_coordinator_kill9":
         return await cluster.group_coordinator(group)
+    if fault == "controller_kill9":
+        controller = cluster.active_controller()
+        if controller is None:
+            raise RuntimeError("no node has logged becoming the active controller")
+        return controller
     return await cluster.leader_of(reports, 0)
 
 
@@ -185,6 +192,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         for fault in args.faults.split(","):
             stalls: list[float] = []
             holds: list[float] = []
+            on_controller: list[bool] = []
             acknowledged = 0
             late_before = await _late(cluster.bootstrap, spec.topics.dead_letter)
             for rep in range(args.reps):
@@ -192,6 +200,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 load = asyncio.create_task(devices.run(args.fault_after_s + args.down_s + args.after_s))
                 await asyncio.sleep(args.fault_after_s)
                 victim = cluster.node(await _victim(cluster, fault, spec.name, spec.topics.reports))
+                controller = cluster.active_controller()
                 t0 = time.monotonic()
                 if fault == "leader_freeze":
                     victim.freeze()
@@ -204,10 +213,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await load
                 stall = max(lat for first, lat in devices.latencies if first >= t0 - 5.0)
                 stalls.append(stall)
+                on_controller.append(victim.node_id == controller)
                 holds.append(max(lat for first, lat in devices.held if first >= t0 - 5.0))
                 acknowledged += devices.acknowledged
                 print(
-                    f"{fault} rep {rep}: node {victim.node_id}, stall {stall:.2f} s (held {holds[-1]:.2f} s), "
+                    f"{fault} rep {rep}: node {victim.node_id} (active controller: {controller}), "
+                    f"stall {stall:.2f} s (held {holds[-1]:.2f} s), "
                     f"answers {dict(devices.statuses)}"
                 )
                 await asyncio.sleep(args.settle_s)  # the restarted node catches up (back in the ISR) before the next
@@ -215,6 +226,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             late = await _late(cluster.bootstrap, spec.topics.dead_letter) - late_before
             table[fault] = {
                 "stalls_s": [round(s, 2) for s in stalls],
+                "victim_was_active_controller": on_controller,
                 "stall_p50_s": round(percentile(stalls, 0.5), 2),
                 "stall_p99_s": round(percentile(stalls, 0.99), 2),
                 "held_s": [round(s, 2) for s in holds],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import shutil
 import signal
 import time
@@ -25,6 +26,7 @@ from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 
 NODES = 3
+_ACTIVE_CONTROLLER = re.compile(r"Becoming the active controller at epoch (\d+)")
 #: How fast the controller fences a broker that stopped heart-beating (kill -9, SIGSTOP, a silent partition) and
 #: moves its leaderships: Kafka's defaults are 9 s / 2 s (``broker.session.timeout.ms`` /
 #: ``broker.heartbeat.interval.ms``), which alone outlast most of a 10 s grace. 4 s / 1 s keeps a missed heartbeat
@@ -32,6 +34,13 @@ NODES = 3
 FAILOVER_SETTINGS = {
     "broker.session.timeout.ms": "4000",
     "broker.heartbeat.interval.ms": "1000",
+    # The death of the node that is also the active controller costs a quorum election before the new controller
+    # can fence it (4 s from its activation): Kafka's defaults (fetch timeout 2 s, election timeout 1 s, backoff up
+    # to 1 s) made that case stall 8.5-9.6 s against 4.8-5.4 s for any other node (bench/failover_stall.py, the
+    # victim_was_active_controller column). Half of each keeps an election well above the loopback round trip.
+    "controller.quorum.fetch.timeout.ms": "1000",
+    "controller.quorum.election.timeout.ms": "500",
+    "controller.quorum.election.backoff.max.ms": "500",
 }
 #: Broker settings of every node: a replicated cluster, and a small heap per JVM (three share a test machine).
 CLUSTER_SETTINGS = {
@@ -149,6 +158,20 @@ class Cluster:
             return int(await admin.find_coordinator(key, coordinator_type=coordinator_type))
         finally:
             await admin.close()
+
+    def active_controller(self) -> int | None:
+        """The node that most recently became the active KRaft controller, by its own log ("Becoming the active
+        controller at epoch E": the highest epoch wins), or None before any did. Read from the logs because aiokafka
+        has no DescribeQuorum request and Kafka hides the active controller from clients' metadata."""
+        best: tuple[int, int] | None = None
+        for n in self.nodes:
+            if not n.log_file.is_file():
+                continue
+            for m in _ACTIVE_CONTROLLER.finditer(n.log_file.read_text(errors="replace")):
+                epoch = int(m.group(1))
+                if best is None or epoch > best[0]:
+                    best = (epoch, n.node_id)
+        return None if best is None else best[1]
 
     def live_bootstrap(self, *excluded: int) -> str:
         """The bootstrap list without the nodes ``excluded`` (a frozen node would stall a new client's first
