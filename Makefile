@@ -9,7 +9,7 @@
 #                  (worker and gateway kill -9, broker stop and pause across a window boundary) over 3 seeds (~25 min)
 #   make test-production-long -- the production-shape rig (3 brokers, HAProxy before 2 gateway replicas, 3 workers;
 #                  tests/production) under every fault alone and the compound fault, over 3 seeds (`make test`
-#                  runs 1 seed with the compound fault; ~2.5 min a run, ~55 min)
+#                  runs 1 seed with the compound fault; ~2.5 min a run, ~60 min)
 #   make test-acl-matrix -- the least-privilege test with every ACL removed in turn (opt-in, ~3 min)
 #   make lint   -- ruff check + mypy + the TypeScript client's strict type check (tsc)
 #   make audit  -- the end-to-end privacy audit with 10x its trials (more power; ~15 min): PTEL_AUDIT_SCALE=10
@@ -103,7 +103,7 @@ test-e2e-long: setup
 # 3 minutes: `make test` runs the five representative cases).
 test-production-long: setup
 	PTEL_PROD_SEEDS=1,2,3 \
-	PTEL_PROD_FAULTS=gateway_kill9,leader_kill9,txn_coordinator_kill9,group_coordinator_kill9,leader_freeze,worker_kill9_in_rebalance,gateway_kill9+leader_kill9 \
+	PTEL_PROD_FAULTS=gateway_kill9,leader_kill9,txn_coordinator_kill9,group_coordinator_kill9,controller_kill9,leader_freeze,worker_kill9_in_rebalance,gateway_kill9+leader_kill9 \
 	$(BIN)/pytest -s tests/production
 
 test-acl-matrix: setup

@@ -25,7 +25,8 @@ nothing answers).
 
     .venv/bin/python -m bench.failover_stall [--reps 5] [--rate 40] [--down-s 20] [--kafka-fencing-defaults]
 
-Writes bench/results/failover_stall.json (``--kafka-fencing-defaults``: failover_stall_kafka_defaults.json).
+Writes bench/results/failover_stall.json (``--kafka-fencing-defaults``: failover_stall_kafka_defaults.json;
+``--dedicated-controllers``: the quorum on three controller-only JVMs, failover_stall_dedicated_controllers.json).
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ async def _victim(cluster: Cluster, fault: str, spec_name: str, reports: str) ->
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: v for k, v in CLUSTER_SETTINGS.items() if k not in FAILOVER_SETTINGS}
-    cluster = Cluster(settings if args.kafka_fencing_defaults else None)
+    cluster = Cluster(
+        settings if args.kafka_fencing_defaults else None, dedicated_controllers=args.dedicated_controllers
+    )
     folder = Path(tempfile.mkdtemp(prefix="ptel-failover-"))
     spec_path = _spec_file(folder, args.size_s)
     spec = parse_spec(yaml.safe_load(spec_path.read_text()))
@@ -257,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settle-s", type=float, default=8.0, help="pause between runs (default 8)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument(
+        "--dedicated-controllers",
+        action="store_true",
+        help="the quorum on three controller-only JVMs (Kafka's production layout), not on the brokers",
+    )
+    parser.add_argument(
         "--kafka-fencing-defaults", action="store_true", help="brokers with Kafka's own 9 s / 2 s session settings"
     )
     args = parser.parse_args(argv)
@@ -268,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()
     results = asyncio.run(_run(args))
     name = "failover_stall_kafka_defaults" if args.kafka_fencing_defaults else "failover_stall"
+    name += "_dedicated_controllers" if args.dedicated_controllers else ""
     write_result(
         RESULTS / f"{name}.json", "failover_stall", argv=argv, load_before=load_before,
         parameters={k: v for k, v in vars(args).items()}, results=results,

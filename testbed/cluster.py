@@ -13,8 +13,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
+from typing import Literal
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -26,6 +28,8 @@ from ptel.kafka_broker import LocalKafka
 from ptel.local_process import free_port
 
 NODES = 3
+#: ``process.roles`` of a node: combined (the default), or one of the dedicated roles.
+Role = Literal["broker,controller", "broker", "controller"]
 _ACTIVE_CONTROLLER = re.compile(r"Becoming the active controller at epoch (\d+)")
 #: How fast the controller fences a broker that stopped heart-beating (kill -9, SIGSTOP, a silent partition) and
 #: moves its leaderships: Kafka's defaults are 9 s / 2 s (``broker.session.timeout.ms`` /
@@ -61,13 +65,14 @@ class ClusterNode(LocalKafka):
 
     def __init__(
         self, port: int, controller_port: int, node_id: int, voters: str, cluster_id: str,
-        settings: dict[str, str] | None = None,
+        settings: dict[str, str] | None = None, role: Role = "broker,controller",
     ) -> None:  # fmt: skip
-        super().__init__(port=port, controller_port=controller_port, heap="384m")
+        super().__init__(port=port, controller_port=controller_port, heap="256m" if role == "controller" else "384m")
         self.settings = CLUSTER_SETTINGS if settings is None else settings
         self.node_id = node_id
         self.voters = voters
         self.cluster_id = cluster_id
+        self.role: Role = role
 
     def _write_config(self, controller_port: int) -> None:
         (self.instance_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -80,6 +85,13 @@ class ClusterNode(LocalKafka):
             overrides={**self.settings, "controller.quorum.voters": self.voters},
         )
         del props["controller.quorum.bootstrap.servers"]  # a static quorum: the three voters above
+        props["process.roles"] = self.role
+        if self.role == "broker":  # no controller listener: it reaches the voters by controller.quorum.voters
+            props["listeners"] = props["advertised.listeners"] = f"PLAINTEXT://127.0.0.1:{self.port}"
+        elif self.role == "controller":  # the quorum only: no client listener, no inter-broker listener
+            props["listeners"] = props["advertised.listeners"] = f"CONTROLLER://127.0.0.1:{controller_port}"
+            props["listener.security.protocol.map"] = "CONTROLLER:PLAINTEXT"
+            del props["inter.broker.listener.name"]
         self.properties_file.write_text(render_properties(props))
         shutil.copyfile(
             Path(kafka_broker.__file__).parent / "kafka" / "log4j.properties", self.instance_dir / "log4j.properties"
@@ -91,6 +103,22 @@ class ClusterNode(LocalKafka):
 
     def _format(self) -> None:
         self._tool("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.properties_file))
+
+    def _wait_ready(self, pid: int, deadline: float, timeout: float) -> None:
+        if self.role != "controller":
+            super()._wait_ready(pid, deadline, timeout)
+            return
+        # A controller-only node answers no client: ready once its quorum port accepts connections.
+        controller_port = self._resolve_controller_port()
+        while time.monotonic() < deadline:
+            if not self._alive(pid):
+                raise BrokerError(f"controller {self.node_id} (pid {pid}) exited during startup:\n" + self.logs(40))
+            try:
+                socket.create_connection(("127.0.0.1", controller_port), timeout=1.0).close()
+                return
+            except OSError:
+                time.sleep(0.25)
+        raise BrokerError(f"controller {self.node_id} not listening on {controller_port} within {timeout:g} s")
 
     def kill9(self) -> None:
         """SIGKILL the node's JVM (no clean shutdown: leadership and coordination move by the controller's timeout)."""
@@ -111,26 +139,50 @@ class ClusterNode(LocalKafka):
 
 
 class Cluster:
-    """Three :class:`ClusterNode` s; :attr:`bootstrap` lists all three. ``settings``: every node's broker settings
-    (default :data:`CLUSTER_SETTINGS`; the failover bench compares Kafka's own fencing defaults)."""
+    """Three broker :class:`ClusterNode` s (:attr:`nodes`, ids 1-3); :attr:`bootstrap` lists all three.
+    ``settings``: every node's broker settings (default :data:`CLUSTER_SETTINGS`; the failover bench compares
+    Kafka's own fencing defaults). ``dedicated_controllers``: the quorum runs on three controller-only JVMs of its
+    own (:attr:`controllers`, ids 4-6), the layout Kafka recommends for production ("combined mode ... should be
+    avoided in critical deployment environments", https://kafka.apache.org/39/documentation.html#kraft_role), so a
+    broker's death never costs a controller election; else each node is broker and controller (combined mode)."""
 
-    def __init__(self, settings: dict[str, str] | None = None) -> None:
-        ports = [free_port() for _ in range(2 * NODES)]
+    def __init__(self, settings: dict[str, str] | None = None, *, dedicated_controllers: bool = False) -> None:
+        voting = 2 * NODES if dedicated_controllers else NODES
+        ports = [free_port() for _ in range(NODES + voting)]
         while len(set(ports)) < len(ports):
-            ports = [free_port() for _ in range(2 * NODES)]
-        voters = ",".join(f"{i + 1}@127.0.0.1:{ports[NODES + i]}" for i in range(NODES))
+            ports = [free_port() for _ in range(NODES + voting)]
         self.cluster_id = _cluster_id()
-        self.nodes = [
-            ClusterNode(ports[i], ports[NODES + i], i + 1, voters, self.cluster_id, settings) for i in range(NODES)
-        ]
+        if dedicated_controllers:
+            # ports: [0, 3) broker client ports, [3, 6) the brokers' unused controller-port slots, [6, 9) the quorum
+            quorum = [(NODES + 1 + i, ports[2 * NODES + i]) for i in range(NODES)]
+            voters = ",".join(f"{node_id}@127.0.0.1:{port}" for node_id, port in quorum)
+            self.nodes = [
+                ClusterNode(ports[i], ports[NODES + i], i + 1, voters, self.cluster_id, settings, role="broker")
+                for i in range(NODES)
+            ]
+            self.controllers = [
+                ClusterNode(ports[NODES + i], port, node_id, voters, self.cluster_id, settings, role="controller")
+                for i, (node_id, port) in enumerate(quorum)
+            ]
+        else:
+            voters = ",".join(f"{i + 1}@127.0.0.1:{ports[NODES + i]}" for i in range(NODES))
+            self.nodes = [
+                ClusterNode(ports[i], ports[NODES + i], i + 1, voters, self.cluster_id, settings)
+                for i in range(NODES)
+            ]
+            self.controllers = []
         self.bootstrap = ",".join(n.bootstrap for n in self.nodes)
 
+    @property
+    def all_nodes(self) -> list[ClusterNode]:
+        return [*self.nodes, *self.controllers]
+
     async def start(self) -> None:
-        """Start the three JVMs at once (a lone voter of three waits for a quorum: one by one would never finish)."""
-        await asyncio.gather(*(asyncio.to_thread(n.start, 300) for n in self.nodes))
+        """Start every JVM at once (a lone voter of three waits for a quorum: one by one would never finish)."""
+        await asyncio.gather(*(asyncio.to_thread(n.start, 300) for n in self.all_nodes))
 
     def node(self, node_id: int) -> ClusterNode:
-        return self.nodes[node_id - 1]
+        return self.all_nodes[node_id - 1]
 
     async def leader_of(self, topic: str, partition: int) -> int:
         """The node id leading ``topic``'s ``partition`` now."""
@@ -164,7 +216,7 @@ class Cluster:
         controller at epoch E": the highest epoch wins), or None before any did. Read from the logs because aiokafka
         has no DescribeQuorum request and Kafka hides the active controller from clients' metadata."""
         best: tuple[int, int] | None = None
-        for n in self.nodes:
+        for n in self.all_nodes:
             if not n.log_file.is_file():
                 continue
             for m in _ACTIVE_CONTROLLER.finditer(n.log_file.read_text(errors="replace")):
@@ -179,13 +231,13 @@ class Cluster:
         return ",".join(n.bootstrap for n in self.nodes if n.node_id not in excluded)
 
     def stop(self) -> None:
-        """Kill every node (its data is deleted next: a clean shutdown of three JVMs only costs time)."""
-        for n in self.nodes:
+        """Kill every node (its data is deleted next: a clean shutdown of the JVMs only costs time)."""
+        for n in self.all_nodes:
             pid = n.running_pid()
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 os.kill(pid, signal.SIGCONT)  # a frozen JVM dies only once it runs again
-        for n in self.nodes:
+        for n in self.all_nodes:
             try:
                 n.stop(timeout=10)
             finally:

@@ -1,6 +1,8 @@
 """The production-shape rig (issue 30): the pipeline as it runs in production, on loopback, with its faults.
 
-- three KRaft brokers (:class:`testbed.cluster.Cluster`: replication factor 3, min ISR 2, the failover settings);
+- three KRaft brokers and a quorum of three controller-only nodes (:class:`testbed.cluster.Cluster` with
+  ``dedicated_controllers``, the layout Kafka recommends for production: replication factor 3, min ISR 2, the
+  failover settings);
 - ``gateways`` ``ptel gateway`` replicas behind a real HAProxy (:mod:`testbed.load_balancer`: health checks on
   ``/readyz``, retries, consistent hashing on the device's token), and a :class:`~testbed.load_balancer.LossyHop`
   before it that loses a fraction of the 202 answers on their way to the device;
@@ -11,9 +13,10 @@
 
 The faults (:meth:`ProductionRig.inject`, :data:`FAULTS`): kill -9 of a gateway replica (restarted after
 ``down_s``), of the node leading a reports partition, of the node coordinating a stage-1 transaction, of the node
-coordinating the consumer group (each restarted after ``down_s``); a frozen leader (SIGSTOP for ``down_s``: a silent
-partition); a worker killed during a rebalance (a new worker joins the group, and one of the others is killed while
-the group rebalances). The workloads and the exact check are the caller's (``tests/production``).
+coordinating the consumer group, of the active controller (each restarted after ``down_s``); a frozen leader
+(SIGSTOP for ``down_s``: a silent partition); a worker killed during a rebalance (a new worker joins the group,
+and one of the others is killed while the group rebalances). The workloads and the exact check are the caller's
+(``tests/production``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ FAULTS = (
     "group_coordinator_kill9",
     "leader_freeze",
     "worker_kill9_in_rebalance",
+    "controller_kill9",
 )
 MIN_PARTITIONS = 6
 
@@ -93,13 +97,19 @@ class ProductionRig:
 
     async def victim(self, fault: str) -> int:
         """The node a broker fault hits now: the leader of reports partition 0, the coordinator of stage 1's
-        transactions on partition 0, or the coordinator of the consumer group."""
+        transactions on partition 0, the coordinator of the consumer group, or the active KRaft controller (one of
+        the three controller-only nodes)."""
         if fault in ("leader_kill9", "leader_freeze"):
             return await self.cluster.leader_of(self.spec.topics.reports, 0)
         if fault == "txn_coordinator_kill9":
             return await self.cluster.transaction_coordinator(f"{self.group}.stage1.0")
         if fault == "group_coordinator_kill9":
             return await self.cluster.group_coordinator(self.group)
+        if fault == "controller_kill9":
+            controller = self.cluster.active_controller()
+            if controller is None:
+                raise RuntimeError("no controller has logged becoming the active controller")
+            return controller
         raise ValueError(f"fault ({fault!r}) hits no broker")
 
     async def inject(self, fault: str, down_s: float = 4.0) -> None:
@@ -111,7 +121,7 @@ class ProductionRig:
             gateway.kill9()
             await asyncio.sleep(down_s)
             await gateway.start()
-        elif fault in ("leader_kill9", "txn_coordinator_kill9", "group_coordinator_kill9"):
+        elif fault in ("leader_kill9", "txn_coordinator_kill9", "group_coordinator_kill9", "controller_kill9"):
             node = self.cluster.node(await self.victim(fault))
             node.kill9()
             await asyncio.sleep(down_s)
@@ -172,7 +182,7 @@ async def production_rig(
     if gateways < 2 or workers < 3:
         raise ValueError(f"gateways ({gateways}) must be >= 2 and workers ({workers}) >= 3 (the production shape)")
     spec = production_spec(spec_path, grace_s=grace_s)
-    cluster = Cluster()
+    cluster = Cluster(dedicated_controllers=True)
     started: list[GatewayReplica] = []
     supervised: list[SupervisedWorker] = []
     haproxy: HAProxy | None = None

@@ -4,9 +4,11 @@ publisher without ``windows`` the spec's window deadline, which the publisher ch
 
 from __future__ import annotations
 
+import pytest
+
 from producers.edge_client import EdgeClient
 from producers.kafka_publisher import KafkaSettings, ReportPublisher, WindowDeadline
-from schemas.spec import DEFAULT_GRACE_S, parse_spec
+from schemas.spec import DEFAULT_GRACE_S, SpecError, parse_spec
 
 SPEC = parse_spec(
     {
@@ -37,6 +39,14 @@ def test_a_publisher_with_its_own_deadline_keeps_it() -> None:
     assert publisher.windows is own
 
 
-def test_the_default_grace_is_the_measured_one() -> None:
-    spec = parse_spec({"name": "d", "window": {"size_s": 1}, "metrics": [{"name": "m", "kind": "bool", "prob": 0.75}]})
-    assert spec.window.grace_s == DEFAULT_GRACE_S == 10  # docs/operations.md, "Grace: late reports and outage ..."
+def _default_grace(size_s: int) -> int:
+    metrics = [{"name": "m", "kind": "bool", "prob": 0.75}]
+    return parse_spec({"name": "d", "window": {"size_s": size_s}, "metrics": metrics}).window.grace_s
+
+
+def test_the_default_grace_is_the_measured_one_or_ten_windows() -> None:
+    assert DEFAULT_GRACE_S == 20  # docs/operations.md, "Failover on a replicated cluster"
+    assert [_default_grace(size) for size in (1, 2, 10, 3600)] == [10, 20, 20, 20]
+    explicit = {"name": "d", "window": {"size_s": 1, "grace_s": 11}, "metrics": [{"name": "m", "kind": "bool"}]}
+    with pytest.raises(SpecError, match="grace_s"):  # an explicit grace above 10 windows is still refused
+        parse_spec(explicit)
