@@ -24,16 +24,20 @@ reports count, and for the local kinds ``excluded.duplicate`` is a function of w
 (:mod:`agents.exclusions`). A tag names no device to whoever lacks the gateway's pseudonym key.
 
 State (compacted ``<group>.stage1-state``, with the partition's other state, in the transaction of its offsets):
-one record per batch that saw new tags, key ``b"p<p>/dedup/<first offset>"``, value ``(tag 16 B, offset int64,
-broker time int64)`` big-endian per tag; tombstoned once all its tags are older than ``H`` before the partition's
-mark. A replay (:meth:`~agents.stage1.partition_state.PartitionState.rebuild_clients`) reads the same table: the
-offset in the rule makes the decision the same as when the record was first read (a record never finds itself, nor
+one record per batch that saw new tags, key ``b"p<p>/dedup/<first offset>"``, value a versioned record
+(:func:`encode_dedup_record`): a header naming the format and its version, then ``(tag 16 B, offset int64, broker
+time int64)`` big-endian per tag; tombstoned once all its tags are older than ``H`` before the partition's mark.
+A record of an unknown (newer) version is refused by name, never read as if it were version 1; a worker older
+than this format (it reads every ``p<p>/...`` key but the mark as a window's partial) refuses it by name as well.
+A replay (:meth:`~agents.stage1.partition_state.PartitionState.rebuild_clients`) reads the same table: the offset
+in the rule makes the decision the same as when the record was first read (a record never finds itself, nor
 a later copy); a tag dropped from the table is more than ``H`` before the mark, so before every record a replay
 re-admits (those are in open windows).
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -45,9 +49,61 @@ from agents.stage1.records import Record
 from agents.stage1.validation import Accepted
 from schemas.wire.idempotency_header import TAG_BYTES, placed_tags
 
-__all__ = ["RetryDedup", "dedup_key_prefix", "duplicate_mask"]
+__all__ = ["DEDUP_FORMAT", "DEDUP_VERSION", "RetryDedup", "decode_dedup_record", "dedup_key_prefix", "duplicate_mask"]
 
 _ENTRY = struct.Struct(f">{TAG_BYTES}sqq")  # tag, first offset, first broker time (ms)
+
+#: The format name and version a dedup record's header carries; a reader refuses any other version.
+DEDUP_FORMAT = "ptel.retry-dedup"
+DEDUP_VERSION = 1
+#: The record starts as a window's partial does (:meth:`agents.partials.Partial.to_bytes`: magic, big-endian header
+#: length, JSON header with ``kind`` and ``arrays``, then the arrays' 8-byte cells). A worker from before the dedup
+#: records decodes every ``p<p>/...`` key but the mark as a partial: it reads the header, consumes the entries as
+#: an ``(n, 4)`` array of 8-byte cells (32 bytes per entry), and refuses the unknown ``kind`` -- a message that says
+#: what the record is and what to do -- instead of failing on "bad magic", or on the 2^-32 chance that a tag began
+#: with the magic, misreading one.
+_PARTIAL_MAGIC = b"PTP1"
+_OLDER_WORKERS_KIND = f"{DEDUP_FORMAT} v{DEDUP_VERSION} (a retry-dedup record of a newer worker: upgrade this worker)"
+
+
+def encode_dedup_record(entries: Sequence[tuple[bytes, int, int]]) -> bytes:
+    """A dedup record of ``entries`` ``(tag, first offset, first broker time)``: the versioned header, then them."""
+    header = {
+        "format": DEDUP_FORMAT,
+        "version": DEDUP_VERSION,
+        "kind": _OLDER_WORKERS_KIND,
+        "arrays": {"entries": [len(entries), _ENTRY.size // 8]},
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _PARTIAL_MAGIC + struct.pack(">I", len(head)) + head + b"".join(_ENTRY.pack(*e) for e in entries)
+
+
+def decode_dedup_record(key: bytes, value: bytes) -> list[tuple[bytes, int, int]]:
+    """The entries of the dedup record ``value`` (at ``key``); :class:`StateError` naming the record for anything but
+    version :data:`DEDUP_VERSION` of :data:`DEDUP_FORMAT` -- a newer version is refused, never guessed at. A record
+    without a header (a list of entries, as the first builds of the dedup wrote it) is read as version 0."""
+    if value[:4] != _PARTIAL_MAGIC:
+        if len(value) % _ENTRY.size:
+            raise StateError(f"dedup record {key!r}: {len(value)} bytes, neither versioned nor a list of entries")
+        return [(bytes(tag), int(offset), int(ts)) for tag, offset, ts in _ENTRY.iter_unpack(value)]
+    try:
+        (hlen,) = struct.unpack(">I", value[4:8])
+        header = json.loads(value[8 : 8 + hlen])
+        fmt, version, (count, _) = header["format"], header["version"], header["arrays"]["entries"]
+    except (ValueError, KeyError, TypeError, struct.error) as err:
+        raise StateError(f"dedup record {key!r}: unreadable header ({err})") from err
+    if fmt != DEDUP_FORMAT:
+        raise StateError(f"dedup record {key!r}: format {fmt!r}, expected {DEDUP_FORMAT!r}")
+    if version != DEDUP_VERSION:
+        raise StateError(
+            f"dedup record {key!r} has format version {version!r}; this worker reads version {DEDUP_VERSION} only: "
+            f"a newer worker wrote it -- run that version (or a newer one), never this one, on this group's state"
+        )
+    body = value[8 + hlen :]
+    if not isinstance(count, int) or len(body) != count * _ENTRY.size:
+        raise StateError(f"dedup record {key!r}: {len(body)} bytes of entries, its header says {count!r} entries")
+    return [(bytes(tag), int(offset), int(ts)) for tag, offset, ts in _ENTRY.iter_unpack(body)]
+
 
 #: Row ranges ``(first_row, n)`` of one record that are duplicates.
 Ranges = list[tuple[int, int]]
@@ -121,7 +177,7 @@ class RetryDedup:
             old = self._chunks.get(key, (0, []))  # the same first offset again: a batch read anew
             entries = old[1] + self._new
             self._chunks[key] = (max(t for _, _, t in entries), entries)
-            out.append((key, b"".join(_ENTRY.pack(*entry) for entry in entries)))
+            out.append((key, encode_dedup_record(entries)))
             self._new = []
         if closed_before_ms is not None:
             cutoff = closed_before_ms - self.horizon_ms
@@ -142,9 +198,7 @@ class RetryDedup:
         for key, value in latest.items():
             if not key.startswith(prefix) or value is None:
                 continue
-            if len(value) % _ENTRY.size:
-                raise StateError(f"dedup record {key!r} of partition {self.partition}: {len(value)} bytes")
-            entries = [(bytes(tag), int(offset), int(ts)) for tag, offset, ts in _ENTRY.iter_unpack(value)]
+            entries = decode_dedup_record(key, value)
             for tag, offset, ts in entries:
                 first = self._seen.get(tag)
                 if first is None or first[0] < offset:  # the latest first copy (one past the horizon re-registers)
