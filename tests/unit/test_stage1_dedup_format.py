@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from agents.errors import StateError
 from agents.partials import Partial
 from agents.stage1.dedup import DEDUP_VERSION, RetryDedup, decode_dedup_record, dedup_key_prefix, encode_dedup_record
+from agents.stage1.records import SourceRecord
+from schemas.wire.idempotency_header import tag_header
 
 KEY = dedup_key_prefix(0) + b"17"
 entries_st = st.lists(
@@ -65,3 +67,32 @@ def test_headerless_records_of_the_first_builds_are_read_as_version_zero() -> No
     assert decode_dedup_record(KEY, legacy) == [(b"t" * 16, 5, 1_000)]
     with pytest.raises(StateError, match="neither versioned nor a list of entries"):
         decode_dedup_record(KEY, legacy[:-3])
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 7), max_size=6), st.integers(0, 3_000), st.integers(1, 3)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 4),
+)
+def test_the_batch_scan_decides_as_the_rule_record_by_record(
+    records: list[tuple[list[int], int, int]], batches: int
+) -> None:
+    """:meth:`RetryDedup.scan` (the batch's headers parsed at once) takes the decisions of the module's rule applied
+    record by record, tag by tag (its replay path), and writes the same state: tags from a small pool (copies within
+    one record, one batch, across batches), broker times that pass the horizon or not."""
+    recs, offset, now = [], 0, 0
+    for tags, gap_ms, step in records:
+        offset, now = offset + step, now + gap_ms
+        headers = tuple(tag_header(bytes([t]) * 16, 1, 0, row) for row, t in enumerate(tags))
+        recs.append(SourceRecord(offset, now, None, b"", headers))
+    fast, rule = RetryDedup(0, 2_000), RetryDedup(0, 2_000)
+    size = -(-len(recs) // batches)
+    for first in range(0, len(recs), size):
+        batch = recs[first : first + size]
+        expected = {i: r for i, rec in enumerate(batch) if (r := rule._duplicates(rec, register=True))}
+        assert fast.scan(batch) == expected
+        assert fast.state_records(now) == rule.state_records(now)
+    assert fast._seen == rule._seen
