@@ -47,12 +47,20 @@ import aiohttp
 from producers.errors import ProducerError, ProducerParameterError
 from schemas.spec import DEFAULT_RETRY_HORIZON_S, FORWARD_DELAY_BOUND_S, RETRY_HORIZON_RANGE_S
 
-__all__ = ["GatewayOutcomeUnknownError", "GatewayRefusedError", "GatewaySink", "GatewaySinkStats"]
+__all__ = ["GatewayOutcomeUnknownError", "GatewayRefusedError", "GatewaySink", "GatewaySinkStats", "idempotency_age"]
 
 #: 503 reasons after which the request's reports may be in Kafka (the gateway handed them to its producer).
 MAYBE_FORWARDED = frozenset({"in_doubt", "delivery_failed", "shutting_down"})
 
 log = logging.getLogger(__name__)
+
+
+def idempotency_age(first_ms: int, now_ms: int) -> str:
+    """The ``Idempotency-Age`` of a retry sent at ``now_ms`` whose first attempt began at ``first_ms`` (one clock,
+    whole milliseconds): the whole seconds elapsed, rounded down, and 0 if the clock went back. In integer
+    milliseconds so that every client computes the same header (the TypeScript client's ``idempotencyAge`` takes
+    ``Date.now()`` values; ``tests/data/client_vectors.json``, ``retry_ages``, pins both)."""
+    return str(max(0, (now_ms - first_ms) // 1000))
 
 
 def check_retry_horizon(value: object) -> int:
@@ -204,6 +212,7 @@ class GatewaySink:
         last = GatewayRefusedError(0, "unreachable", "no attempt made")
         maybe_forwarded = False  # an attempt may have reached Kafka
         first = self.clock()
+        first_ms = math.floor(first * 1000)
         deadline = first + self.retry_deadline_s()
         attempt = 0
         while self.max_attempts is None or attempt < self.max_attempts:
@@ -218,7 +227,7 @@ class GatewaySink:
             if left <= 0:
                 break
             if attempt > 1:  # the gateway stamps a retry into the window of the first attempt
-                headers["Idempotency-Age"] = str(max(0, math.floor(self.clock() - first)))
+                headers["Idempotency-Age"] = idempotency_age(first_ms, math.floor(self.clock() * 1000))
             try:
                 timeout = aiohttp.ClientTimeout(total=min(self.timeout.total or left, left))
                 async with self._client().post(

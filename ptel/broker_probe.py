@@ -11,13 +11,14 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from agents.kafka_io.recovery import retry_retriable
 from gateway.kafka_probe import connection_problem, is_fatal
 from kafka_settings.connection import Connection, bootstrap_of
 from ptel.broker_config import NODE_ID
-from ptel.errors import BrokerError, BrokerParameterError
+from ptel.errors import BrokerError, BrokerParameterError, KafkaRefusedError
 
 T = TypeVar("T")
 
@@ -156,3 +157,23 @@ async def refused_connection(connection: Connection, err: BaseException) -> str 
     if type(problem).__name__ not in detail:
         detail = f"{type(problem).__name__}: {detail}"
     return f"Kafka at {bootstrap_of(connection)}: {kind}, no retry can fix it: {detail}"
+
+
+async def retry_unless_refused(
+    connection: Connection, operation: Callable[[], Awaitable[None]], what: str, deadline_s: float
+) -> None:
+    """``await operation()``, retrying retriable errors for up to ``deadline_s`` seconds
+    (:func:`agents.kafka_io.recovery.retry_retriable`: a broker still starting or just killed, a fresh cluster whose
+    metadata has not reached every broker) -- but not a bootstrap that failed for good (credentials refused, TLS
+    handshake failed): :class:`KafkaRefusedError` at once (:func:`refused_connection`)."""
+
+    async def failing_fast() -> None:
+        try:
+            await operation()
+        except Exception as err:
+            refused = await refused_connection(connection, err)
+            if refused is not None:
+                raise KafkaRefusedError(refused) from None
+            raise
+
+    await retry_retriable(failing_fast, what, deadline_s)

@@ -8,8 +8,8 @@
   before it that loses a fraction of the 202 answers on their way to the device;
 - ``workers`` ``ptel worker`` processes under supervisors (crash-only: restarted when they exit) sharing the spec's
   consumer group, on a reports topic of at least 6 partitions;
-- ``ptel monitor``, restarted when it exits like the workers (:class:`SupervisedMonitor`; a broker killed while
-  it starts can end it).
+- ``ptel monitor``, restarted when it exits like the workers (:class:`SupervisedMonitor`, as a supervisor would; a
+  broker killed while it starts no longer ends it: ``agents/monitor/transport.py``).
 
 The faults (:meth:`ProductionRig.inject`, :data:`FAULTS`): kill -9 of a gateway replica (restarted after
 ``down_s``), of the node leading a reports partition, of the node coordinating a stage-1 transaction, of the node

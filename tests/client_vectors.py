@@ -14,7 +14,10 @@ client's tests (``clients/typescript/test/vectors.test.ts``) check every vector.
   randomness (a :class:`FixedBytes` source; the TypeScript client consumes bytes in the same order): the encoded
   report and the number of bytes consumed. Some streams start with the threshold's top byte, so the lazy 64-bit
   comparison's tie path runs;
-- ``batches``: per metric, the batch encoding of a few of those reports.
+- ``batches``: per metric, the batch encoding of a few of those reports;
+- ``retry_ages``: ``(first attempt ms, retry ms, Idempotency-Age)`` of :func:`producers.gateway_sink.idempotency_age`
+  -- the header every device client sends on a retry -- at the second boundaries, a clock that went back, and large
+  times.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mechanisms.local.rappor.encoder import RapporClient
 from mechanisms.local.rappor.hashing import cohort_of
 from mechanisms.local.rappor.prr_irr import prr_context
 from producers.client_secret import ClientSecret
+from producers.gateway_sink import idempotency_age
 from producers.privatizers import MetricPrivatizer, RapporPrivatizer, make_privatizer
 from schemas.spec import CollectionSpec, parse_spec
 from schemas.spec_document import spec_document_json
@@ -224,6 +228,13 @@ def _secrets() -> list[dict[str, Any]]:
 FLOATS = [0.5, 1.0, 0.75, 1e-05, 0.0001, 1e16, 1e15, 123456789012345.6, 1.5e-07, 2.5e20, 0.1, 1 / 3, 5e-324, 1e308]
 
 
+#: ``(first attempt ms, retry ms)`` pairs of ``retry_ages``: the second boundaries, a clock that went back, and
+#: ``Date.now()``-sized times (2026) up to the longest horizon (604 800 s).
+RETRY_TIMES = [(0, 0), (0, 999), (0, 1000), (0, 1999), (1000, 999), (5, 1004), (5, 1005)] + [
+    (1_795_000_000_123, 1_795_000_000_123 + d) for d in (1, 999, 1000, 61_500, 899_999, 900_000, 604_800_000)
+]
+
+
 def build() -> dict[str, Any]:
     """Every vector (see the module docstring)."""
     sp = spec()
@@ -240,6 +251,7 @@ def build() -> dict[str, Any]:
         "rappor": _rappor(sp),
         "reports": reports,
         "batches": batches,
+        "retry_ages": [[first, now, idempotency_age(first, now)] for first, now in RETRY_TIMES],
     }
 
 

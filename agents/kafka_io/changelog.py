@@ -38,15 +38,19 @@ async def read_to_end(
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 << 20,
+        fetch_max_wait_ms=100,  # it reads to a known end: a long poll only delays the probe of an empty partition
     )
     out: list[tuple[bytes, bytes | None]] = []
     await consumer.start()
     try:
+        await check_readable(consumer, tp.topic)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        if await consumer.position(tp) >= end:  # nothing to read: one fetch still asks whether we may
+            await probe_fetch(consumer, tp, deadline)
         while await consumer.position(tp) < end:
             if loop.time() > deadline:
                 raise BrokerError(f"restoring {tp.topic}[{tp.partition}] did not reach offset {end} in {timeout_s} s")
@@ -84,6 +88,7 @@ async def read_range(
     out: list[Any] = []
     await consumer.start()
     try:
+        await check_readable(consumer, tp.topic)
         consumer.assign([tp])
         check_range_retained(tp, start, end, (await consumer.beginning_offsets([tp]))[tp])
         consumer.seek(tp, start)
@@ -100,6 +105,31 @@ async def read_range(
     finally:
         await stop_client(consumer)
     return out
+
+
+async def check_readable(consumer: AIOKafkaConsumer, topic: str) -> None:
+    """Raise ``TopicAuthorizationFailedError(topic)`` at once when Kafka refuses this principal the topic's metadata.
+
+    Without Describe (which Read implies) the broker answers a metadata request for ``topic`` with
+    ``TOPIC_AUTHORIZATION_FAILED``; aiokafka 0.14's consumer then treats the partition as one whose leader is not known
+    yet: ``end_offsets`` retries for twice its request timeout (80 s) and raises a ``KafkaTimeoutError`` that names no
+    ACL -- retriable, so a worker rode it out for its whole recovery deadline, looking hung. One metadata request for
+    the topic says which it is. (A topic that does not exist still waits the request timeout, as before.)
+    """
+    client = consumer._client  # aiokafka 0.14: no public per-topic metadata wait
+    await client._wait_on_metadata(topic)
+
+
+async def probe_fetch(consumer: AIOKafkaConsumer, tp: TopicPartition, deadline: float) -> None:
+    """Fetch ``tp`` (assigned, positioned) until the broker has answered one fetch: an empty partition is read
+    without a fetch, so a principal with Describe but not Read (``Write`` implies Describe) would read "nothing" from a
+    topic it may not read. A refusal raises ``TopicAuthorizationFailedError`` from ``getmany``; an answer sets
+    ``last_poll_timestamp`` (aiokafka sets it on successful fetch responses only)."""
+    loop = asyncio.get_running_loop()
+    while consumer.last_poll_timestamp(tp) is None:
+        if loop.time() > deadline:
+            raise BrokerError(f"reading {tp.topic}[{tp.partition}]: no fetch answered before the deadline")
+        await consumer.getmany(tp, timeout_ms=50, max_records=1)
 
 
 def check_range_retained(tp: TopicPartition, start: int, end: int, log_start: int) -> None:

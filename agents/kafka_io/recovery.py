@@ -8,9 +8,19 @@ consumer and the transactional producers, wait (:class:`Backoff`), start them ag
 producers and aborts their open transactions), restore the state topics and re-fetch from the committed offsets.
 Exactly once holds for the same reason it holds across a process restart.
 
-A *fatal* failure is one no retry can fix: authentication or authorization refused, the worker's producer fenced
-by a newer instance with the same transactional id (another process took over), persisted state or configuration
-that contradicts itself, a programming error. The worker then stops with one log line naming it
+A *fenced* worker -- one of its transactional producers was fenced by a newer one with the same transactional id,
+because a rebalance gave the partition to another member (a member dropped for missing heartbeats on an overloaded
+host) or another process started with that id -- is recovered from the same way, a bounded number of times in a row
+(:func:`ride_out`'s ``max_fenced``): its open transaction is aborted by the broker (the fence did that), the recovery
+starts a new producer with the id -- which fences the newer one in turn, so the worker may hold a partition only
+while the group assigns it: the rejoin decides who owns what -- restores the state topics and re-fetches from the
+committed offsets. Nothing committed by either holder is lost or counted twice: each commits its offsets in the
+transaction of its state, and whoever holds the id reads that state back first. It used to stop the process, and
+a supervisor's restart of a worker on a busy host caused the next rebalance: a restart loop.
+
+A *fatal* failure is one no retry can fix: authentication or authorization refused, persisted state or
+configuration that contradicts itself, a programming error -- or fencing past the bound (two processes that both
+hold one transactional id, e.g. two groups of one name). The worker then stops with one log line naming it
 (:func:`fatal_reason`) and the process exits non-zero.
 """
 
@@ -41,12 +51,22 @@ _FATAL_KAFKA: tuple[tuple[type[BaseException], str], ...] = (
     (kafka_errors.GroupAuthorizationFailedError, "not authorized (consumer group ACL)"),
     (kafka_errors.ClusterAuthorizationFailedError, "not authorized (cluster ACL)"),
     (kafka_errors.TransactionalIdAuthorizationFailed, "not authorized (transactional id ACL)"),
-    (kafka_errors.ProducerFenced, "fenced by a newer instance with the same transactional id"),
-    (kafka_errors.InvalidProducerEpoch, "fenced by a newer instance with the same transactional id"),
     (kafka_errors.UnsupportedVersionError, "the broker does not support a request the worker needs"),
     (kafka_errors.IncompatibleBrokerVersion, "the broker does not support a request the worker needs"),
     (kafka_errors.KafkaConfigurationError, "invalid Kafka client configuration"),
 )
+
+
+#: What a producer fenced by a newer one with its transactional id raises (aiokafka 0.14).
+_FENCED: tuple[type[BaseException], ...] = (kafka_errors.ProducerFenced, kafka_errors.InvalidProducerEpoch)
+
+#: The words of the fatal log line of a worker fenced more often in a row than it may recover.
+FENCED_WORDS = "fenced by a newer instance with the same transactional id"
+
+
+def fenced(err: BaseException) -> bool:
+    """Whether ``err`` (or a cause in its chain) says a newer producer with the same transactional id fenced ours."""
+    return any(isinstance(cause, _FENCED) for cause in _chain(err))
 
 
 def fatal_reason(err: BaseException) -> str | None:
@@ -55,10 +75,10 @@ def fatal_reason(err: BaseException) -> str | None:
     Retriable: an :class:`~agents.errors.AgentError` that says so (:class:`~agents.errors.BrokerError`), every
     aiokafka error not named fatal above -- leader and coordinator moves, ``NotEnoughReplicas``, timeouts,
     ``Unexpected error during batch delivery`` (the sender's wrapper of a failed request while a broker
-    restarts), ``OutOfOrderSequenceNumber`` (an idempotent producer's sequence lost with a broker; a new producer
-    starts a new sequence) -- and connection errors and timeouts of the event loop. Everything else is fatal: the
-    worker's own errors (state, configuration, topics, budget) and any other exception (a bug), so that a
-    programming error is never retried forever.
+    restarts), a fence (:func:`fenced`: bounded by :func:`ride_out`), ``OutOfOrderSequenceNumber`` (an idempotent
+    producer's sequence lost with a broker; a new producer starts a new sequence) -- and connection errors and
+    timeouts of the event loop. Everything else is fatal: the worker's own errors (state, configuration, topics,
+    budget) and any other exception (a bug), so that a programming error is never retried forever.
     """
     for cause in _chain(err):
         for kind, words in _FATAL_KAFKA:
@@ -196,12 +216,17 @@ def _fatal(err: BaseException, stopping: bool) -> bool:
     return False
 
 
-async def ride_out(target: Recoverable, *, first_backoff_s: float, deadline_s: float) -> None:
+async def ride_out(target: Recoverable, *, first_backoff_s: float, deadline_s: float, max_fenced: int = 5) -> None:
     """Run ``target`` until it stops, recovering from retriable failures in process (module docstring): tear its
     clients down, wait a :class:`Backoff`, start it again -- until a start succeeds, a fatal error, a stop, or
-    ``deadline_s`` seconds of failing attempts (then :class:`RecoveryError`)."""
+    ``deadline_s`` seconds of failing attempts (then :class:`RecoveryError`). A run ended by a fence (:func:`fenced`)
+    is recovered from too, up to ``max_fenced`` times in a row (runs of less than the backoff's ``reset_after_s``
+    between them); one more is fatal (the fence re-raised, named ``fenced by a newer instance ...``)."""
+    if isinstance(max_fenced, bool) or not isinstance(max_fenced, int) or max_fenced < 0:
+        raise ValueError(f"max_fenced ({max_fenced!r}) must be an integer in [0, ∞)")
     backoff = Backoff(first_s=first_backoff_s, max_s=max(15.0, first_backoff_s))
     loop = asyncio.get_running_loop()
+    fences = 0  # fenced runs in a row
     while True:
         began = loop.time()
         try:
@@ -212,6 +237,18 @@ async def ride_out(target: Recoverable, *, first_backoff_s: float, deadline_s: f
                 raise
             failure: BaseException = err
         ran_s = loop.time() - began
+        if fenced(failure):
+            fences = 1 if ran_s >= backoff.reset_after_s else fences + 1
+            if fences > max_fenced:
+                log.error(
+                    "worker stopped by a fatal error (%s, %d times in a row: more than the %d recoveries allowed; "
+                    "does another process hold this group's transactional ids?): %r",
+                    FENCED_WORDS,
+                    fences,
+                    max_fenced,
+                    failure,
+                )
+                raise failure
         deadline = loop.time() + deadline_s
         while True:  # recover: until a start succeeds
             delay = backoff.next_delay(ran_s)

@@ -103,6 +103,7 @@ class Worker:
             ("future_tolerance_ms", 0),
             ("backlog_s", 0),
             ("max_transaction_records", 1),
+            ("max_fenced_recoveries", 0),
         ):
             value = getattr(settings, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
@@ -199,9 +200,9 @@ class Worker:
         named in one log line and re-raised, and so is a retriable one that has not cleared after
         :attr:`WorkerSettings.recovery_deadline_s` of attempts.
         """
-        await ride_out(
-            self, first_backoff_s=self.settings.recovery_backoff_s, deadline_s=self.settings.recovery_deadline_s
-        )
+        s = self.settings
+        fenced = s.max_fenced_recoveries
+        await ride_out(self, first_backoff_s=s.recovery_backoff_s, deadline_s=s.recovery_deadline_s, max_fenced=fenced)
 
     async def wait_stop(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for :meth:`stop`; whether it was called."""

@@ -69,6 +69,10 @@ class WorkerSettings:
     recovery_backoff_s: float = 0.5
     #: A retriable failure that has not cleared after this many seconds of recovery attempts stops the worker.
     recovery_deadline_s: float = 900.0
+    #: A worker whose transactional producer a newer one fenced (its partition given to another member after it was
+    #: dropped from the group) recovers in process this many times in a row, then stops
+    #: (:func:`agents.kafka_io.recovery.ride_out`).
+    max_fenced_recoveries: int = 5
     #: Bound on closing one failed Kafka client during a recovery (a client of a broker that is down may hang).
     close_timeout_s: float = 10.0
 

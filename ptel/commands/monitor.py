@@ -24,14 +24,18 @@ from agents.monitor.access import check_access, explain_crash
 from agents.monitor.app import MonitorSettings, default_app_id
 from agents.monitor.service import build_monitor
 from agents.monitor.topics import ensure_source_topics
+from kafka_settings.connection import Connection
+from ptel.broker_probe import retry_unless_refused
 from ptel.commands.options import (
     add_bootstrap_argument,
     add_spec_argument,
     operator_token_or_report,
     spec_and_connection_or_report,
 )
+from ptel.errors import KafkaRefusedError
 from ptel.logs import quiet_refusals
 from ptel.shutdown import forced_exit_status
+from schemas.spec import CollectionSpec
 
 
 class _MonitorWorker(faust.Worker):
@@ -127,8 +131,11 @@ def run(args: Any) -> int:
     asyncio.set_event_loop(loop)
     app_id = settings.app_id or default_app_id(spec)
     try:
-        loop.run_until_complete(check_access(settings.connection, spec, app_id))
-        loop.run_until_complete(ensure_source_topics(settings.connection, spec))
+        loop.run_until_complete(_prepare(settings.connection, spec, app_id))
+    except KafkaRefusedError as err:  # credentials refused, TLS handshake failed
+        print(f"ptel monitor: {err}", file=sys.stderr)
+        loop.close()
+        return 1
     except AuthorizationError as err:  # a missing ACL: one line naming it (docs/operations.md, "Least privilege")
         print(f"ptel monitor: {err}", file=sys.stderr)
         loop.close()
@@ -167,3 +174,17 @@ def run(args: Any) -> int:
     if worker.stop_signal is not None:
         print(f"ptel monitor: stopped by {worker.stop_signal.name} (exit {code})", flush=True)
     return code
+
+
+#: How long the monitor's checks before Faust starts retry a retriable error (a broker of a cluster just killed).
+STARTUP_DEADLINE_S = 120.0
+
+
+async def _prepare(connection: Connection, spec: CollectionSpec, app_id: str) -> None:
+    """Check the monitor's ACLs and the source topics before Faust starts, riding out a broker that is down or was
+    just killed (``NodeNotReadyError`` from the first request to a node still in the metadata: it exited 1) for
+    :data:`STARTUP_DEADLINE_S`; a missing ACL or refused credentials stop it at once."""
+    checked = "checking the monitor's access"
+    await retry_unless_refused(connection, lambda: check_access(connection, spec, app_id), checked, STARTUP_DEADLINE_S)
+    ensured = "ensuring the source topics"
+    await retry_unless_refused(connection, lambda: ensure_source_topics(connection, spec), ensured, STARTUP_DEADLINE_S)

@@ -13,21 +13,19 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiokafka.errors import KafkaError
 
 from agents.errors import AgentError, LedgerError
-from agents.kafka_io.recovery import retry_retriable
 from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_topics
 from agents.runtime.composition import build_worker, default_group
 from agents.runtime.observability import WorkerObserver, serve
 from agents.runtime.worker import Worker, WorkerSettings
 from agents.stage2.ledger_seal import LedgerSecret, default_key_path
 from agents.windowing.watermarks import IdlePolicy
-from ptel.broker_probe import refused_connection
+from ptel.broker_probe import retry_unless_refused
 from ptel.commands.options import (
     add_bootstrap_argument,
     add_spec_argument,
@@ -280,23 +278,12 @@ async def _start(spec: Any, settings: WorkerSettings, worker: Worker, deadline_s
     broker still starting, a fresh cluster whose metadata has not reached every broker) -- but not a bootstrap that
     failed for good (credentials refused, TLS handshake failed): :class:`KafkaRefusedError` at once."""
     topics = WorkerTopics.for_spec(spec, settings.group)
-
-    async def failing_fast(step: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await step()
-        except Exception as err:
-            refused = await refused_connection(settings.connection, err)
-            if refused is not None:
-                raise KafkaRefusedError(refused) from None
-            raise
-
-    await retry_retriable(
-        lambda: failing_fast(lambda: ensure_topics(settings.connection, topics)), "ensuring the topics", deadline_s
-    )
+    connection = settings.connection
+    await retry_unless_refused(connection, lambda: ensure_topics(connection, topics), "ensuring the topics", deadline_s)
     print(
         f"worker of group {settings.group} on {settings.kafka.describe() if settings.kafka else settings.bootstrap}: "
         f"{len(spec.metrics)} metrics, "
         f"{spec.topics.partitions} partitions, windows {spec.window.size_s} s + {spec.window.grace_s} s grace",
         flush=True,
     )
-    await retry_retriable(lambda: failing_fast(worker.start), "joining the group", deadline_s)
+    await retry_unless_refused(connection, worker.start, "joining the group", deadline_s)

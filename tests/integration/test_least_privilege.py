@@ -25,11 +25,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAuthorizationFailedError
 
-from agents.kafka_io.topics import WorkerTopics, ensure_topics
+from agents.kafka_io.changelog import read_to_end
+from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_topics
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
+from kafka_settings.connection import KafkaConnection
 from ptel.local_process import free_port
 from ptel.principal_roles import ROLES, Names
 from schemas.spec import CollectionSpec, load_spec
@@ -322,3 +326,38 @@ async def test_the_gateway_and_the_monitor_work_with_exactly_their_acls(cluster:
     await _monitor_serves_the_releases(c)
     await _gateway_accepts_a_report(c)
     print("full ACLs: monitor, gateway fine")
+
+
+#: A restore read that has not failed this many seconds after a refusal hangs (the old read took 80 s per try).
+REFUSED_WITHIN_S = 15.0
+
+
+async def test_restoring_a_topic_without_read_fails_at_once_naming_it(cluster: Cluster) -> None:
+    """``read_to_end`` (every state topic's and the ledger's restore) as ``User:worker`` without Read: at once a
+    ``TopicAuthorizationFailedError`` naming the topic, which the worker turns into its one line (exit 1) -- whether
+    the principal may still Describe the topic (its Write implies it) or not even that, the topic empty or not.
+    Before, an empty topic read as "nothing" and a topic without Describe waited 80 s for a retriable timeout: the
+    known-bad variant is caught by the timeout here."""
+    c = cluster
+    topics = WorkerTopics.for_spec(c.spec, c.group)
+    read = c.acls["worker"]["Read ledger"]
+    hidden = f"no-acl.{c.spec.topics.reports}"  # a topic the worker has no ACL at all on
+    await create_topics(c.broker.plaintext, [hidden])
+    connection = KafkaConnection(
+        bootstrap_servers=c.broker.sasl,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_username="worker",
+        sasl_password=c.broker.password,
+    )
+    assert await read_to_end(connection, TopicPartition(topics.ledger, 0)) is not None  # readable with its ACLs
+    await delete_acls(c.broker.plaintext, [read])
+    try:
+        for topic in (topics.ledger, hidden):
+            t0 = time.monotonic()
+            with pytest.raises(TopicAuthorizationFailedError) as refused:
+                await asyncio.wait_for(read_to_end(connection, TopicPartition(topic, 0)), REFUSED_WITHIN_S)
+            said = denied_access(refused.value, topics, c.group) or ""
+            print(f"{topic}: refused in {time.monotonic() - t0:.2f} s: {said}")
+            assert f"on topic {topic}" in said and "not authorized" in said, said
+    finally:
+        await create_acls(c.broker.plaintext, [read])

@@ -10,7 +10,7 @@ from aiokafka import errors as kafka_errors
 
 from agents.errors import BrokerError, StateError, TopicError
 from agents.kafka_io.changelog import ReplayError
-from agents.kafka_io.recovery import Backoff, RecoveryError, fatal_reason, retry_retriable
+from agents.kafka_io.recovery import Backoff, RecoveryError, fatal_reason, fenced, retry_retriable, ride_out
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,6 @@ def test_broker_restarts_leader_and_coordinator_moves_are_retriable(err: BaseExc
 @pytest.mark.parametrize(
     ("err", "words"),
     [
-        (kafka_errors.ProducerFenced(), "fenced by a newer instance"),
         (kafka_errors.SaslAuthenticationFailed(), "authentication failed"),
         (kafka_errors.AuthenticationFailedError(), "authentication failed"),
         (kafka_errors.TopicAuthorizationFailedError(), "not authorized (topic ACL)"),
@@ -56,14 +55,19 @@ def test_auth_fencing_state_and_bugs_are_fatal_and_named(err: BaseException, wor
     assert reason is not None and words in reason
 
 
-def test_a_fatal_cause_under_a_retriable_wrapper_is_fatal() -> None:
+def _wrapped(inner: BaseException) -> BrokerError:
+    """A retriable wrapper raised from ``inner`` (``raise ... from``), as the worker raises them."""
     try:
         try:
-            raise kafka_errors.TopicAuthorizationFailedError()
-        except kafka_errors.KafkaError as inner:
-            raise BrokerError("cannot ensure topics") from inner
+            raise inner
+        except BaseException as err:
+            raise BrokerError("cannot ensure topics") from err
     except BrokerError as outer:
-        assert fatal_reason(outer) == "not authorized (topic ACL)"
+        return outer
+
+
+def test_a_fatal_cause_under_a_retriable_wrapper_is_fatal() -> None:
+    assert fatal_reason(_wrapped(kafka_errors.TopicAuthorizationFailedError())) == "not authorized (topic ACL)"
 
 
 def test_backoff_doubles_with_jitter_up_to_its_cap_and_resets_after_a_good_run() -> None:
@@ -106,3 +110,53 @@ async def test_retry_retriable_retries_until_success_and_never_retries_a_fatal_e
     with pytest.raises(RecoveryError, match="did not clear"):
         await retry_retriable(down, "down", 0.05, Backoff(first_s=0.02, max_s=0.04))
     await asyncio.sleep(0)
+
+
+def test_a_fence_is_recovered_from_not_fatal() -> None:
+    for err in (kafka_errors.ProducerFenced(), kafka_errors.InvalidProducerEpoch()):
+        assert fatal_reason(err) is None and fenced(err)
+    assert fenced(_wrapped(kafka_errors.ProducerFenced()))
+    assert not fenced(kafka_errors.KafkaConnectionError("down"))
+
+
+class _Fenced:
+    """A worker whose first ``fences`` runs end fenced at once; the next one runs to its end."""
+
+    def __init__(self, fences: int) -> None:
+        self.stop_requested = False
+        self.fences = fences
+        self.runs = self.starts = self.recoveries = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+
+    async def run_once(self) -> None:
+        self.runs += 1
+        if self.runs <= self.fences:
+            raise kafka_errors.ProducerFenced()
+
+    async def teardown(self) -> None:
+        return None
+
+    async def wait_stop(self, timeout_s: float) -> bool:
+        return False
+
+    def count_recovery(self) -> int:
+        self.recoveries += 1
+        return self.recoveries
+
+
+async def test_fences_in_a_row_are_recovered_up_to_the_bound_then_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    within = _Fenced(fences=3)
+    await ride_out(within, first_backoff_s=0.001, deadline_s=10.0, max_fenced=3)
+    assert (within.runs, within.starts, within.recoveries) == (4, 3, 3)  # three fences ridden out, then ran to the end
+    beyond = _Fenced(fences=4)
+    with pytest.raises(kafka_errors.ProducerFenced):
+        await ride_out(beyond, first_backoff_s=0.001, deadline_s=10.0, max_fenced=3)
+    assert beyond.starts == 3  # the fourth fence in a row is not retried
+    assert any("fatal error (fenced by a newer instance" in r.getMessage() for r in caplog.records)
+    never = _Fenced(fences=1)
+    with pytest.raises(kafka_errors.ProducerFenced):
+        await ride_out(never, first_backoff_s=0.001, deadline_s=10.0, max_fenced=0)  # the old behaviour, on request
+    with pytest.raises(ValueError, match="max_fenced"):
+        await ride_out(never, first_backoff_s=0.001, deadline_s=10.0, max_fenced=-1)

@@ -53,4 +53,4 @@ export {
   SendQueue,
   type SendQueueOptions,
 } from "./queue.js";
-export { type Attempt, GatewayRefusedError, GatewayTransport, MAX_SPEC_BYTES, newIdempotencyKey, type OutgoingMessage, type TransportOptions } from "./transport.js";
+export { type Attempt, GatewayRefusedError, GatewayTransport, idempotencyAge, MAX_SPEC_BYTES, newIdempotencyKey, type OutgoingMessage, type TransportOptions } from "./transport.js";

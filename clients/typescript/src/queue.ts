@@ -27,7 +27,7 @@
 
 import { ParameterError } from "./errors.js";
 import { fromBase64, MemoryQueueStore, type QueueStore, type QueuedMessage, toBase64 } from "./queue_store.js";
-import { type Attempt, type GatewayRefusedError, type GatewayTransport, newIdempotencyKey, retryDelayMs } from "./transport.js";
+import { type Attempt, type GatewayRefusedError, type GatewayTransport, idempotencyAge, newIdempotencyKey, retryDelayMs } from "./transport.js";
 
 export {
   type EnumerableStorage,
@@ -199,8 +199,9 @@ export class SendQueue {
       if (next.attempts > 0) this.stats.retries++;
       this.update(next.key, (m) => {
         m.attempts++;
+        m.firstAttemptAt ??= now;
       });
-      const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key });
+      const outcome = await this.transport.attempt({ body: fromBase64(next.body), contentType: next.contentType, idempotencyKey: next.key, ...retryAge(next, now) });
       this.lastError = outcome.kind === "retry" ? outcome.error : null;
       if (outcome.kind === "retry") {
         if (outcome.maybeDelivered && next.uncertainSince === undefined) {
@@ -249,8 +250,9 @@ export class SendQueue {
       fired++;
       this.update(m.key, (u) => {
         u.uncertainSince ??= now;
+        u.firstAttemptAt ??= now;
       });
-      this.transport.sendKeepalive({ body, contentType: m.contentType, idempotencyKey: m.key }, (status) => {
+      this.transport.sendKeepalive({ body, contentType: m.contentType, idempotencyKey: m.key, ...retryAge(m, now) }, (status) => {
         if (status === 202) this.remove(m.key);
       });
     }
@@ -307,4 +309,12 @@ export class SendQueue {
     this.detach?.();
     this.detach = null;
   }
+}
+
+/** A retry's `Idempotency-Age` (whole seconds since the message's first attempt, as the Python `GatewaySink` sends
+ * it); nothing on a first attempt. A message stored by a version that did not record its first attempt counts from
+ * when it was queued (earlier: the age is never understated). */
+function retryAge(m: QueuedMessage, now: number): { idempotencyAge?: string } {
+  if (m.attempts === 0 && m.firstAttemptAt === undefined) return {};
+  return { idempotencyAge: idempotencyAge(m.firstAttemptAt ?? m.queuedAt, now) };
 }

@@ -25,6 +25,8 @@ export interface QueuedMessage {
   readonly queuedAt: number;
   /** Attempts made so far (across reloads). */
   attempts: number;
+  /** When the first attempt began, ms since the epoch (absent: none yet); a retry's `Idempotency-Age` counts from it. */
+  firstAttemptAt?: number;
   /** When the first attempt that may have reached Kafka unanswered began, ms since the epoch (absent: none yet). */
   uncertainSince?: number;
 }
@@ -87,7 +89,8 @@ export function isQueuedMessage(m: unknown): m is QueuedMessage {
     typeof r["contentType"] === "string" &&
     typeof r["queuedAt"] === "number" &&
     typeof r["attempts"] === "number" &&
-    (r["uncertainSince"] === undefined || typeof r["uncertainSince"] === "number")
+    (r["uncertainSince"] === undefined || typeof r["uncertainSince"] === "number") &&
+    (r["firstAttemptAt"] === undefined || typeof r["firstAttemptAt"] === "number")
   );
 }
 

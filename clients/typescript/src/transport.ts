@@ -40,6 +40,16 @@ export interface OutgoingMessage {
   readonly contentType?: string;
   /** 1-128 printable ASCII characters, the same on every attempt ({@link newIdempotencyKey}). */
   readonly idempotencyKey: string;
+  /** A retry's whole seconds since the first attempt ({@link idempotencyAge}), sent as `Idempotency-Age` (the
+   * gateway stamps the retry into the first attempt's window); absent on a first attempt. */
+  readonly idempotencyAge?: string;
+}
+
+/** The `Idempotency-Age` of a retry at `nowMs` whose first attempt began at `firstMs` (one clock, ms): the whole
+ * seconds elapsed, rounded down, and 0 if the clock went back -- exactly Python's `producers.gateway_sink.
+ * idempotency_age` (`tests/data/client_vectors.json`, `retry_ages`). */
+export function idempotencyAge(firstMs: number, nowMs: number): string {
+  return String(Math.max(0, Math.floor((Math.floor(nowMs) - Math.floor(firstMs)) / 1000)));
 }
 
 /** The outcome of one attempt. */
@@ -178,7 +188,12 @@ export class GatewayTransport {
   request(message: OutgoingMessage, keepalive = false): RequestInit {
     return {
       method: "POST",
-      headers: { Authorization: this.auth, "Content-Type": mediaType(message), "Idempotency-Key": message.idempotencyKey },
+      headers: {
+        Authorization: this.auth,
+        "Content-Type": mediaType(message),
+        "Idempotency-Key": message.idempotencyKey,
+        ...(message.idempotencyAge === undefined ? {} : { "Idempotency-Age": message.idempotencyAge }),
+      },
       body: message.body as Uint8Array<ArrayBuffer>,
       keepalive,
       redirect: "manual", // a redirect is refused (refusedRedirect), never followed with the token

@@ -162,6 +162,25 @@ describe("queue", () => {
     assert.deepEqual(q.stats, { accepted: 1, replayed: 0, retries: 2, dropped: 0 });
   });
 
+  it("sends Idempotency-Age on every retry (whole seconds since the first attempt, across a reload), never on the first", async () => {
+    const gw = scripted([unavailable("1"), "throw", unavailable("1"), accepted]);
+    const c = clock();
+    const store = new MemoryQueueStore();
+    const options = { now: c.now, backoffMs: 100 };
+    const q = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), store, options);
+    q.enqueue(REPORT);
+    c.advance(5_000); // queued 5 s before its first attempt: the age counts from the attempt, as Python's
+    await q.flush();
+    c.advance(1_999);
+    await q.flush(true);
+    c.advance(61_001);
+    const reloaded = new SendQueue(new GatewayTransport({ url: "https://gw", token: "x", fetch: gw.fetch }), store, options);
+    await reloaded.flush(true);
+    c.advance(500);
+    assert.equal((await reloaded.flush(true)).accepted, 1);
+    assert.deepEqual(gw.seen.map((s) => header(s.init, "Idempotency-Age")), ["", "1", "63", "63"]);
+  });
+
   it("waits out a Retry-After of an hour, and fires nothing on page hide meanwhile", async () => {
     const gw = scripted([unavailable("3600"), accepted]);
     const c = clock();

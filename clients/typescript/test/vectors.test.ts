@@ -13,6 +13,7 @@ import {
   encodeBatch,
   encodeReport,
   FixedBytesForTests,
+  idempotencyAge,
   Privatizer,
   pythonFloatRepr,
   RapporEncoder,
@@ -27,6 +28,7 @@ interface Vectors {
   rappor: { metric: string; secret: string; value: string; rappor_secret: string; cohort: number; context: string; prr_thresholds: [number, number]; signal: string; prr: string }[];
   reports: { metric: string; value: unknown; secret: string; client_time: number; random: string; encoded: string }[];
   batches: { metric: string; encoded: string }[];
+  retry_ages: [number, number, string][];
 }
 
 export const VECTORS_PATH = resolve(process.cwd(), "../../tests/data/client_vectors.json");
@@ -92,4 +94,9 @@ test("batch encodings are byte-identical to Python's", () => {
     const reports = V.reports.filter((v) => v.metric === b.metric).map((v) => vectorReport(v).report);
     assert.equal(hex(encodeBatch(reports)), b.encoded, b.metric);
   }
+});
+
+test("a retry's Idempotency-Age is Python's (whole seconds since the first attempt, 0 if the clock went back)", () => {
+  assert.ok(V.retry_ages.length >= 10);
+  for (const [first, now, age] of V.retry_ages) assert.equal(idempotencyAge(first, now), age, `${first} -> ${now}`);
 });
