@@ -27,10 +27,12 @@ decision depends on public parameters only (the spec and ``w``), never on the da
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
-from mechanisms.accounting.accountant import PrivacyAccountant, PrivacyBudget, ReleaseRefusedError
+from mechanisms.accounting.accountant import PrivacyAccountant, PrivacyBudget
 from mechanisms.accounting.shuffle import ShuffleGuarantee
+from mechanisms.core import directed as rd
 from mechanisms.core.errors import CompositionError, ParameterError
 from mechanisms.core.framework import APPROX_MAX_DIVERGENCE
 
@@ -41,22 +43,16 @@ Basis = Literal["central", "local"]
 
 
 def compose_central(guarantee: ShuffleGuarantee, windows: int) -> tuple[float, float] | None:
-    """``windows`` releases of (ε, δ) each composed by the accountant's approximate-DP composition (basic:
-    ``(Σ ε, Σ δ)``, exact, rounded up); ``None`` when ``Σ δ`` exceeds 1 (no guarantee left to state)."""
+    """``windows`` releases of (ε, δ) each under basic composition, ``(Σ ε, Σ δ)``, exact in fractions and rounded up
+    -- what :class:`~mechanisms.accounting.accountant.PrivacyAccountant` charges for them (its ``spent`` after
+    ``windows`` such charges, equal by a test), in one product instead of ``windows`` charges; ``None`` when ``Σ δ``
+    exceeds 1 (no guarantee left to state)."""
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
         raise ParameterError("windows", windows, "must be an integer of at least 1 (windows in the horizon)")
-    eps, delta = float(guarantee.epsilon), float(guarantee.delta)
-    # a ceiling the composition cannot reach (every charge fits), so the accountant only sums and rounds
-    roof = PrivacyBudget.approx(windows * eps * 2.0 + 1.0, 1.0)
-    acc = PrivacyAccountant(roof)
-    try:
-        for w in range(windows):
-            acc.charge(f"window {w}", (eps, delta), APPROX_MAX_DIVERGENCE)
-    except ReleaseRefusedError:
-        return None  # Σ δ > 1
-    spent = acc.spent
-    assert isinstance(spent, tuple)
-    return float(spent[0]), float(spent[1])
+    eps, delta = windows * Fraction(float(guarantee.epsilon)), windows * Fraction(float(guarantee.delta))
+    if delta > 1:
+        return None
+    return rd.up(eps) + 0.0, rd.up(delta) + 0.0
 
 
 @dataclass(frozen=True)

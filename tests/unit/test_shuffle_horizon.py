@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mechanisms.accounting.shuffle_horizon as sh
-from mechanisms.accounting.accountant import PrivacyBudget
+from mechanisms.accounting.accountant import PrivacyAccountant, PrivacyBudget
 from mechanisms.accounting.shuffle import ShuffleGuarantee, make_shuffle_guarantee
 from mechanisms.core.errors import ParameterError
+from mechanisms.core.framework import APPROX_MAX_DIVERGENCE
 
 #: n_min = 1,000, ε₀ = 3, δ = 1e-6: central ε about 1.27 per window.
 G = make_shuffle_guarantee(3.0, 1000, 1e-6)
@@ -30,6 +31,15 @@ def _sound(horizon: sh.ShuffledHorizon, g: ShuffleGuarantee) -> None:
         assert horizon.epsilon < horizon.local_epsilon
     else:
         assert horizon.delta == 0.0 and horizon.epsilon == horizon.local_epsilon
+
+
+@pytest.mark.parametrize("windows", [1, 2, 7, 60, 360])
+def test_the_central_composition_is_the_accountants(windows: int) -> None:
+    """The product equals what the accountant's approximate-DP composition spends for ``windows`` charges."""
+    acc = PrivacyAccountant(PrivacyBudget.approx(1e6, 1.0))
+    for w in range(windows):
+        acc.charge(f"w{w}", (G.epsilon, G.delta), APPROX_MAX_DIVERGENCE)
+    assert sh.compose_central(G, windows) == acc.spent
 
 
 def test_the_central_composition_is_the_exact_sum_rounded_up() -> None:
