@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechanisms.accounting.shuffle import MIN_DELTA, make_shuffle_guarantee
+from ptel.cli import main
 from schemas.kinds import LOCALLY_PRIVATE_KINDS, METRIC_KIND_OF_PAYLOAD, METRIC_KINDS
 from schemas.spec import CENTRAL_KINDS, SHUFFLE_DELTA_RANGE, SHUFFLE_N_MIN_RANGE, ShuffleSpec, parse_spec
 from schemas.wire import SHUFFLED_KINDS
@@ -117,3 +121,17 @@ def test_a_spec_loads_exactly_when_every_bound_holds(n_min: int, delta: float, c
         assert parse_spec(copy.deepcopy(doc)).metrics[0].shuffle is not None
     else:
         assert problems_of(doc)
+
+
+def test_spec_check_shows_both_guarantees_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ptel spec check``: the local ε₀ against the shuffler, the central (ε, δ) per window against everyone
+    downstream, the n_min assumed and the neighbouring relation -- numbers from make_shuffle_guarantee."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_doc()), encoding="utf-8")
+    assert main(["spec", "check", str(path)]) == 0
+    out = capsys.readouterr().out
+    g = make_shuffle_guarantee(math.log(3), 1000, 1e-6)  # the demo's bool metric: prob 0.75, ε₀ = ln 3
+    assert f"local ε₀ = {g.epsilon0:.4g} per report, against the shuffler" in out
+    assert f"central (ε, δ) = ({g.epsilon:.4g}, 1e-06) per window, against everyone downstream" in out
+    assert "n_min = 1000 reports assumed" in out and "neighbours: replace one device's reports" in out
+    assert out.count("shuffled by the gateway") == 1  # only the shuffled metric
