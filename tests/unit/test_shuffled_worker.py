@@ -246,3 +246,19 @@ def test_the_counts_are_the_batch_values_exactly_without_bounding() -> None:
     assert isinstance(record, ShuffledBatch) and isinstance(record.columns, CategoryColumns)
     assert resolve_protocols(spec)["os"] == "krr"
     assert partial.n == 150 and partial.counts.tolist() == np.bincount(record.columns.indices, minlength=4).tolist()
+
+
+@pytest.mark.parametrize(("budget_delta", "charged"), [(1e-7, "local"), (1e-3, "central")])
+def test_a_budget_too_small_for_the_central_delta_is_charged_the_local_rule(budget_delta: float, charged: str) -> None:
+    """Six windows of (ε, 1e-6) need δ = 6e-6: a budget of δ = 1e-7 cannot hold it, so the horizon is charged the local
+    rule (δ = 0), which the spec's load check already covers -- never a refusal; with δ = 1e-3 the central one."""
+    metric = {**METRICS[0], "budget": {"epsilon": 20.0, "delta": budget_delta}}
+    spec = make_spec([metric], retention_s=6 * SIZE_S)
+    releases, _ = stage2(spec, [Handover(0, (T0_S + 6 * SIZE_S) * 1000, ())])
+    assert len(releases) == 6 and all(r.refused is None for r in releases), releases
+    last = releases[-1]
+    g = last.guarantee
+    assert g is not None and g.charged == charged and last.ledger.measure == "approx_dp"
+    per_window = (g.central.epsilon, g.central.delta) if charged == "central" else (g.local.epsilon0, 0.0)
+    assert last.ledger.spent_epsilon == pytest.approx(6 * per_window[0], rel=1e-12)
+    assert last.ledger.spent_delta == pytest.approx(6 * per_window[1], rel=1e-12)
