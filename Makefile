@@ -92,7 +92,7 @@ test: setup
 	$(BIN)/pytest
 
 audit: setup
-	PTEL_AUDIT_SCALE=10 $(BIN)/pytest -s tests/unit/test_privacy_audit.py
+	PTEL_AUDIT_SCALE=10 $(BIN)/pytest -s tests/unit/test_privacy_audit.py tests/unit/test_shuffle_audit.py
 
 test-e2e-long: setup
 	PTEL_E2E_SEEDS=$$(seq -s, 1 20) PTEL_E2E_FAULT_SEEDS=1,2,3 \

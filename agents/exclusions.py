@@ -44,12 +44,21 @@ WINDOW_REASONS = ("late", "window_mismatch", "wrong_partition", "duplicate", "sp
 #: The reasons a local kind's record lists, in this order: its contribution bound and the stage-1 refusals a local
 #: metric can meet (``key_capacity`` is keyed only).
 PUBLISHED_REASONS = ("over_bound", "late", "window_mismatch", "wrong_partition", "duplicate", "spec_changed")
+#: A shuffled metric's reports the shuffler withheld: its window's batch (of one inbox partition) held fewer than
+#: ``shuffle.n_min`` reports, so only their count was forwarded (a WITHHELD record, :mod:`agents.stage1.shuffled`). A
+#: function of the batch size, public under the shuffled metric's neighbours ("replace one device's reports").
+BELOW_N_MIN = "below_n_min"
+#: The reasons a shuffled metric's record lists: the local kinds' and :data:`BELOW_N_MIN`.
+SHUFFLED_REASONS = (*PUBLISHED_REASONS, BELOW_N_MIN)
 
 
-def published_exclusions(excluded: dict[str, int], over_bound: int, central: bool) -> dict[str, int] | None:
+def published_exclusions(
+    excluded: dict[str, int], over_bound: int, central: bool, shuffled: bool = False
+) -> dict[str, int] | None:
     """``Release.excluded`` of a window whose stage-1 counts excluded ``excluded`` (reason -> reports) and held
     ``over_bound`` reports beyond the contribution bounds: every reason of :data:`PUBLISHED_REASONS` for a local
-    kind, ``None`` for a central kind (``central``)."""
+    kind (:data:`SHUFFLED_REASONS` for a ``shuffled`` one), ``None`` for a central kind (``central``)."""
     if central:
         return None
-    return {r: int(over_bound) if r == "over_bound" else int(excluded.get(r, 0)) for r in PUBLISHED_REASONS}
+    reasons = SHUFFLED_REASONS if shuffled else PUBLISHED_REASONS
+    return {r: int(over_bound) if r == "over_bound" else int(excluded.get(r, 0)) for r in reasons}

@@ -15,11 +15,16 @@ and 100,000 this prints and records, for both configurations:
   decoder in tests/unit/test_rappor_advisor.py).
 
     .venv/bin/python -m bench.shuffle_gain            # writes bench/results/shuffle_gain.json (about a minute)
+    .venv/bin/python -m bench.shuffle_gain --table    # prints the table of docs/accuracy.md from that file
+
+The table (:func:`markdown_table`) is the one in docs/accuracy.md, "Shuffle mode: the gain";
+tests/unit/test_shuffle_gain_table.py checks that the document shows what the recorded run measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
@@ -119,6 +124,37 @@ def run(trials: int, populations: list[int], target: float, delta: float) -> dic
     return {"rows": rows}
 
 
+def devices_for_local(row: dict[str, Any]) -> float:
+    """Devices the purely local configuration needs for the boolean half-width the shuffled one reaches at ``n``
+    (half-widths fall as ``1/sqrt(n)``: ``n · (local / shuffled)²``)."""
+    return float(row["n"] * row["width_ratio_bool"] ** 2)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The gain table of docs/accuracy.md from a result file's document (local / shuffled in each cell)."""
+    lines = [
+        "| n | ε₀ shuffled | boolean ± | boolean coverage | 4 categories ± | 50 bins ± | RAPPOR detects ≥ "
+        "| devices, local, for the shuffled boolean ± |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in doc["rows"]:
+        loc, shu = row["local"], row["shuffled"]
+
+        def cat(k: str, loc: dict[str, Any] = loc, shu: dict[str, Any] = shu) -> str:
+            a, b = loc[f"categorical_{k}"], shu[f"categorical_{k}"]
+            return f"{a['half_width']:.4f} ({a['protocol']}) / {b['half_width']:.4f} ({b['protocol']})"
+
+        lines.append(
+            f"| {row['n']:,} | {row['epsilon0_shuffled']:.2f} "
+            f"| {loc['bool_rr']['half_width_formula']:.4f} / {shu['bool_rr']['half_width_formula']:.4f} "
+            f"| {loc['bool_rr']['coverage']:.3f} / {shu['bool_rr']['coverage']:.3f} "
+            f"| {cat('4')} | {cat('50')} "
+            f"| {loc['rappor']['min_detectable_frequency']:.3f} / {shu['rappor']['min_detectable_frequency']:.3f} "
+            f"| {devices_for_local(row):,.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=400, help="simulated populations per configuration")
@@ -126,11 +162,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epsilon", type=float, default=1.0, help="central ε per window")
     parser.add_argument("--delta", type=float, default=1e-6, help="central δ per window")
     parser.add_argument("--out", type=Path, default=RESULTS / "shuffle_gain.json")
+    parser.add_argument("--table", action="store_true", help="print the markdown table of --out and exit (no run)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.out.read_text(encoding="utf-8"))), end="")
+        return
     load = os.getloadavg()
     populations = [int(x) for x in args.populations.split(",")]
     results = run(args.trials, populations, args.epsilon, args.delta)
-    write_result(
+    doc = write_result(
         args.out,
         "shuffle_gain",
         argv=argv,
@@ -144,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         results=results,
     )
+    print(markdown_table(doc), end="")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from gateway.idempotency_recovery import recover_tags
 from gateway.kafka_probe import authorization_refusal
 from gateway.keys import GatewayKeys
 from gateway.metrics import GatewayMetrics
+from gateway.shuffler import ShuffleRoute
 from kafka_settings.connection import Connection
 from schemas.conformance import Rejection, Validator
 from schemas.http_surface import Surface, add_route, check_surfaces, operator_guard
@@ -161,6 +162,9 @@ class Gateway:
         self.idempotency = IdempotencyCache()
         self.metrics = GatewayMetrics()
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
+        #: Shuffle mode (:mod:`gateway.shuffler`): the inbox and the shuffler of the spec's shuffled metrics, if any.
+        fwd = self.settings.forwarder
+        self.shuffle = ShuffleRoute.for_spec(spec, connection, fwd, on_give_up=self.forwarder.give_up)
         self.clock = clock
         self.window_s = spec.window.size_s
         self.grace_s = spec.window.grace_s
@@ -205,6 +209,8 @@ class Gateway:
     async def _on_startup(self, _: web.Application) -> None:
         self.forwarder.hold("recovering", "reading back the idempotency keys of recent windows from Kafka")
         await self.forwarder.start()
+        if self.shuffle is not None:
+            await self.shuffle.start()
         self._recovery = asyncio.create_task(self._recover_idempotency(), name="gateway-idempotency-recovery")
         self._doubt_resolver = asyncio.create_task(self._resolve_doubts(), name="gateway-idempotency-doubts")
 
@@ -306,6 +312,8 @@ class Gateway:
     async def _on_shutdown(self, _: web.Application) -> None:
         # before aiohttp waits for open requests: refuse new reports, flush and settle the accepted ones
         await self.forwarder.drain()
+        if self.shuffle is not None:
+            await self.shuffle.drain()
 
     async def _on_cleanup(self, _: web.Application) -> None:
         for task in (self._recovery, self._doubt_resolver):
@@ -314,6 +322,8 @@ class Gateway:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.forwarder.stop()
+        if self.shuffle is not None:
+            await self.shuffle.stop()
 
     def reload_keys(self, keys: GatewayKeys) -> None:
         """Verify tokens under ``keys`` from now on (:mod:`gateway.key_reload`); :class:`GatewayKeyError` if their
@@ -442,9 +452,15 @@ class Gateway:
             retry = self.quota.retry_after_s(window, self.window_s, now)
             detail = f"the spec allows {self._bound(metric, refused)} per device and window"
             return Answer(429, {"reason": refused, "detail": detail, "retry_after": retry}), None
-        partition, partition_key = self.forwarder.partition_of(metric, shard)
+        # a shuffled metric's reports go to the shuffle inbox (gateway.shuffler); a copy there that may be in Kafka
+        # needs no doubt: the shuffler keeps one report per pseudonym, so its quota is given back and a retry sent
+        inbox = None if self.shuffle is None else self.shuffle.forwarder_of(metric)
+        forwarder = inbox or self.forwarder
+        partition, partition_key = forwarder.partition_of(metric, shard)
         try:
-            acked_ms = await self.forwarder.forward(
+            if forwarder.refusal() is not None:
+                raise ForwardError(forwarder.refusal() or "kafka_unavailable", "the shuffle inbox is not ready")
+            acked_ms = await forwarder.forward(
                 partition, partition_key, reports, None if tag is None else (tag, window)
             )
         except ForwardError as err:
@@ -453,7 +469,7 @@ class Gateway:
             log.debug("reports not forwarded (%s): %s", err.reason, err.detail)
             failed = Answer(503, {"reason": err.reason, "detail": device_detail(err.reason), "retry_after": retry})
             release = functools.partial(self.quota.release, pseudonym, metric, window, n, keys)
-            if err.sent_by is None:  # never handed to the producer: not in Kafka
+            if err.sent_by is None or inbox is not None:  # never handed to the producer: not in Kafka
                 release()
                 return failed, None
             # handed over, not acknowledged: perhaps in Kafka, where it counts against the device's bound -- the
@@ -461,7 +477,11 @@ class Gateway:
             return failed, InDoubt(partition, err.sent_by, window, release)
         self.metrics.reports(metric, "forwarded", n)
         # appended after the window's grace or before its start: the agents will not count them (two compares)
-        timing = ack_timing(acked_ms, window, self.window_s, self.grace_s, now)
+        timing = (
+            ack_timing(acked_ms, window, self.window_s, self.grace_s, now)
+            if self.shuffle is None or inbox is None
+            else self.shuffle.timing(metric, acked_ms, window, now)
+        )
         self.metrics.broker_clock_lead_seconds.set(timing.broker_lead_s)
         if timing.late or timing.window_mismatch:
             self.metrics.reports(metric, "late" if timing.late else "window_mismatch", n)

@@ -37,4 +37,5 @@ this package and its subpackages re-export nothing, so a device that privatizes 
         zcdp              zCDP to (ε, δ)-DP conversion
         accountant        PrivacyBudget, the ledger, PrivacyAccountant
         shuffle           amplification by shuffling: the central (ε, δ) of n shuffled ε₀-LDP reports (FMT21)
+        shuffle_horizon   a shuffled metric's horizon charge: min(composed central (ε, δ), local horizon ε)
 """

@@ -9,8 +9,10 @@ tests/integration/test_least_privilege.py (every command works with exactly its 
 
 Resource names are templates over the spec's topics and the deployment's ids (:class:`Names`): ``R`` reports,
 ``L`` releases, ``D`` dead letters, ``G`` the worker group (default ``ptel-agents.<spec>``), ``M`` the monitor's
-Faust app id (default ``ptel-monitor.<spec>``). Kafka's authorizer model (resource type, pattern type, operation,
-implied Describe) is the one of KIP-140 / KIP-290, https://kafka.apache.org/39/documentation/#security_authz.
+Faust app id (default ``ptel-monitor.<spec>``); the ledger, the shuffle inbox and the shuffler's group are named
+after ``R`` (``privacy-ledger.R``, ``shuffle-inbox.R``, ``shuffler.R``). Kafka's authorizer model (resource type,
+pattern type, operation, implied Describe) is the one of KIP-140 / KIP-290,
+https://kafka.apache.org/39/documentation/#security_authz.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from types import MappingProxyType
 from agents.kafka_io.topics import ledger_topic
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
+from gateway.shuffle_inbox import shuffle_inbox_topic, shuffler_group
 from schemas.spec import CollectionSpec
 
 #: Kafka's resource types a grant may name, and ``kafka-acls``'s flag for each.
@@ -53,6 +56,8 @@ class Names:
             G=self.group,
             M=self.app_id,
             ledger=ledger_topic(self.reports),
+            inbox=shuffle_inbox_topic(self.reports),
+            shuffler=shuffler_group(self.reports),
         )
 
 
@@ -133,9 +138,16 @@ ROLES: MappingProxyType[str, Role] = MappingProxyType(
                 "gateway",
                 "gateway (`ptel gateway`)",
                 "User:ptel-gateway",
-                (Grant(("Write", "Read"), "Topic", "{R}", "reports"),),
+                (
+                    Grant(("Write", "Read"), "Topic", "{R}", "reports"),
+                    Grant(("Write", "Read"), "Topic", "{inbox}", "shuffle inbox"),
+                    Grant(("Read",), "Group", "{shuffler}", "shuffler group"),
+                    Grant(("Write",), "TransactionalId", "{shuffler}.", "shuffler transactional ids", "PREFIXED"),
+                ),
                 (*KAFKA_LOGIN, "gateway.keys", "operator-token", "gateway.pem", "gateway.key"),
-                "Write for its idempotent producer, Read to read back the idempotency keys of recent windows at start",
+                "Write for its idempotent producer, Read to read back the idempotency keys of recent windows at start; "
+                "the shuffle inbox, the shuffler's group and its transactional ids (one per inbox partition) only for "
+                "a spec with shuffled metrics: no other principal reads or writes the inbox",
             ),
             Role(
                 "worker",

@@ -17,7 +17,14 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Literal, get_args
 
-__all__ = ["METRIC_KINDS", "METRIC_KIND_OF_PAYLOAD", "PAYLOAD_KINDS_OF", "MetricKind", "PayloadKind"]
+__all__ = [
+    "LOCALLY_PRIVATE_KINDS",
+    "METRIC_KINDS",
+    "METRIC_KIND_OF_PAYLOAD",
+    "PAYLOAD_KINDS_OF",
+    "MetricKind",
+    "PayloadKind",
+]
 
 MetricKind = Literal["bool", "categorical", "rappor", "keyed", "regression"]
 
@@ -54,3 +61,8 @@ METRIC_KIND_OF_PAYLOAD: MappingProxyType[PayloadKind, MetricKind] = MappingProxy
 PAYLOAD_KINDS_OF: MappingProxyType[MetricKind, frozenset[PayloadKind]] = MappingProxyType(
     {m: frozenset(p for p, mk in METRIC_KIND_OF_PAYLOAD.items() if mk == m) for m in METRIC_KINDS}
 )
+
+#: The metric kinds whose reports are ε₀-locally private as they leave the device (randomized there, nothing in
+#: clear): the kinds a shuffler may forward (``schemas.wire.shuffled``). The others -- keyed (keys in clear) and
+#: regression (pairs in clear) -- are released with central noise (``schemas.spec.CENTRAL_KINDS``, their complement).
+LOCALLY_PRIVATE_KINDS: frozenset[MetricKind] = frozenset({"bool", "categorical", "rappor"})

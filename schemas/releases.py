@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
@@ -19,11 +19,15 @@ from schemas.spec import CENTRAL_KINDS
 
 __all__ = [
     "RELEASE_SCHEMA_VERSION",
+    "SHUFFLED_SCHEMA_VERSION",
+    "CentralGuarantee",
     "EstimateRecord",
     "KeyRelease",
     "LedgerSummary",
+    "LocalGuarantee",
     "PrivacySpent",
     "Release",
+    "ShuffledGuarantee",
     "neighbours",
     "release_key",
 ]
@@ -34,6 +38,10 @@ __all__ = [
 #: the decoder gave no estimate, issue 33); every version-2 record is a valid version-3 record, and a version-2
 #: reader meets ``null`` only in records that say ``schema_version: 3``.
 RELEASE_SCHEMA_VERSION: Literal[3] = 3
+#: Version of the record of a **shuffled** metric (issue 34): version 3 plus :attr:`Release.guarantee`. Only those
+#: records say 4; every other record stays version 3 byte for byte (no ``guarantee`` key), so a version-3 reader reads
+#: every record it read before.
+SHUFFLED_SCHEMA_VERSION: Literal[4] = 4
 
 Real = StrictFloat | StrictInt
 
@@ -152,10 +160,60 @@ class LedgerSummary(_Frozen):
     releases: Annotated[StrictInt, Field(ge=0)] = 0
 
 
+#: Who the local guarantee of a shuffled metric's reports is stated against.
+AGAINST_SHUFFLER: Final = "the shuffler (and anyone who sees a report with its sender)"
+#: Who the central guarantee of a shuffled metric is stated against.
+AGAINST_DOWNSTREAM: Final = "everyone downstream of an honest shuffler (Kafka readers, workers, analysts)"
+#: The neighbouring relation of the central guarantee: FMT21's, substitution of one device's reports (n public).
+SHUFFLE_NEIGHBOURS: Final = "replace one device's reports"
+
+
+class LocalGuarantee(_Frozen):
+    """A shuffled metric's **local** guarantee: each report is ε₀-LDP, against the shuffler itself."""
+
+    against: Literal["the shuffler (and anyone who sees a report with its sender)"] = AGAINST_SHUFFLER
+    #: ε₀ of one report (the metric's per-report local ε).
+    epsilon0: Real
+    #: One device's local loss over the spec's horizon (its ``windows_per_horizon`` windows), δ = 0.
+    horizon_epsilon: Real
+    #: The neighbouring relation of the local guarantee (:func:`neighbours`).
+    neighbours: StrictStr
+
+
+class CentralGuarantee(_Frozen):
+    """A shuffled metric's **central** guarantee: each window's batch(es), each of at least ``n_min`` reports, are
+    (ε, δ)-DP against everyone downstream of an honest shuffler, for the neighbouring relation "replace one device's
+    reports" (Feldman, McMillan, Talwar, FOCS 2021, Theorem 3.2; :mod:`mechanisms.accounting.shuffle`)."""
+
+    against: Literal["everyone downstream of an honest shuffler (Kafka readers, workers, analysts)"] = (
+        AGAINST_DOWNSTREAM
+    )
+    neighbours: Literal["replace one device's reports"] = SHUFFLE_NEIGHBOURS
+    #: The batch size the bound assumes: the shuffler forwards no batch of fewer reports (they are withheld).
+    n_min: Annotated[StrictInt, Field(ge=2)]
+    #: (ε, δ) of one window.
+    epsilon: Real
+    delta: Real
+    #: Windows of the spec's horizon, and the per-window guarantee composed over them (basic composition, the
+    #: accountant's); ``None`` when it does not compose (reports sharing randomness across windows: memoized RAPPOR).
+    horizon_windows: Annotated[StrictInt, Field(ge=1)]
+    horizon_epsilon: Real | None = None
+    horizon_delta: Real | None = None
+
+
+class ShuffledGuarantee(_Frozen):
+    """Both guarantees of a shuffled metric's release, by name, and which of them the ledger charges over the horizon
+    (the smaller in ε that the budget holds: :func:`mechanisms.accounting.shuffle_horizon.shuffled_horizon`)."""
+
+    local: LocalGuarantee
+    central: CentralGuarantee
+    charged: Literal["central", "local"]
+
+
 class Release(_Frozen):
     """One release of one metric for one window."""
 
-    schema_version: Literal[1, 2, 3] = RELEASE_SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = RELEASE_SCHEMA_VERSION
     #: Name of the collection spec (``CollectionSpec.name``).
     spec: StrictStr
     #: Whom the ledger's budget protects over the spec's horizon: ``"client"`` (one device, whatever values
@@ -227,11 +285,19 @@ class Release(_Frozen):
     #: (keyed, regression), for the same reason as ``n``, and in records written before the field existed
     #: (added in schema version 2 with a default). docs/privacy.md, "Reports not counted".
     excluded: dict[StrictStr, Annotated[StrictInt, Field(ge=0)]] | None = None
+    #: A shuffled metric's two guarantees by name (schema version 4, :class:`ShuffledGuarantee`): ``local`` (ε₀ per
+    #: report, against the shuffler) and ``central`` ((ε, δ) per window and over the horizon, against everyone
+    #: downstream of an honest shuffler, ``n_min`` assumed, neighbours "replace one device's reports"). Its
+    #: ``excluded`` adds ``below_n_min`` (reports of batches the shuffler withheld) to the reasons. ``None`` (and no
+    #: key in the record) for every metric that is not shuffled.
+    guarantee: ShuffledGuarantee | None = None
 
     @model_validator(mode="after")
     def _window(self) -> Release:
         if self.window_end_ms <= self.window_start_ms:
             raise ValueError("window_end_ms must be after window_start_ms")
+        if (self.guarantee is not None) != (self.schema_version >= SHUFFLED_SCHEMA_VERSION):
+            raise ValueError(f"guarantee is given exactly in schema version {SHUFFLED_SCHEMA_VERSION} records")
         return self
 
     @property
@@ -241,7 +307,10 @@ class Release(_Frozen):
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (UTF-8, sorted keys): equal releases serialize to equal bytes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+        doc = self.model_dump(mode="json")
+        if self.guarantee is None:
+            del doc["guarantee"]  # an unshuffled metric's record stays a version-3 record, byte for byte
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Release:

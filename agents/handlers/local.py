@@ -4,7 +4,8 @@ mechanism's support probabilities.
 The support counts ``C_j`` of ``n`` reports give ``ĉ_j = (C_j − n·q*) / (p* − q*)`` with its analytic variance
 (:mod:`mechanisms.frequency_estimation`); released keys are the labels significantly above zero at the spec's
 confidence level. Privacy: ``ε₁`` of one report and ``ε∞ = r·ε₁`` of one client's window (``r =
-reports_per_window`` fresh randomizations compose), charged before anything is released.
+reports_per_window`` fresh randomizations compose), charged before anything is released -- or, for a shuffled metric
+whose horizon is charged on the central basis, the window's central (ε, δ) (:mod:`agents.handlers.shuffled`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from agents.handlers.base import KindHandler, M, P, ReleaseJob
 from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records, finite, frequency_estimate
+from agents.handlers.shuffled import charge_central
 from mechanisms.core.directed import mul_up
 from schemas.releases import KeyRelease, PrivacySpent, Release
 
@@ -28,7 +30,9 @@ def local_release(
     eps1 = float(m.map(1))
     r = metric.reports_per_window
     eps_window = mul_up(r, eps1)  # r fresh randomizations of one client in one window compose: ε = r·ε₁, rounded up
-    entry = job.ledger.charge(job.rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
+    entry = charge_central(job.base.guarantee, job.ledger, job.rid, merged.window_start_ms)  # shuffled, central basis
+    if entry is None:
+        entry = job.ledger.charge(job.rid, merged.window_start_ms, eps_window, MAX_DIVERGENCE)
     p_star, q_star = m.support_probabilities
     level = float(job.spec.confidence)
     n = merged.n

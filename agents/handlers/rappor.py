@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from agents.handlers.base import BoundedHandler, ReleaseJob, column
 from agents.handlers.release_fields import MAX_DIVERGENCE, estimate_records
+from agents.handlers.shuffled import charge_central
 from agents.partials import CohortCounts, Shape
 from schemas.conformance import MetricRules
 from schemas.releases import EstimateRecord, KeyRelease, PrivacySpent, Release
@@ -74,13 +75,16 @@ class RapporHandler(BoundedHandler[RapporMetric, CohortCounts]):
         eps_window = metric.horizon_epsilon(r)
         # over the horizon, w windows cost horizon_epsilon(w·r) in all -- the spec's load-time rule, charged
         # incrementally: additive per client (fresh reports only), capped by ε∞ per client and value
-        entry = job.ledger.charge_horizon(
-            job.rid,
-            merged.window_start_ms,
-            lambda w: metric.horizon_epsilon(w * r),
-            MAX_DIVERGENCE,
-            rule=metric.horizon_rule(),  # a spec change starts a new rule: the old charges stay beside it
-        )
+        # a shuffled metric charged on the central basis: the window's central (ε, δ) (agents.handlers.shuffled)
+        entry = charge_central(job.base.guarantee, job.ledger, job.rid, merged.window_start_ms)
+        if entry is None:
+            entry = job.ledger.charge_horizon(
+                job.rid,
+                merged.window_start_ms,
+                lambda w: metric.horizon_epsilon(w * r),
+                MAX_DIVERGENCE,
+                rule=metric.horizon_rule(),  # a spec change starts a new rule: the old charges stay beside it
+            )
         level = float(job.spec.confidence)
         candidates = list(metric.candidates)
         records: list[EstimateRecord]

@@ -16,7 +16,16 @@ from mechanisms.core import framework as core
 from mechanisms.core.estimates import Estimate
 from mechanisms.local.pure_protocol import estimate_counts
 from schemas.kinds import MetricKind
-from schemas.releases import EstimateRecord, KeyRelease, LedgerSummary, PrivacySpent, Release
+from schemas.releases import (
+    RELEASE_SCHEMA_VERSION,
+    SHUFFLED_SCHEMA_VERSION,
+    EstimateRecord,
+    KeyRelease,
+    LedgerSummary,
+    PrivacySpent,
+    Release,
+    ShuffledGuarantee,
+)
 from schemas.spec import CollectionSpec
 
 #: The ledger's measure for the local kinds' per-window charge (pure ε).
@@ -41,6 +50,8 @@ class WindowFields:
     insecure_noise: bool = False
     #: Reports excluded by reason (:func:`agents.exclusions.published_exclusions`; ``None``: central kinds).
     excluded: dict[str, int] | None = None
+    #: A shuffled metric's two guarantees (:func:`agents.handlers.shuffled.shuffled_guarantee`); ``None`` otherwise.
+    guarantee: ShuffledGuarantee | None = None
 
     @classmethod
     def of(
@@ -51,6 +62,7 @@ class WindowFields:
         kind: MetricKind,
         central: bool,
         privacy_unit: Literal["client", "client_value"],
+        guarantee: ShuffledGuarantee | None = None,
     ) -> WindowFields:
         return cls(
             spec=spec.name,
@@ -65,7 +77,10 @@ class WindowFields:
             confidence=float(spec.confidence),
             partitions=partitions,
             privacy_unit=privacy_unit,
-            excluded=published_exclusions(merged.excluded, merged.over_bound, central),
+            excluded=published_exclusions(merged.excluded, merged.over_bound, central)
+            if guarantee is None
+            else published_exclusions(merged.excluded, merged.over_bound, central, shuffled=True),
+            guarantee=guarantee,
         )
 
     def release(
@@ -88,6 +103,8 @@ class WindowFields:
         if no_data:
             estimates, released_keys = (), ()
         return Release(
+            schema_version=RELEASE_SCHEMA_VERSION if self.guarantee is None else SHUFFLED_SCHEMA_VERSION,
+            guarantee=self.guarantee,
             spec=self.spec,
             metric=self.metric,
             kind=self.kind,

@@ -48,6 +48,8 @@ def decode_columns(
         rules = validator.rules.get(table.metric)
         if rules is None or table.fingerprint != rules.fingerprint or table.kind != rules.payload:
             continue
+        if rules.metric.shuffle is not None:  # a device report of a shuffled metric: refused one by one
+            continue
         ok = columns_fit(rules, table)  # a batch fits if every row does (else it is refused whole)
         if ok is not None:
             entries = np.flatnonzero(table.per_record_all(ok))

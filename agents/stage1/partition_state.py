@@ -2,8 +2,8 @@
 
 :class:`PartitionState` is everything stage 1 knows about one source partition ``p``; the Kafka driver
 (:mod:`agents.runtime.stage1_pipeline`) feeds it batches of :class:`~agents.stage1.records.Record` and writes what it
-returns -- dead letters, changed state records, the hand-over of closed windows
-(:mod:`agents.stage1.records`) -- in one transaction with the offset.
+returns -- dead letters, changed state records, the hand-over of closed windows (:mod:`agents.stage1.records`) -- in
+one transaction with the offset. The gateway shuffler's records go to :mod:`agents.stage1.shuffled`.
 
 State records (compacted topic ``<group>.stage1-state``, partition ``p``):
 
@@ -11,11 +11,11 @@ State records (compacted topic ``<group>.stage1-state``, partition ``p``):
 - key ``b"p<p>/w/<metric>/<window_start>"`` -> :meth:`Partial.to_bytes`, the counts (tombstone once handed over);
 - keys ``b"p<p>/dedup/<offset>"``: the idempotency tags of recent requests (:mod:`agents.stage1.dedup`).
 
-The per-client contribution maps are not persisted: they are a deterministic function of the window's
-records in offset order, so after :meth:`PartitionState.restore` the driver replays the source partition
-from :meth:`PartitionState.replay_from` up to the committed offset through :meth:`PartitionState.rebuild_clients`.
-A window still open now was open when each of its records arrived (windows close monotonically), so the
-replay re-admits exactly the records that were admitted, in the same order.
+The per-client contribution maps are not persisted: they are a deterministic function of the window's records in
+offset order, so after :meth:`PartitionState.restore` the driver replays the source partition from
+:meth:`PartitionState.replay_from` up to the committed offset through :meth:`PartitionState.rebuild_clients`. A window
+still open now was open when each of its records arrived (windows close monotonically), so the replay re-admits exactly
+the records that were admitted, in the same order.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from agents.stage1.columns import decode_columns
 from agents.stage1.dedup import RetryDedup, duplicate_mask
 from agents.stage1.placement import Placement
 from agents.stage1.records import DeadLetter, Handover, MarkRecord, Record, partial_key, watermark_key
-from agents.stage1.validation import Accepted, Rejection, Validator
+from agents.stage1.shuffled import take_shuffled
+from agents.stage1.validation import Accepted, DeviceValidator, Rejection, Validator
 from agents.windowing.watermarks import IdlePolicy, advance
 from agents.windowing.windows import WindowSpec
 from schemas.wire.columns import RecordColumns
@@ -62,9 +63,9 @@ class BatchResult:
 
 @dataclass
 class PreparedBatch:
-    """A batch after :meth:`PartitionState.prepare`: its dead letters so far, and per (metric, broker window
-    start) the accepted reports, their records (in offset order) and each record's *floor* -- the first window
-    still open for it (see :meth:`PartitionState._in_window`) -- not yet counted."""
+    """A batch after :meth:`PartitionState.prepare`: its dead letters so far, and per (metric, broker window start)
+    the accepted reports, their records (in offset order) and each record's *floor* -- the first window still open
+    for it (see :meth:`PartitionState._in_window`) -- not yet counted."""
 
     result: BatchResult
     groups: dict[tuple[str, int], list[Accepted]]
@@ -93,7 +94,7 @@ class PartitionState:
         self,
         partition: int,
         window: WindowSpec,
-        validator: Validator,
+        validator: DeviceValidator,
         aggregator: Aggregator,
         idle: IdlePolicy | None = None,
         placement: Placement | None = None,
@@ -106,7 +107,9 @@ class PartitionState:
         #: Which partition each report belongs to (``None``: not checked, a one-partition view in tests).
         self.placement = placement
         self.window = window
-        self.validator = validator
+        self.validator = (
+            validator if isinstance(validator, Validator) else Validator(validator.spec)
+        )  # the agents' rules
         self.aggregator = aggregator
         self.idle = idle or IdlePolicy()
         #: ``w_p``: max broker timestamp seen (or idle advance); ``None`` before anything.
@@ -139,14 +142,13 @@ class PartitionState:
         Nothing is counted until :meth:`aggregate`; call the two in order, once per batch (a worker overlaps one
         partition's ``prepare`` with another's ``aggregate``).
 
-        The batch is laid out as columns: its records -- single reports and batch messages -- are decoded and
-        checked together (:func:`agents.stage1.columns.decode_columns`), every record's window, mark, lateness
-        and floor come from one pass over the broker times (:func:`agents.stage1.batch_layout.broker_times`), and the
-        records that need no further decision are cut into chunks (:func:`agents.stage1.batch_layout.chunk_runs`). Only
-        the other records -- records the columns do not cover, batches with rows of another partition, and
-        records refused here -- are taken one by one, in record order. Both give the verdicts, the
-        dead letters (in record order) and the groups of deciding record by record.
-        """
+        The batch is laid out as columns: its records -- single reports and batch messages -- are decoded and checked
+        together (:func:`agents.stage1.columns.decode_columns`), every record's window, mark, lateness and floor come
+        from one pass over the broker times (:func:`agents.stage1.batch_layout.broker_times`), and the records that
+        need no further decision are cut into chunks (:func:`agents.stage1.batch_layout.chunk_runs`). Only the other
+        records -- records the columns do not cover (the shuffler's among them), batches with rows of another
+        partition, and records refused here -- are taken one by one, in record order. Both give the verdicts, the
+        dead letters (in record order) and the groups of deciding record by record."""
         out = BatchResult()
         groups: dict[tuple[str, int], list[Accepted]] = {}  # (metric, window start) -> its records' reports
         sources: dict[tuple[str, int], list[Record]] = {}  # the record of each group entry
@@ -194,19 +196,12 @@ class PartitionState:
         return PreparedBatch(out, groups, sources, floors)
 
     def _decide_one_by_one(
-        self,
-        records: Sequence[Record],
-        positions: list[int],
-        times: BrokerTimes,
-        tables: list[RecordColumns],
-        table_of: NDArray[np.intp],
-        row_of: NDArray[np.intp],
-        wrong: NDArray[np.bool_],
-        changed: dict[tuple[str, int], str | None],
-        out: BatchResult,
+        self, records: Sequence[Record], positions: list[int], times: BrokerTimes, tables: list[RecordColumns],
+        table_of: NDArray[np.intp], row_of: NDArray[np.intp], wrong: NDArray[np.bool_],
+        changed: dict[tuple[str, int], str | None], out: BatchResult,
         entries: dict[tuple[str, int], list[tuple[int, Accepted, Record, int]]],
         breaks: dict[tuple[str, int], list[int]],
-    ) -> None:
+    ) -> None:  # fmt: skip
         """The records at ``positions`` (ascending), decided alone: decoded (unless a table row of theirs was
         refused), checked against the placement, the mark before them and the window's spec; dead-lettered in
         record order, or added to ``entries`` with their position (and to ``breaks``)."""
@@ -217,6 +212,8 @@ class PartitionState:
             start, mark = int(starts[i]), int(marks[i])
             open_at = mark if mark != NO_MARK and start < mark else start  # the window open for it (a late one's mark)
             t = int(table_of[i])
+            if t < 0 and take_shuffled(self, out, rec, i, (start, mark, int(floors[i])), changed, entries, breaks):
+                continue  # the gateway shuffler's record, counted in its own window (agents.stage1.shuffled)
             if t >= 0:  # a record decoded with its table, refused here: placement, late or spec_changed
                 name, offsets = tables[t].metric, tables[t].offsets
                 reports = int(offsets[row_of[i] + 1] - offsets[row_of[i]])

@@ -15,12 +15,13 @@ from schemas.conformance import (
     AnyMetric,
     MetricRules,
     Rejection,
-    Validator,
     _check_columns,
     _columns_of,
     expected_payload,
 )
-from schemas.wire import WIRE_ERROR_REASONS
+from schemas.conformance import Validator as DeviceValidator
+from schemas.spec import CollectionSpec
+from schemas.wire import WIRE_ERROR_REASONS, Report, ReportBatch
 
 __all__ = [
     "DECOMPRESSION_REASONS",
@@ -28,6 +29,7 @@ __all__ = [
     "SPEC_REASONS",
     "Accepted",
     "AnyMetric",
+    "DeviceValidator",
     "MetricRules",
     "Rejection",
     "Validator",
@@ -45,6 +47,9 @@ SPEC_REASONS = CONFORMANCE_REASONS | frozenset(
         "key_capacity",  # keyed: a key new to a (window, partition) partial already holding its max keys (stage 1)
         "wrong_partition",  # its pseudonym belongs to another source partition (stage 1)
         "duplicate",  # a copy of a device request read before, same idempotency tag (stage 1: agents.stage1.dedup)
+        "not_shuffled",  # a device report of a shuffled metric: only the shuffler's batches count (Validator)
+        "unexpected_shuffle",  # a shuffler's record of a metric without a shuffle block (agents.stage1.shuffled)
+        "below_n_min",  # a shuffled batch of fewer than shuffle.n_min reports (agents.stage1.shuffled)
     }
 )
 #: A whole record batch the fetcher did not decompress (:mod:`agents.kafka_io.decompression`): one dead letter a
@@ -60,3 +65,22 @@ DECOMPRESSION_REASONS = frozenset(
 #: (`agents.windowing.watermarks.TIMESTAMP_REASONS`), and the fetcher's refusals of a whole batch
 #: (:data:`DECOMPRESSION_REASONS`).
 REJECTION_REASONS = SPEC_REASONS | TIMESTAMP_REASONS | DECOMPRESSION_REASONS | {f"wire.{r}" for r in WIRE_ERROR_REASONS}
+
+
+class Validator(DeviceValidator):
+    """The devices' contract (:class:`schemas.conformance.Validator`), plus the one rule only the agents apply: a
+    device report of a **shuffled** metric is refused (``not_shuffled``). Its reports count only through the gateway
+    shuffler's batches (:mod:`agents.stage1.shuffled`), without pseudonyms; a report written to the reports topic
+    past the shuffler would be counted with its pseudonym, outside the central guarantee."""
+
+    @classmethod
+    def for_spec(cls, spec: CollectionSpec) -> Validator:
+        """The agents' validator of ``spec``."""
+        return cls(spec)
+
+    def check_message(self, message: Report | ReportBatch) -> Accepted | Rejection:
+        verdict = super().check_message(message)
+        if isinstance(verdict, Accepted) and verdict.metric.shuffle is not None:
+            detail = f"a device report of {verdict.metric.name!r}, a shuffled metric: only the shuffler's batches count"
+            return Rejection("not_shuffled", detail, verdict.reports)
+        return verdict

@@ -37,6 +37,7 @@ from agents.errors import BudgetError, ReleaseError
 from agents.handlers.base import ReleaseJob
 from agents.handlers.registry import HANDLERS, handler_of
 from agents.handlers.release_fields import WindowFields
+from agents.handlers.shuffled import shuffled_guarantee
 from agents.ledger import MetricLedger
 from agents.partials import Partial
 from agents.stage1.aggregator import shape_mismatch
@@ -73,8 +74,9 @@ def build_release(
         return _spec_changed(spec, merged, ledger, partitions, mismatch)
     handler = handler_of(metric)
     central = handler.central
+    unit = handler.privacy_unit(metric)
     base = replace(
-        WindowFields.of(spec, merged, partitions, metric.kind, central, handler.privacy_unit(metric)),
+        WindowFields.of(spec, merged, partitions, metric.kind, central, unit, shuffled_guarantee(spec, metric, unit)),
         # predictable central noise (a seeded source: tests only) is marked in the record itself
         insecure_noise=central and rng is not None and not rng.cryptographic,
     )

@@ -60,6 +60,22 @@ def _budget(metric: Any, unit: str) -> str:
     return f"budget {unit} = {given:g}{delta}"
 
 
+def shuffle_lines(metric: Any) -> list[str]:
+    """Both guarantees of a shuffled metric, by name (``metric.shuffle_guarantee()``: FMT21's bound at ``n_min``,
+    docs/shuffle.md); none for a metric without a ``shuffle`` block."""
+    g = metric.shuffle_guarantee()
+    if g is None:
+        return []
+    return [
+        f"  shuffled by the gateway (docs/shuffle.md): local ε₀ = {g.epsilon0:.4g} per report, against the shuffler "
+        "(the gateway's operator) and anyone who sees reports with their sender",
+        f"  central (ε, δ) = ({g.epsilon:.4g}, {g.delta:.3g}) per window, against everyone downstream of an honest "
+        f"shuffler (Kafka readers, workers, analysts): batches of at least n_min = {g.n_min} reports assumed (a "
+        "window's reports of one inbox partition below n_min are withheld: only their count is forwarded); "
+        "neighbours: replace one device's reports (the batch size n is public)",
+    ]
+
+
 def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
     """The report of ``spec`` at ``clients`` devices a window, and how many warnings it holds."""
     windows = spec.window.windows_per_horizon
@@ -90,6 +106,7 @@ def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
                 f"horizon ({windows} windows): ε = {horizon:.4g}{unit_note}   [{_budget(metric, 'ε')}]"
             )
             cap = f"epsilon: {horizon:.4g}"
+            lines += shuffle_lines(metric)
         missing_budget = budget_warning(metric, cap)
         lines += missing_budget
         warnings += len(missing_budget)

@@ -1,6 +1,7 @@
 """``ptel topics create``: every topic of a spec's worker group, made by an administrator with the configs the worker
 checks at start (``agents.kafka_io.topics``: the reports topic's ``LogAppendTime``, 16 MiB records on the releases,
-state, partials and ledger topics, compaction of the state and ledger topics).
+state, partials and ledger topics, compaction of the state and ledger topics), and the gateway's shuffle inbox for a
+spec with shuffled metrics (:func:`gateway_plans`).
 
 Idempotent: a topic that exists is checked, not changed -- a wrong partition count or config is reported with the
 ``kafka-configs`` command that fixes it (exit 1). ``--dry-run`` prints the plan (what would be created, what exists
@@ -21,8 +22,10 @@ from aiokafka.errors import KafkaError
 from agents.errors import AgentError, BrokerError
 from agents.kafka_io.topics import TopicPlan, WorkerTopics, ensure_plans
 from agents.runtime.composition import default_group
+from gateway.shuffle_inbox import shuffle_inbox_topic
 from kafka_settings.connection import Connection, client_kwargs
 from ptel.commands.options import add_bootstrap_argument, add_spec_argument, spec_and_connection_or_report
+from schemas.spec import CollectionSpec
 
 #: Tries of the check after creating (a fresh topic's metadata may take a moment to reach every broker).
 _TRIES = 5
@@ -40,6 +43,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     add_bootstrap_argument(p)
     p.set_defaults(func=run)
+
+
+def gateway_plans(spec: CollectionSpec) -> list[TopicPlan]:
+    """The gateway's own topic: the shuffle inbox, for a spec with shuffled metrics (docs/shuffle.md) -- as many
+    partitions as the reports topic, ``LogAppendTime`` (the 202's lateness is the broker's append time)."""
+    if not any(m.shuffle is not None for m in spec.metrics):
+        return []
+    log_append = {"message.timestamp.type": "LogAppendTime"}
+    inbox = shuffle_inbox_topic(spec.topics.reports)
+    return [TopicPlan(inbox, spec.topics.partitions, log_append, log_append, access="Read and Write (the gateway)")]
 
 
 def describe(plan: TopicPlan, replication_factor: int) -> str:
@@ -76,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         group = args.group or default_group(spec)
         topics = WorkerTopics.for_spec(spec, group)
-        plans = topics.plans()
+        plans = [*topics.plans(), *gateway_plans(spec)]
         existing = asyncio.run(_existing(connection))
         for plan in plans:
             if plan.name in existing:

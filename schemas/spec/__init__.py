@@ -37,6 +37,9 @@ Metric kinds (``kind`` is the discriminator):
 - ``regression``: (x, y) pairs from *trusted* sources (sent in clear), released centrally by DP
   Theil-Sen [THEIL-SEN] with ``x_bounds``, ``y_bounds``, ``scale``, ``runs``.
 
+Shuffle mode: a local metric with ``shuffle: {n_min, delta, close_after_s}`` (:class:`ShuffleSpec`) goes through the
+gateway's shuffler and carries a central (ε, δ) per window besides its local ε₀ (``metric.shuffle_guarantee()``).
+
 Contribution bounds are per client pseudonym and window (see ``schemas.wire``): ``reports_per_window``
 for every kind, ``keys_per_window`` for keyed metrics (and, per window and source partition rather than
 per client, ``max_keys_per_partition`` distinct keys, which bounds the agents' state records; default
@@ -77,9 +80,12 @@ from schemas.spec.base import (
     FORWARD_DELAY_BOUND_S,
     KEYED_PARTIAL_KEY_BYTES,
     RETRY_HORIZON_RANGE_S,
+    SHUFFLE_DELTA_RANGE,
+    SHUFFLE_N_MIN_RANGE,
     SPEC_VERSION,
     BudgetSpec,
     RandomizedResponseSpec,
+    ShuffleSpec,
     SpecError,
     SpecFieldError,
     TopicsSpec,
@@ -102,6 +108,8 @@ __all__ = [
     "KEYED_PARTIAL_KEY_BYTES",
     "METRIC_TYPES",
     "RETRY_HORIZON_RANGE_S",
+    "SHUFFLE_DELTA_RANGE",
+    "SHUFFLE_N_MIN_RANGE",
     "SPEC_VERSION",
     "BinsSpec",
     "BoolMetric",
@@ -115,6 +123,7 @@ __all__ = [
     "RandomizedResponseSpec",
     "RapporMetric",
     "RegressionMetric",
+    "ShuffleSpec",
     "SpecError",
     "SpecFieldError",
     "ThresholdReleaseSpec",

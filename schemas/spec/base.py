@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,9 @@ from mechanisms.local.randomized_response.randomizer import (
 from schemas.errors import SchemaError
 from schemas.kinds import MetricKind as MetricKind  # re-exported: the spec's name for it
 from schemas.kinds import PayloadKind
+
+if TYPE_CHECKING:  # imported when used: the amplification bound needs scipy, which loading a spec does not
+    from mechanisms.accounting.shuffle import ShuffleGuarantee
 
 #: Version of the spec format this module reads.
 SPEC_VERSION = 1
@@ -232,6 +235,50 @@ class BudgetSpec(_Frozen):
         return "approx_dp" if self.epsilon is not None else "approx_zcdp"
 
 
+#: Valid ``shuffle.n_min``: a batch of fewer than 100 reports amplifies next to nothing (FMT21's bound at n = 100 and
+#: ε₀ = 1 is above 0.9), and 10 million is above any one window's reports per inbox partition.
+SHUFFLE_N_MIN_RANGE = (100, 10_000_000)
+#: Valid ``shuffle.delta``: from the amplification bound's smallest served δ (its float slack moves δ by at most
+#: 0.2 % there, :data:`mechanisms.accounting.shuffle.MIN_DELTA`, equal by a test) to 1e-3 (a per-window δ above that
+#: guarantees little).
+SHUFFLE_DELTA_RANGE = (2e-10, 1e-3)
+
+
+class ShuffleSpec(_Frozen):
+    """``shuffle: {n_min, delta, close_after_s}``: the metric's reports go through the gateway acting as a shuffler
+    (docs/shuffle.md, docs/privacy.md "Shuffle mode").
+
+    The gateway keeps each device's report of a window in its durable shuffle inbox and, at the window's end plus
+    ``close_after_s``, forwards the window's reports of one inbox partition as one batch in a uniformly random order,
+    values only (no pseudonym, device time or arrival order), when it holds at least ``n_min`` reports, and else
+    only their count (a withheld record). Downstream of an honest shuffler each window's batch is then (ε, δ)-DP,
+    ε from the amplification bound of V. Feldman, A. McMillan, K. Talwar, "Hiding Among the Clones: A Simple and
+    Nearly Optimal Analysis of Privacy Amplification by Shuffling", FOCS 2021, https://arxiv.org/abs/2012.12803
+    (:meth:`_MetricBase.shuffle_guarantee`), for the neighbouring relation "replace one device's reports": the batch
+    size ``n`` is public, as it is in every local release. The bound assumes one report per device in a batch
+    (``reports_per_window == 1``); central kinds refuse the block. ``close_after_s`` is at most ``window.grace_s -
+    1`` (checked by the collection spec): the batch must be in Kafka before the window's grace ends.
+    """
+
+    #: The fewest reports a forwarded batch holds (:data:`SHUFFLE_N_MIN_RANGE`); the central guarantee is computed
+    #: at ``n_min`` and holds for every larger batch (data processing, docs/shuffle.md).
+    n_min: StrictInt
+    #: The δ of the central (ε, δ) guarantee of one window's batch (:data:`SHUFFLE_DELTA_RANGE`).
+    delta: Real
+    #: Seconds after a window's end at which the shuffler closes it: in [1, window.grace_s - 1].
+    close_after_s: StrictInt
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ShuffleSpec:
+        low, high = SHUFFLE_N_MIN_RANGE
+        if not low <= self.n_min <= high:
+            raise SpecFieldError("n_min", f"must be an integer in [{low}, {high}] (reports in one shuffled batch)")
+        d_low, d_high = SHUFFLE_DELTA_RANGE
+        if not (math.isfinite(self.delta) and d_low <= float(self.delta) <= d_high):
+            raise SpecFieldError("delta", f"must be a real number in [{d_low:g}, {d_high:g}] (per window)")
+        return self  # close_after_s against the window's grace: CollectionSpec (it needs the window)
+
+
 class RandomizedResponseSpec(_Frozen):
     """Boolean randomized response parameters: ``prob`` of a truthful answer, or ``epsilon``."""
 
@@ -294,6 +341,44 @@ class _MetricBase(_Frozen):
     reports_per_window: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1
     #: Budget over the retention horizon (central releases; for local kinds, the longitudinal local loss).
     budget: BudgetSpec | None = None
+    #: Shuffle mode (:class:`ShuffleSpec`): reports go through the gateway's shuffler; only for local kinds with
+    #: ``reports_per_window == 1``.
+    shuffle: ShuffleSpec | None = None
+
+    @model_validator(mode="after")
+    def _shuffle_allowed(self) -> _MetricBase:
+        if self.shuffle is None:
+            return self
+        if self.CENTRAL:
+            raise SpecFieldError(
+                "shuffle",
+                "only metrics of an ε₀-LDP kind (bool, categorical, rappor) can be shuffled: this kind is released "
+                "with central noise, its reports are not locally private",
+            )
+        if self.reports_per_window != 1:
+            raise SpecFieldError(
+                "shuffle",
+                f"needs reports_per_window = 1 (not {self.reports_per_window}): the amplification bound assumes one "
+                "report per device in a batch",
+            )
+        epsilon0 = self.horizon_epsilon(1)
+        if not 0.0 < epsilon0 <= 30.0:
+            raise SpecFieldError(
+                "shuffle", f"needs a per-report local ε₀ in (0, 30] for the amplification bound, not {epsilon0:.6g}"
+            )
+        return self
+
+    def shuffle_guarantee(self) -> ShuffleGuarantee | None:
+        """Both guarantees of a shuffled metric by name (``None`` without :attr:`shuffle`): ``epsilon0``, the local
+        loss of one report (:meth:`horizon_epsilon` of 1) against the shuffler, and the central ``(epsilon, delta)``
+        of one window's batch of at least ``n_min`` reports against everyone downstream of an honest shuffler, for
+        the neighbours "replace one device's reports" (:func:`mechanisms.accounting.shuffle.make_shuffle_guarantee`,
+        FMT21's numerical bound, rounded up)."""
+        if self.shuffle is None:
+            return None
+        from mechanisms.accounting.shuffle import make_shuffle_guarantee
+
+        return make_shuffle_guarantee(self.horizon_epsilon(1), self.shuffle.n_min, float(self.shuffle.delta))
 
     def payload_kind(self, protocol: Literal["krr", "oue", "olh"] | None) -> PayloadKind:
         """The payload kind a device sends for this metric (a categorical metric: by its resolved local

@@ -77,6 +77,7 @@ class CollectionSpec(_Frozen):
         seen: dict[str, int] = {}
         for i, metric in enumerate(self.metrics):
             self._check_local_budget(i, metric)
+            self._check_shuffle_close(i, metric)
             if metric.name in seen:
                 raise SpecFieldError(
                     f"metrics[{i}].name", f"duplicate metric name {metric.name!r} (also metrics[{seen[metric.name]}])"
@@ -110,6 +111,22 @@ class CollectionSpec(_Frozen):
                 f"the local loss over the retention horizon ({reports} reports {unit}) is {loss:.4g}, "
                 f"above the budget {budget.epsilon}",
             )
+
+    def _check_shuffle_close(self, i: int, metric: Metric) -> None:
+        """A shuffled metric's window closes at its end plus ``close_after_s``, and its batch must be in Kafka before
+        the window's grace ends: ``1 <= close_after_s <= window.grace_s - 1``."""
+        if metric.shuffle is None:
+            return
+        most = self.window.grace_s - 1
+        where = f"metrics[{i}].shuffle.close_after_s"
+        if most < 1:
+            raise SpecFieldError(
+                where,
+                f"needs window.grace_s of at least 2 (it is {self.window.grace_s}): the shuffler closes a window "
+                "after its end and must forward its batch before the grace ends",
+            )
+        if not 1 <= metric.shuffle.close_after_s <= most:
+            raise SpecFieldError(where, f"must be whole seconds in [1, window.grace_s - 1 = {most}]")
 
     def _check_central_budget(self, i: int, metric: Metric) -> None:
         budget = metric.budget

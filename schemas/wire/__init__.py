@@ -22,6 +22,10 @@ Every report carries:
   clock straddles a window boundary may appear under two pseudonyms in one broker window.
 - a kind-specific payload (the only privatized part; regression pairs come from trusted sources).
 
+A shuffler (the gateway, for metrics with a ``shuffle`` block) writes two more message types, values and counts only
+(:mod:`~schemas.wire.shuffled`): :class:`ShuffledBatch` and :class:`Withheld`, read by :func:`decode_message`
+(:func:`decode` refuses them as ``bad_message_type``).
+
 Encodings: a compact little-endian binary layout (``"binary"``, the default, chosen on the measured
 sizes in docs/wire-format.md) and JSON (``"json"``, for debugging and comparison). :func:`decode`
 reads both (JSON messages start with ``{``) and raises exactly one error type, :class:`WireError`, with
@@ -77,6 +81,14 @@ from schemas.wire.envelope import _decode_binary as _decode_binary
 from schemas.wire.envelope import _decode_general as _decode_general
 from schemas.wire.errors import WIRE_ERROR_REASONS, WireError
 from schemas.wire.registry import BatchColumns, Payload
+from schemas.wire.shuffled import (
+    SHUFFLED_KINDS,
+    ShuffledBatch,
+    Withheld,
+    decode_message,
+    decode_shuffled,
+    encode_shuffled,
+)
 
 _U16 = _primitives.U16
 
@@ -86,6 +98,7 @@ __all__ = [
     "MAX_BATCH_REPORTS",
     "MAX_MESSAGE_BYTES",
     "NEWEST_READ_VERSION",
+    "SHUFFLED_KINDS",
     "WIRE_ERROR_REASONS",
     "WIRE_VERSION",
     "BatchColumns",
@@ -106,16 +119,21 @@ __all__ = [
     "RegressionPayload",
     "Report",
     "ReportBatch",
+    "ShuffledBatch",
     "UnaryColumns",
     "UnaryPayload",
     "WireError",
     "WireFormat",
+    "Withheld",
     "contribution_key",
     "contribution_keys",
     "decode",
+    "decode_message",
+    "decode_shuffled",
     "encode_batch",
     "encode_report",
     "encode_rows",
+    "encode_shuffled",
     "olh_seeds_in_family",
     "partition_key",
     "reports_of",

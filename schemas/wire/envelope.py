@@ -83,6 +83,10 @@ class MessageType(IntEnum):
 
     REPORT = 1
     BATCH = 2
+    #: A shuffler's batch of one window's reports, values only (:mod:`schemas.wire.shuffled`).
+    SHUFFLED_BATCH = 3
+    #: The count of a window's reports a shuffler withheld (:mod:`schemas.wire.shuffled`).
+    WITHHELD = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +388,8 @@ def _decode_general(data: bytes) -> Report | ReportBatch:
     if version < 1 or version > NEWEST_READ_VERSION:
         raise WireError("bad_version", f"version {version} is not read (versions 1 to {NEWEST_READ_VERSION})")
     if mtype != 1 and mtype != 2:  # MessageType.REPORT, MessageType.BATCH
+        if mtype == 3 or mtype == 4:  # the shuffler's records: only schemas.wire.shuffled.decode_message reads them
+            raise WireError("bad_message_type", f"message type {mtype} is a shuffler's record, not a report")
         raise WireError("bad_message_type", f"unknown message type {mtype}")
     kind = _KIND_OF_BYTE.get(kind_b)
     if kind is None:

@@ -14,7 +14,7 @@ WIRE_ERROR_REASONS = frozenset(
         "truncated",  # ends before a field it announces
         "trailing_bytes",  # bytes after the last field of a message of this decoder's version
         "bad_version",  # version 0 (never written), or a newer version than the reader's that does not parse
-        "bad_message_type",  # not REPORT or BATCH
+        "bad_message_type",  # not REPORT or BATCH (decode), not SHUFFLED_BATCH or WITHHELD (decode_shuffled)
         "bad_kind",  # unknown payload kind
         "bad_flags",  # reserved flag bits set in a version-1 message
         "bad_metric",  # metric name not a legal name

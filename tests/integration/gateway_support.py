@@ -31,6 +31,7 @@ from gateway.server import Gateway, GatewaySettings, bound_port, serve, serve_op
 from kafka_settings.connection import Connection
 from producers.client_secret import ClientSecret
 from producers.edge_client import EdgeClient
+from ptel.local_process import free_port
 from schemas.spec import CollectionSpec
 from schemas.wire import Report, encode_report
 from testbed.reports import read_reports as read_reports
@@ -197,6 +198,20 @@ class GatewayProcess:
 
     async def wait(self) -> int:
         return int(await self.proc.wait())
+
+
+def gateway_replicas(
+    spec_path: Path, bootstrap: str, folder: Path, count: int
+) -> tuple[GatewayKeys, list[GatewayProcess]]:
+    """``count`` ``ptel gateway`` processes (not started) of one spec sharing one new key file in ``folder``, each on a
+    free port and logging to ``folder/gw<i>.log``; and their keys (to issue device tokens)."""
+    keys = GatewayKeys.generate()
+    keys.save(folder / "gateway.keys")
+    replicas = [
+        GatewayProcess(spec_path, bootstrap, folder / "gateway.keys", free_port(), folder / f"gw{i}.log")
+        for i in range(count)
+    ]
+    return keys, replicas
 
 
 @dataclass(frozen=True)

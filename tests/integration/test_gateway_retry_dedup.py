@@ -25,11 +25,10 @@ import aiohttp
 
 from agents.kafka_io.topics import WorkerTopics, ensure_topics
 from gateway.keys import GatewayKeys
-from ptel.local_process import free_port
 from tests.faults.accounting import counted_cells, excluded_cells
 from tests.faults.harness import read_all
 from tests.integration.agents_support import WorkerProcess, make_spec, wait_for_window_start
-from tests.integration.gateway_support import GatewayProcess, post, privatized_bodies, served_gateway
+from tests.integration.gateway_support import gateway_replicas, post, privatized_bodies, served_gateway
 from tests.integration.test_gateway_reliability import DEMO_METRICS
 
 SIZE_S = 5
@@ -65,12 +64,7 @@ async def test_retries_across_two_gateways_and_a_worker_restart_count_once(
     names = [m.name for m in spec.metrics]
     group = f"ptel-agents.{spec.name}"
     await ensure_topics(kafka_bootstrap, WorkerTopics.for_spec(spec, group))
-    keys = GatewayKeys.generate()
-    keys.save(tmp_path / "gateway.keys")
-    gateways = [
-        GatewayProcess(spec_path, kafka_bootstrap, tmp_path / "gateway.keys", free_port(), tmp_path / f"gw{i}.log")
-        for i in range(2)
-    ]
+    keys, gateways = gateway_replicas(spec_path, kafka_bootstrap, tmp_path, 2)
     worker = WorkerProcess(spec_path, kafka_bootstrap, tmp_path / "worker.log").start()
     acked: Counter[tuple[str, int]] = Counter()
 

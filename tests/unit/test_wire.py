@@ -88,12 +88,8 @@ def reports(draw: st.DrawFn) -> Report:
     return Report(draw(metrics), draw(u32), draw(u64), draw(u32), draw(payloads))
 
 
-@st.composite
-def same_kind_reports(draw: st.DrawFn) -> list[Report]:
-    """1-40 reports of one metric and one payload kind (bit vectors of one length)."""
-    metric, fp = draw(metrics), draw(u32)
-    kind = draw(st.sampled_from(list(PayloadKind)))
-    k = draw(st.integers(1, 100))
+def payloads_of(kind: PayloadKind, k: int) -> st.SearchStrategy[Payload]:
+    """Payloads of one kind (bit vectors of length ``k``)."""
     strategy: st.SearchStrategy[Payload] = {  # type: ignore[assignment]
         PayloadKind.BOOL: st.builds(BoolPayload, st.booleans()),
         PayloadKind.CATEGORY: st.builds(CategoryPayload, st.integers(0, 65534)),
@@ -103,6 +99,15 @@ def same_kind_reports(draw: st.DrawFn) -> list[Report]:
         PayloadKind.KEYED: st.builds(KeyedPayload, keys, st.booleans()),
         PayloadKind.REGRESSION: st.builds(RegressionPayload, finite, finite),
     }[kind]
+    return strategy
+
+
+@st.composite
+def same_kind_reports(draw: st.DrawFn) -> list[Report]:
+    """1-40 reports of one metric and one payload kind (bit vectors of one length)."""
+    metric, fp = draw(metrics), draw(u32)
+    kind = draw(st.sampled_from(list(PayloadKind)))
+    strategy = payloads_of(kind, draw(st.integers(1, 100)))
     n = draw(st.integers(1, 40))
     return [Report(metric, fp, draw(u64), draw(u32), draw(strategy)) for _ in range(n)]
 

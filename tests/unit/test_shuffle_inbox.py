@@ -1,0 +1,209 @@
+"""One inbox partition of the shuffler (gateway.shuffle_inbox) under crashes at any point, without Kafka: a model of
+the log, the committed offset and its progress, and the committed transactions' records. Whatever the schedule --
+windows interleaved, reports after their window closed, a crash before or after a commit, an aborted transaction --
+every appended report is in exactly one forwarded batch, one withheld count or one late count, never twice."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.shuffle_inbox import (
+    MAX_PROGRESS_BYTES,
+    Closed,
+    InboxPartition,
+    Progress,
+    ShuffledMetric,
+    shuffle_inbox_topic,
+    shuffler_group,
+    shuffler_transactional_id,
+)
+from schemas.wire import (
+    CategoryPayload,
+    PayloadKind,
+    Report,
+    ReportBatch,
+    ShuffledBatch,
+    Withheld,
+    decode_message,
+    encode_batch,
+)
+
+S = 10  # window size
+METRIC = ShuffledMetric("m", 7, PayloadKind.CATEGORY, n_min=3, close_after_s=2)
+#: A second metric closing later: its late counts wait in the progress while the first one's windows close.
+OTHER = ShuffledMetric("n", 8, PayloadKind.CATEGORY, n_min=3, close_after_s=5)
+METRICS = {"m": METRIC, "n": OTHER}
+START = 1_000 * S
+
+
+@dataclass
+class Model:
+    """The Kafka side: the inbox log, the committed offset and progress, the committed records."""
+
+    log: list[bytes] = field(default_factory=list)
+    committed: tuple[int, Progress] = (0, Progress())
+    records: list[bytes] = field(default_factory=list)
+    appended: int = 0
+
+    def restart(self) -> InboxPartition:
+        offset, progress = self.committed
+        part = InboxPartition(0, METRICS, S, offset, progress, rng=random.Random(offset))
+        part.feed(list(enumerate(self.log))[offset:])
+        return part
+
+
+def _append(model: Model, part: InboxPartition, ids: list[int], stamped: int, metric: ShuffledMetric = METRIC) -> None:
+    reports = [Report(metric.name, metric.fingerprint, 10_000 + i, stamped, CategoryPayload(i)) for i in ids]
+    model.log.append(encode_batch(ReportBatch.from_reports(reports)))
+    model.appended += len(ids)
+    part.feed([(len(model.log) - 1, model.log[-1])])
+
+
+def _tick(model: Model, part: InboxPartition, now: int, fate: str) -> InboxPartition:
+    """A close at ``now`` whose transaction commits (``ok``), aborts (``abort``: the process dies before the commit)
+    or commits and then the process dies (``crash_after``)."""
+    if not part.due(now):
+        return part
+    closed = part.close(now)
+    if fate == "abort":
+        return model.restart()
+    model.records += [value for _, value in closed.records]
+    model.committed = (closed.offset, closed.progress)
+    part.committed_at(closed)
+    return model.restart() if fate == "crash_after" else part
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 4), st.sampled_from([0, 0, 0, S])),  # rows, age (a late retry)
+        st.tuples(st.just("other"), st.integers(1, 4), st.sampled_from([0, 0, S])),  # the same, of the other metric
+        st.tuples(st.just("advance"), st.integers(1, 7), st.sampled_from(["ok", "ok", "abort", "crash_after"])),
+        st.tuples(st.just("crash"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+def _run(schedule: list[tuple[str, int, object]]) -> tuple[Model, Counter[str]]:
+    model = Model()
+    part = model.restart()
+    now, next_id = START, 0
+    for action, a, b in schedule:
+        if action in ("append", "other"):
+            metric = METRIC if action == "append" else OTHER
+            _append(model, part, list(range(next_id, next_id + a)), now - int(b), metric)  # type: ignore[call-overload]
+            next_id += a
+        elif action == "advance":
+            now += a
+            part = _tick(model, part, now, str(b))
+        else:
+            part = model.restart()
+    part = _tick(model, part, now + 10 * S, "ok")  # everything closes in the end
+    counts: Counter[str] = Counter()
+    seen: list[int] = []
+    for value in model.records:
+        record = decode_message(value)
+        if isinstance(record, ShuffledBatch):
+            assert record.batch_n >= METRICS[record.metric].n_min
+            ids = record.columns.indices.tolist()  # type: ignore[union-attr]
+            seen += ids
+            counts["batched"] += len(ids)
+            counts["late"] += record.late
+        else:
+            assert isinstance(record, Withheld) and record.n < METRIC.n_min
+            counts["withheld"] += record.n
+            counts["late"] += record.late
+    assert len(seen) == len(set(seen)), "a report forwarded twice"
+    return model, counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_every_report_is_accounted_for_exactly_once_whatever_crashes(schedule: list[tuple[str, int, object]]) -> None:
+    model, counts = _run(schedule)
+    assert counts["batched"] + counts["withheld"] + counts["late"] == model.appended, counts
+
+
+#: A schedule where a window stays open while the next one's reports arrive, a crash after a commit, and late reports.
+INTERLEAVED: list[tuple[str, int, object]] = [
+    ("append", 4, 0),
+    ("advance", 11, "ok"),  # window 1000 still open (it closes at 10,012); the next reports belong to 1001
+    ("append", 3, 0),
+    ("append", 1, S),  # a retry of window 1000 after 1001's reports, before 1000 closes: in 1000's batch
+    ("advance", 3, "crash_after"),  # 1000 closes (its 4 forwarded), crash: 1001's 3 reports must be read again
+    ("append", 2, S),  # a retry of window 1000, after it closed: late
+    ("append", 3, 0),
+    ("advance", 2, "abort"),
+    ("advance", 10, "ok"),
+]
+
+
+def test_interleaved_windows_across_a_crash() -> None:
+    model, counts = _run(INTERLEAVED)
+    # window 1000: 4 + 1 reports; 1001: 3 + 3; the 2 after 1000 closed are late
+    assert (counts["batched"], counts["late"], counts["withheld"], model.appended) == (11, 2, 0, 13)
+
+
+def test_a_late_count_waits_in_the_progress_until_its_metric_closes_a_window() -> None:
+    """The other metric's late report arrives after its window closed; the first metric's close commits it in the
+    progress (no window of the other metric closes then), and the other metric's next close carries it."""
+    model, counts = _run(
+        [
+            ("other", 2, 0),
+            ("advance", 16, "ok"),  # the other metric's window 1000 closes (at 10,015): 2 < n_min, withheld
+            ("other", 1, S),  # its retry, after the close: late
+            ("advance", 6, "ok"),  # the first metric's window 1001 closes (10,022); the count waits in the progress
+            ("advance", 4, "ok"),  # the other's window 1001 closes (10,025): a withheld record of n = 0 carries it
+        ]
+    )
+    assert (counts["withheld"], counts["late"], model.appended) == (2, 1, 3)
+    assert Progress.from_metadata(model.committed[1].to_metadata()).late == {}
+
+
+@pytest.mark.parametrize(
+    ("mutation", "breaks"),
+    [
+        ("commit the read position", "lost"),  # committing past the open window's reports
+        ("forget what was scanned", "counted twice"),  # re-reading a closed window's reports as late again
+    ],
+)
+def test_the_exactly_once_check_catches_the_known_bad_progress(
+    monkeypatch: pytest.MonkeyPatch, mutation: str, breaks: str
+) -> None:
+    real_close = InboxPartition.close
+
+    def bad_close(self: InboxPartition, now_s: int) -> Closed:
+        closed = real_close(self, now_s)
+        if mutation == "commit the read position":
+            return type(closed)(**{**closed.__dict__, "offset": self.position})
+        progress = Progress(0, closed.progress.closed_s, closed.progress.late)
+        return type(closed)(**{**closed.__dict__, "progress": progress})
+
+    monkeypatch.setattr(InboxPartition, "close", bad_close)
+    model, counts = _run(INTERLEAVED)
+    total = counts["batched"] + counts["withheld"] + counts["late"]
+    assert (total < model.appended) if breaks == "lost" else (total > model.appended), (counts, model.appended)
+
+
+def test_progress_round_trips_and_refuses_what_it_did_not_write() -> None:
+    progress = Progress(12, 10_002, {"m": 3})
+    assert Progress.from_metadata(progress.to_metadata()) == progress
+    assert Progress.from_metadata("") == Progress() == Progress.from_metadata(None)
+    for bad in ("{", '{"v":2,"scanned":1,"closed_s":1,"late":{}}', '{"v":1,"scanned":-1,"closed_s":1,"late":{}}'):
+        with pytest.raises(ValueError, match="progress"):
+            Progress.from_metadata(bad)
+    with pytest.raises(ValueError, match=str(MAX_PROGRESS_BYTES)):
+        Progress(1, 1, {f"metric-{i:04d}": 1 for i in range(400)}).to_metadata()
+
+
+def test_names_end_with_the_reports_topic() -> None:
+    """Outside any prefix ACL on the reports topic (a device producer's): like the ledger."""
+    assert shuffle_inbox_topic("ptel.reports") == "shuffle-inbox.ptel.reports"
+    assert shuffler_transactional_id("ptel.reports", 3).startswith(shuffler_group("ptel.reports") + ".")
+    assert not shuffle_inbox_topic("r").startswith("r")
