@@ -37,11 +37,16 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 from aiokafka.partitioner import murmur2
 
 from gateway.ack_timing import AckTiming, ack_timing
 from gateway.forwarder import Forwarder, ForwarderSettings
-from gateway.kafka_probe import authorization_refusal
 from gateway.shuffle_inbox import (
     Closed,
     InboxPartition,
@@ -55,9 +60,29 @@ from gateway.shuffle_inbox import (
 from kafka_settings.connection import Connection, client_kwargs
 from schemas.spec import CollectionSpec
 
-__all__ = ["ShuffleRoute", "Shuffler", "ShufflerStats"]
+__all__ = ["ShuffleRoute", "Shuffler", "ShufflerStats", "shuffler_refusal"]
 
 log = logging.getLogger(__name__)
+
+
+def shuffler_refusal(error: BaseException | None, reports: str) -> str | None:
+    """One line naming the ACL the shuffler lacks if ``error`` (or an exception it was raised from) is Kafka's refusal
+    for lack of one (docs/operations.md, "Least privilege"); ``None`` otherwise."""
+    inbox, group = shuffle_inbox_topic(reports), shuffler_group(reports)
+    needs = {
+        TopicAuthorizationFailedError: f"Read and Write on topic {inbox} and Write on topic {reports}",
+        GroupAuthorizationFailedError: f"Read on consumer group {group}",
+        TransactionalIdAuthorizationFailed: f"Write on the transactional ids prefixed {group}.",
+        ClusterAuthorizationFailedError: f"Write on topic {reports} (its transactional producers)",
+    }
+    for _ in range(10):
+        if error is None:
+            return None
+        for kind, what in needs.items():
+            if isinstance(error, kind):
+                return f"not authorized: the gateway's shuffler needs {what} ({type(error).__name__})"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @dataclass
@@ -151,7 +176,7 @@ class Shuffler:
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                refused = authorization_refusal(err, "Read", self.inbox)
+                refused = shuffler_refusal(err, self.spec.topics.reports)
                 now = time.monotonic()
                 failures.append(now)
                 while failures and now - failures[0] > 60.0:

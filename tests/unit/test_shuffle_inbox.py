@@ -207,3 +207,30 @@ def test_names_end_with_the_reports_topic() -> None:
     assert shuffle_inbox_topic("ptel.reports") == "shuffle-inbox.ptel.reports"
     assert shuffler_transactional_id("ptel.reports", 3).startswith(shuffler_group("ptel.reports") + ".")
     assert not shuffle_inbox_topic("r").startswith("r")
+
+
+def test_a_missing_acl_is_named() -> None:
+    from aiokafka.errors import (
+        GroupAuthorizationFailedError,
+        KafkaConnectionError,
+        TopicAuthorizationFailedError,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    from gateway.shuffler import shuffler_refusal
+
+    said = {
+        TopicAuthorizationFailedError: "Read and Write on topic shuffle-inbox.r",
+        GroupAuthorizationFailedError: "Read on consumer group shuffler.r",
+        TransactionalIdAuthorizationFailed: "Write on the transactional ids prefixed shuffler.r.",
+    }
+    for kind, needs in said.items():
+        try:
+            try:
+                raise kind()
+            except kind as inner:
+                raise RuntimeError("aborted") from inner
+        except RuntimeError as err:
+            line = shuffler_refusal(err, "r")
+        assert line is not None and needs in line and line.startswith("not authorized")
+    assert shuffler_refusal(KafkaConnectionError(), "r") is None
