@@ -367,6 +367,8 @@ class ShuffleRoute:
         topic = shuffle_inbox_topic(spec.topics.reports)
         self.inbox = Forwarder(connection, topic, settings, client_id="ptel-gateway-inbox")
         self.shuffler = Shuffler(spec, connection, on_give_up=on_give_up)
+        self.on_give_up = on_give_up
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     def for_spec(
@@ -394,10 +396,21 @@ class ShuffleRoute:
     async def start(self) -> None:
         await self.inbox.start()
         self.shuffler.start()
+        self._watch = asyncio.create_task(self._inbox_gave_up(), name="gateway-inbox-watch")
+
+    async def _inbox_gave_up(self) -> None:
+        """The inbox forwarder giving up (a missing ACL on the inbox, repeated failures) gives the gateway up too."""
+        await self.inbox.gave_up.wait()
+        if self.on_give_up is not None:
+            self.on_give_up(f"shuffle inbox: {self.inbox.failed}")
 
     async def drain(self) -> None:
         await self.inbox.drain()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         await self.shuffler.stop()
         await self.inbox.stop()
