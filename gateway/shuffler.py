@@ -192,6 +192,7 @@ class Shuffler:
                 await asyncio.sleep(min(0.2 * 2 ** len(failures), 5.0))
 
     async def _run(self) -> None:
+        self._stale = True  # a new consumer: its assignment is taken from the committed state
         kwargs = client_kwargs(self.connection)
         self._admin = AIOKafkaAdminClient(**kwargs)
         consumer = self._consumer = AIOKafkaConsumer(
