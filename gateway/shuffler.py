@@ -126,6 +126,7 @@ class Shuffler:
         session_timeout_ms: int = 6000,
         max_restarts: int = 5,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> None:
         self.spec = spec
         self.connection = connection
@@ -139,6 +140,8 @@ class Shuffler:
         self.session_timeout_ms = session_timeout_ms
         self.max_restarts = max_restarts
         self.on_give_up = on_give_up
+        #: Called with every committed close (the gateway's Prometheus counters).
+        self.on_commit = on_commit
         self.stats = ShufflerStats()
         self.failed: str | None = None
         self.partitions: dict[int, InboxPartition] = {}
@@ -324,6 +327,8 @@ class Shuffler:
         s.withheld += closed.withheld
         s.reports += closed.reports
         s.late += closed.late
+        if self.on_commit is not None:
+            self.on_commit(closed)
         if closed.records:
             log.info(
                 "gateway: shuffler partition %d: %d batch(es), %d withheld, %d report(s), %d late",
@@ -362,12 +367,13 @@ class ShuffleRoute:
         settings: ForwarderSettings,
         *,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> None:
         self.metrics = shuffled_metrics(spec)
         self.window_s = spec.window.size_s
         topic = shuffle_inbox_topic(spec.topics.reports)
         self.inbox = Forwarder(connection, topic, settings, client_id="ptel-gateway-inbox")
-        self.shuffler = Shuffler(spec, connection, on_give_up=on_give_up)
+        self.shuffler = Shuffler(spec, connection, on_give_up=on_give_up, on_commit=on_commit)
         self.on_give_up = on_give_up
         self._watch: asyncio.Task[None] | None = None
 
@@ -379,11 +385,12 @@ class ShuffleRoute:
         settings: ForwarderSettings,
         *,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> ShuffleRoute | None:
         """The route of ``spec``'s shuffled metrics (``None``: it has none)."""
         if not any(m.shuffle is not None for m in spec.metrics):
             return None
-        return cls(spec, connection, settings, on_give_up=on_give_up)
+        return cls(spec, connection, settings, on_give_up=on_give_up, on_commit=on_commit)
 
     def forwarder_of(self, metric: str) -> Forwarder | None:
         """The inbox forwarder when ``metric`` is shuffled, else ``None``."""

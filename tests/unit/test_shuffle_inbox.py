@@ -271,3 +271,21 @@ def test_ptel_topics_plans_the_inbox_for_a_shuffled_spec_only() -> None:
     spec = parse_spec(doc)
     [plan] = gateway_plans(spec)
     assert plan.name == shuffle_inbox_topic(spec.topics.reports) and plan.partitions == spec.topics.partitions
+
+
+def test_the_operator_metrics_count_what_each_commit_sent() -> None:
+    from gateway.metrics import GatewayMetrics
+
+    model = Model()
+    part = model.restart()
+    _append(model, part, list(range(5)), START)  # 5 >= n_min: a batch
+    _append(model, part, [9], START, OTHER)  # 1 < n_min: withheld
+    closed = part.close(START + 2 * S)
+    metrics = GatewayMetrics()
+    metrics.shuffle_committed(closed)
+    value = metrics.registry.get_sample_value
+    assert value("ptel_gateway_shuffle_records_total", {"metric": "m", "kind": "batch"}) == 1
+    assert value("ptel_gateway_shuffle_reports_total", {"metric": "m", "outcome": "batched"}) == 5
+    assert value("ptel_gateway_shuffle_records_total", {"metric": "n", "kind": "withheld"}) == 1
+    assert value("ptel_gateway_shuffle_reports_total", {"metric": "n", "outcome": "withheld"}) == 1
+    assert (closed.batches, closed.withheld, closed.reports, closed.late) == (1, 1, 6, 0)
