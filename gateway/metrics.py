@@ -20,6 +20,12 @@ metric                             type       what
                                               forwarding delay; negative: this gateway's clock is ahead of the
                                               broker's by at least that much (reports near a window's start are
                                               then ``window_mismatch``: :mod:`gateway.ack_timing`)
+``shuffle_records_total``          counter    shuffle mode (:mod:`gateway.shuffler`): records this replica
+                                              committed to the reports topic, by ``metric`` and ``kind``
+                                              (``batch``, ``withheld``)
+``shuffle_reports_total``          counter    reports of shuffled metrics by ``metric`` and ``outcome``
+                                              (``batched``, ``withheld``, ``late``)
+``shuffle_partitions``             gauge      inbox partitions this replica shuffles now
 =================================  =========  ===================================================================
 
 Unlike the agents' dead-letter counts, nothing here depends on the reports' values: refusals are counted by
@@ -31,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.shuffle_inbox import Closed
 
 __all__ = ["GatewayMetrics"]
 
@@ -76,6 +84,21 @@ class GatewayMetrics:
             "Broker time of the last acknowledgement minus this gateway's clock when it stamped the reports",
             registry=self.registry,
         )
+        self.shuffle_records = Counter(
+            "ptel_gateway_shuffle_records",
+            "Shuffled batch and withheld records committed, by metric and kind",
+            ["metric", "kind"],
+            registry=self.registry,
+        )
+        self.shuffle_reports = Counter(
+            "ptel_gateway_shuffle_reports",
+            "Reports of shuffled metrics, by metric and outcome",
+            ["metric", "outcome"],
+            registry=self.registry,
+        )
+        self.shuffle_partitions = Gauge(
+            "ptel_gateway_shuffle_partitions", "Inbox partitions this replica shuffles", registry=self.registry
+        )
         self._request_children: dict[tuple[int, str], Counter] = {}
         self._report_children: dict[tuple[str, str], Counter] = {}
 
@@ -96,6 +119,18 @@ class GatewayMetrics:
         del nbytes
         self.batch_reports.observe(reports)
         self.kafka_ack_seconds.observe(seconds)
+
+    def shuffle_committed(self, closed: Closed) -> None:
+        """The shuffler's commit hook: what one committed close sent, by metric."""
+        for metric, sent in closed.sent.items():
+            self.shuffle_records.labels(metric, "batch").inc(sent.batches)
+            self.shuffle_records.labels(metric, "withheld").inc(sent.withheld)
+            for outcome, n in (
+                ("batched", sent.batched_reports),
+                ("withheld", sent.withheld_reports),
+                ("late", sent.late),
+            ):
+                self.shuffle_reports.labels(metric, outcome).inc(n)
 
     def text(self, pending: Callable[[], int], connected: Callable[[], bool]) -> bytes:
         """The Prometheus text exposition, with the gauges read now."""

@@ -164,7 +164,9 @@ class Gateway:
         self.forwarder = Forwarder(connection, spec.topics.reports, self.settings.forwarder, on_ack=self.metrics.on_ack)
         #: Shuffle mode (:mod:`gateway.shuffler`): the inbox and the shuffler of the spec's shuffled metrics, if any.
         fwd = self.settings.forwarder
-        self.shuffle = ShuffleRoute.for_spec(spec, connection, fwd, on_give_up=self.forwarder.give_up)
+        self.shuffle = ShuffleRoute.for_spec(
+            spec, connection, fwd, on_give_up=self.forwarder.give_up, on_commit=self.metrics.shuffle_committed
+        )
         self.clock = clock
         self.window_s = spec.window.size_s
         self.grace_s = spec.window.grace_s
@@ -521,6 +523,8 @@ class Gateway:
         return _answer(503, {"status": "not_ready", "reason": refusal, "detail": detail})
 
     async def handle_metrics(self, _: web.Request) -> web.Response:
+        if self.shuffle is not None:
+            self.metrics.shuffle_partitions.set(len(self.shuffle.shuffler.partitions))
         text = self.metrics.text(lambda: self.forwarder.pending_reports, lambda: self.forwarder.connected)
         return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -48,6 +48,7 @@ __all__ = [
     "Closed",
     "InboxPartition",
     "Progress",
+    "Sent",
     "ShuffledMetric",
     "shuffle_inbox_topic",
     "shuffled_metrics",
@@ -136,18 +137,49 @@ class Progress:
         return cls(obj["scanned"], obj["closed_s"], late)
 
 
+@dataclass
+class Sent:
+    """What one close sends of one metric: batch and withheld records, reports batched, withheld and late."""
+
+    batches: int = 0
+    withheld: int = 0
+    batched_reports: int = 0
+    withheld_reports: int = 0
+    late: int = 0
+
+    def add(self, forwarded: bool, records: int, n: int, late: int) -> None:
+        self.batches += forwarded
+        self.withheld += records if not forwarded else 0
+        self.batched_reports += n if forwarded else 0
+        self.withheld_reports += 0 if forwarded else n
+        self.late += late
+
+
 @dataclass(frozen=True)
 class Closed:
     """What one close sends in one transaction: ``records`` ``(key, value)`` for the reports topic, the offset to
-    commit with ``progress`` as its metadata; ``batches``/``withheld``/``reports``/``late`` count what was sent."""
+    commit with ``progress`` as its metadata, and what was sent of each metric (``sent``)."""
 
     records: list[tuple[bytes, bytes]]
     offset: int
     progress: Progress
-    batches: int
-    withheld: int
-    reports: int
-    late: int
+    sent: dict[str, Sent]
+
+    @property
+    def batches(self) -> int:
+        return sum(s.batches for s in self.sent.values())
+
+    @property
+    def withheld(self) -> int:
+        return sum(s.withheld for s in self.sent.values())
+
+    @property
+    def reports(self) -> int:
+        return sum(s.batched_reports + s.withheld_reports for s in self.sent.values())
+
+    @property
+    def late(self) -> int:
+        return sum(s.late for s in self.sent.values())
 
 
 @dataclass
@@ -238,7 +270,7 @@ class InboxPartition:
         one transaction and the progress to commit with it. Apply it with :meth:`committed_at` once committed."""
         records: list[tuple[bytes, bytes]] = []
         late = dict(self._late)
-        sent_late = batches = withheld = reports = 0
+        sent: dict[str, Sent] = {}
         closing = sorted(k for k in self._groups if self.close_time(self.metrics[k[0]], k[2]) <= now_s)
         for metric_name, fingerprint, window in closing:
             metric = self.metrics[metric_name]
@@ -257,10 +289,7 @@ class InboxPartition:
             )
             key = partition_key(metric_name, self.partition)
             records += [(key, v) for v in outcome.values]
-            batches += outcome.forwarded
-            withheld += not outcome.forwarded and bool(outcome.values)
-            reports += outcome.n
-            sent_late += carried
+            sent.setdefault(metric_name, Sent()).add(outcome.forwarded, len(outcome.values), outcome.n, carried)
         for metric_name, count in sorted(late.items()):
             late_of = self.metrics.get(metric_name)
             if late_of is None or count == 0:
@@ -278,14 +307,13 @@ class InboxPartition:
                 late=count,
             )
             records += [(partition_key(metric_name, self.partition), v) for v in outcome.values]
-            withheld += 1
-            sent_late += count
+            sent.setdefault(metric_name, Sent()).add(False, 1, 0, count)
             del late[metric_name]
         still_open = [g.first_offset for k, g in self._groups.items() if k not in set(closing)]
         offset = min(still_open, default=self.position)
         progress = Progress(scanned=self.position, closed_s=now_s, late=late)
         progress.to_metadata()  # it must fit before anything is sent
-        return Closed(records, offset, progress, batches, withheld, reports, sent_late)
+        return Closed(records, offset, progress, sent)
 
     def committed_at(self, closed: Closed) -> None:
         """Apply a close whose transaction committed."""

@@ -37,11 +37,16 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 from aiokafka.partitioner import murmur2
 
 from gateway.ack_timing import AckTiming, ack_timing
 from gateway.forwarder import Forwarder, ForwarderSettings
-from gateway.kafka_probe import authorization_refusal
 from gateway.shuffle_inbox import (
     Closed,
     InboxPartition,
@@ -55,9 +60,29 @@ from gateway.shuffle_inbox import (
 from kafka_settings.connection import Connection, client_kwargs
 from schemas.spec import CollectionSpec
 
-__all__ = ["ShuffleRoute", "Shuffler", "ShufflerStats"]
+__all__ = ["ShuffleRoute", "Shuffler", "ShufflerStats", "shuffler_refusal"]
 
 log = logging.getLogger(__name__)
+
+
+def shuffler_refusal(error: BaseException | None, reports: str) -> str | None:
+    """One line naming the ACL the shuffler lacks if ``error`` (or an exception it was raised from) is Kafka's refusal
+    for lack of one (docs/operations.md, "Least privilege"); ``None`` otherwise."""
+    inbox, group = shuffle_inbox_topic(reports), shuffler_group(reports)
+    needs = {
+        TopicAuthorizationFailedError: f"Read and Write on topic {inbox} and Write on topic {reports}",
+        GroupAuthorizationFailedError: f"Read on consumer group {group}",
+        TransactionalIdAuthorizationFailed: f"Write on the transactional ids prefixed {group}.",
+        ClusterAuthorizationFailedError: f"Write on topic {reports} (its transactional producers)",
+    }
+    for _ in range(10):
+        if error is None:
+            return None
+        for kind, what in needs.items():
+            if isinstance(error, kind):
+                return f"not authorized: the gateway's shuffler needs {what} ({type(error).__name__})"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @dataclass
@@ -101,6 +126,7 @@ class Shuffler:
         session_timeout_ms: int = 6000,
         max_restarts: int = 5,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> None:
         self.spec = spec
         self.connection = connection
@@ -114,6 +140,8 @@ class Shuffler:
         self.session_timeout_ms = session_timeout_ms
         self.max_restarts = max_restarts
         self.on_give_up = on_give_up
+        #: Called with every committed close (the gateway's Prometheus counters).
+        self.on_commit = on_commit
         self.stats = ShufflerStats()
         self.failed: str | None = None
         self.partitions: dict[int, InboxPartition] = {}
@@ -151,7 +179,7 @@ class Shuffler:
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                refused = authorization_refusal(err, "Read", self.inbox)
+                refused = shuffler_refusal(err, self.spec.topics.reports)
                 now = time.monotonic()
                 failures.append(now)
                 while failures and now - failures[0] > 60.0:
@@ -167,6 +195,7 @@ class Shuffler:
                 await asyncio.sleep(min(0.2 * 2 ** len(failures), 5.0))
 
     async def _run(self) -> None:
+        self._stale = True  # a new consumer: its assignment is taken from the committed state
         kwargs = client_kwargs(self.connection)
         self._admin = AIOKafkaAdminClient(**kwargs)
         consumer = self._consumer = AIOKafkaConsumer(
@@ -298,6 +327,8 @@ class Shuffler:
         s.withheld += closed.withheld
         s.reports += closed.reports
         s.late += closed.late
+        if self.on_commit is not None:
+            self.on_commit(closed)
         if closed.records:
             log.info(
                 "gateway: shuffler partition %d: %d batch(es), %d withheld, %d report(s), %d late",
@@ -336,12 +367,15 @@ class ShuffleRoute:
         settings: ForwarderSettings,
         *,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> None:
         self.metrics = shuffled_metrics(spec)
         self.window_s = spec.window.size_s
         topic = shuffle_inbox_topic(spec.topics.reports)
         self.inbox = Forwarder(connection, topic, settings, client_id="ptel-gateway-inbox")
-        self.shuffler = Shuffler(spec, connection, on_give_up=on_give_up)
+        self.shuffler = Shuffler(spec, connection, on_give_up=on_give_up, on_commit=on_commit)
+        self.on_give_up = on_give_up
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     def for_spec(
@@ -351,11 +385,12 @@ class ShuffleRoute:
         settings: ForwarderSettings,
         *,
         on_give_up: Callable[[str], None] | None = None,
+        on_commit: Callable[[Closed], None] | None = None,
     ) -> ShuffleRoute | None:
         """The route of ``spec``'s shuffled metrics (``None``: it has none)."""
         if not any(m.shuffle is not None for m in spec.metrics):
             return None
-        return cls(spec, connection, settings, on_give_up=on_give_up)
+        return cls(spec, connection, settings, on_give_up=on_give_up, on_commit=on_commit)
 
     def forwarder_of(self, metric: str) -> Forwarder | None:
         """The inbox forwarder when ``metric`` is shuffled, else ``None``."""
@@ -369,10 +404,21 @@ class ShuffleRoute:
     async def start(self) -> None:
         await self.inbox.start()
         self.shuffler.start()
+        self._watch = asyncio.create_task(self._inbox_gave_up(), name="gateway-inbox-watch")
+
+    async def _inbox_gave_up(self) -> None:
+        """The inbox forwarder giving up (a missing ACL on the inbox, repeated failures) gives the gateway up too."""
+        await self.inbox.gave_up.wait()
+        if self.on_give_up is not None:
+            self.on_give_up(f"shuffle inbox: {self.inbox.failed}")
 
     async def drain(self) -> None:
         await self.inbox.drain()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         await self.shuffler.stop()
         await self.inbox.stop()

@@ -23,6 +23,7 @@ from gateway.shuffle_inbox import (
     shuffler_group,
     shuffler_transactional_id,
 )
+from schemas.spec import parse_spec
 from schemas.wire import (
     CategoryPayload,
     PayloadKind,
@@ -207,3 +208,84 @@ def test_names_end_with_the_reports_topic() -> None:
     assert shuffle_inbox_topic("ptel.reports") == "shuffle-inbox.ptel.reports"
     assert shuffler_transactional_id("ptel.reports", 3).startswith(shuffler_group("ptel.reports") + ".")
     assert not shuffle_inbox_topic("r").startswith("r")
+
+
+def test_a_missing_acl_is_named() -> None:
+    from aiokafka.errors import (
+        GroupAuthorizationFailedError,
+        KafkaConnectionError,
+        TopicAuthorizationFailedError,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    from gateway.shuffler import shuffler_refusal
+
+    said = {
+        TopicAuthorizationFailedError: "Read and Write on topic shuffle-inbox.r",
+        GroupAuthorizationFailedError: "Read on consumer group shuffler.r",
+        TransactionalIdAuthorizationFailed: "Write on the transactional ids prefixed shuffler.r.",
+    }
+    for kind, needs in said.items():
+        try:
+            try:
+                raise kind()
+            except kind as inner:
+                raise RuntimeError("aborted") from inner
+        except RuntimeError as err:
+            line = shuffler_refusal(err, "r")
+        assert line is not None and needs in line and line.startswith("not authorized")
+    assert shuffler_refusal(KafkaConnectionError(), "r") is None
+
+
+def _reaches(acl_name: str, pattern: str, resource: str) -> bool:
+    return acl_name == resource if pattern == "LITERAL" else resource.startswith(acl_name)
+
+
+def test_only_the_gateway_principal_reaches_the_inbox_and_the_shuffler_ids() -> None:
+    """The one ACL table (ptel/principal_roles.py): the gateway has Read and Write on the inbox, Read on the shuffler's
+    group, Write on its transactional ids; no other role's grant reaches any of them (a prefixed grant included)."""
+    from ptel.principal_roles import ROLES, Names
+
+    names = Names("rep", "rel", "dl", "grp", "mon")
+    inbox, group, txn = shuffle_inbox_topic("rep"), shuffler_group("rep"), shuffler_transactional_id("rep", 0)
+    targets = {("Topic", inbox), ("Group", group), ("TransactionalId", txn)}
+    for role in ROLES.values():
+        acls = role.acls(f"User:{role.name}", names).values()
+        reached = {(t, n) for t, n in targets for a in acls if a.resource == t and _reaches(a.name, a.pattern, n)}
+        ops = {(a.resource, a.operation) for a in acls if (a.resource, a.name) in targets or a.pattern == "PREFIXED"}
+        if role.name == "gateway":
+            assert reached == targets
+            assert {("Topic", "Read"), ("Topic", "Write"), ("Group", "Read"), ("TransactionalId", "Write")} <= ops
+        else:
+            assert not reached, (role.name, reached)
+
+
+def test_ptel_topics_plans_the_inbox_for_a_shuffled_spec_only() -> None:
+    from ptel.commands.topics import gateway_plans
+    from tests.unit.test_shuffle_spec import SHUFFLE
+    from tests.unit.test_spec import demo_doc
+
+    doc = demo_doc()
+    assert gateway_plans(parse_spec(doc)) == []
+    doc["metrics"][0]["shuffle"] = dict(SHUFFLE)
+    spec = parse_spec(doc)
+    [plan] = gateway_plans(spec)
+    assert plan.name == shuffle_inbox_topic(spec.topics.reports) and plan.partitions == spec.topics.partitions
+
+
+def test_the_operator_metrics_count_what_each_commit_sent() -> None:
+    from gateway.metrics import GatewayMetrics
+
+    model = Model()
+    part = model.restart()
+    _append(model, part, list(range(5)), START)  # 5 >= n_min: a batch
+    _append(model, part, [9], START, OTHER)  # 1 < n_min: withheld
+    closed = part.close(START + 2 * S)
+    metrics = GatewayMetrics()
+    metrics.shuffle_committed(closed)
+    value = metrics.registry.get_sample_value
+    assert value("ptel_gateway_shuffle_records_total", {"metric": "m", "kind": "batch"}) == 1
+    assert value("ptel_gateway_shuffle_reports_total", {"metric": "m", "outcome": "batched"}) == 5
+    assert value("ptel_gateway_shuffle_records_total", {"metric": "n", "kind": "withheld"}) == 1
+    assert value("ptel_gateway_shuffle_reports_total", {"metric": "n", "outcome": "withheld"}) == 1
+    assert (closed.batches, closed.withheld, closed.reports, closed.late) == (1, 1, 6, 0)
