@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.handlers.shuffled import shuffled_guarantee
 from mechanisms.core.directed import mul_up
 from ptel.commands.options import SPEC_ERROR_EXIT, load_spec_or_report
 from ptel.spec_advice import advice_of, budget_warning
@@ -60,12 +61,25 @@ def _budget(metric: Any, unit: str) -> str:
     return f"budget {unit} = {given:g}{delta}"
 
 
-def shuffle_lines(metric: Any) -> list[str]:
+def shuffle_lines(spec: CollectionSpec, metric: Any) -> list[str]:
     """Both guarantees of a shuffled metric, by name (``metric.shuffle_guarantee()``: FMT21's bound at ``n_min``,
-    docs/shuffle.md); none for a metric without a ``shuffle`` block."""
+    docs/shuffle.md), and which of the two the ledger charges over the horizon
+    (:func:`agents.handlers.shuffled.shuffled_guarantee`); none for a metric without a ``shuffle`` block."""
     g = metric.shuffle_guarantee()
     if g is None:
         return []
+    both = shuffled_guarantee(spec, metric)
+    assert both is not None
+    central = both.central
+    if central.horizon_epsilon is None:
+        composed = "the central guarantee does not compose over windows (the device's reports are linked: a memoized "
+        composed += "PRR or a RAPPOR cohort; docs/privacy.md)"
+    else:
+        composed = f"central composed (ε, δ) = ({central.horizon_epsilon:.4g}, {central.horizon_delta:.3g})"
+    horizon = (
+        f"  horizon ({central.horizon_windows} windows): {composed}; local ε = {both.local.horizon_epsilon:.4g}; "
+        f"the ledger charges the {both.charged} one"
+    )
     return [
         f"  shuffled by the gateway (docs/shuffle.md): local ε₀ = {g.epsilon0:.4g} per report, against the shuffler "
         "(the gateway's operator) and anyone who sees reports with their sender",
@@ -73,6 +87,7 @@ def shuffle_lines(metric: Any) -> list[str]:
         f"shuffler (Kafka readers, workers, analysts): batches of at least n_min = {g.n_min} reports assumed (a "
         "window's reports of one inbox partition below n_min are withheld: only their count is forwarded); "
         "neighbours: replace one device's reports (the batch size n is public)",
+        horizon,
     ]
 
 
@@ -106,7 +121,7 @@ def check_lines(spec: CollectionSpec, clients: int) -> tuple[list[str], int]:
                 f"horizon ({windows} windows): ε = {horizon:.4g}{unit_note}   [{_budget(metric, 'ε')}]"
             )
             cap = f"epsilon: {horizon:.4g}"
-            lines += shuffle_lines(metric)
+            lines += shuffle_lines(spec, metric)
         missing_budget = budget_warning(metric, cap)
         lines += missing_budget
         warnings += len(missing_budget)

@@ -135,3 +135,6 @@ def test_spec_check_shows_both_guarantees_by_name(tmp_path: Path, capsys: pytest
     assert f"central (ε, δ) = ({g.epsilon:.4g}, 1e-06) per window, against everyone downstream" in out
     assert "n_min = 1000 reports assumed" in out and "neighbours: replace one device's reports" in out
     assert out.count("shuffled by the gateway") == 1  # only the shuffled metric
+    windows = parse_spec(_doc()).window.windows_per_horizon
+    assert f"horizon ({windows} windows): central composed (ε, δ) = ({windows * g.epsilon:.4g}," in out
+    assert "the ledger charges the " in out
