@@ -59,7 +59,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from mechanisms.core import directed as rd
 from mechanisms.core.errors import ParameterError
@@ -109,6 +108,8 @@ def _check_delta(delta: object, lowest: float = MIN_DELTA) -> float:
 
 def _divergence(n: int, epsilon0: float, epsilon: float, tail: float) -> float:
     """``D_{e^ε}(P ‖ Q)`` of FMT21's pair, plus the mass of C outside the evaluated range, plus the float slack."""
+    from scipy import stats  # here, not at import: the worker imports this module and rarely computes a bound
+
     if epsilon >= epsilon0:
         return 0.0  # ρ ≤ 0: no k has P_c(k) > e^ε Q_c(k); the shuffler is at least ε₀-DP
     p = math.exp(-epsilon0)  # a report is a clone with probability e^(-ε₀)

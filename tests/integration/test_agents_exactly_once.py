@@ -153,6 +153,16 @@ async def _group(bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Any, str
         await delete_worker_topics(bootstrap, spec, group)
 
 
+async def _logged(log: Path, line: str, at_least: int, timeout_s: float = 120.0) -> None:
+    """Wait until the workers sharing ``log`` have logged ``line`` ``at_least`` times in all: a worker sent the
+    test's SIGTERM before it has started (its interpreter still importing on a loaded host) would die of the signal
+    instead of stopping gracefully, which is not what the test is about."""
+    deadline = time.monotonic() + timeout_s
+    while log.read_text(errors="replace").count(line) < at_least:
+        assert time.monotonic() < deadline, f"{line!r} logged < {at_least} times in {timeout_s} s:\n" + log.read_text()
+        await asyncio.sleep(0.2)
+
+
 async def test_kill9_and_restart_releases_exact_counts_once(kafka_bootstrap: str, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     async with _group(kafka_bootstrap, tmp_path) as (spec, group, start):
@@ -175,10 +185,12 @@ async def test_rebalances_mid_stream_release_exact_counts_once(kafka_bootstrap: 
     log = tmp_path / "worker.log"
     async with _group(kafka_bootstrap, tmp_path) as (spec, group, start):
         first = start()
+        await _logged(log, "stage 1 took partition", 4)  # the first worker has started and owns all four
         production = asyncio.create_task(_produce(kafka_bootstrap, spec, seconds=16.0, rate=1500))
         await asyncio.sleep(5.0)
         second = start()  # the group rebalances: 2 + 2 partitions
-        await asyncio.sleep(5.0)
+        await _logged(log, "worker of group", 2)  # the second has started (its banner)
+        await asyncio.sleep(3.0)
         assert first.alive() and second.alive(), log.read_text()[-3000:]
         assert first.stop() == 0, log.read_text()[-3000:]  # graceful: its in-flight batches commit, then it leaves
         within_bound, sent = await production
