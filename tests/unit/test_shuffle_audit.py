@@ -11,7 +11,7 @@ from the spec to the record).
 
 The observers read every record the shuffler writes to the reports topic and attribute one report to the target: the
 row carrying the target's pseudonym if a record carries pseudonyms, else the row where a shuffler with a fixed
-placement -- known to an observer who knows its code -- would put it (:func:`placements`: row 0 for kept arrival
+placement -- known to an observer who knows its code -- would put it (:func:`_placements`: row 0 for kept arrival
 order, row n - 1 for reversed, the mapped row of a permutation from ``random.Random(0)``); one event per observer.
 The event: that report reads ``True``. A second honest scenario reads the worker's stage-1 counts instead (the
 event: at least ``t`` ones counted, ``t`` the others' 90th percentile).
@@ -29,6 +29,7 @@ numbers; docs/shuffle.md quotes them.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -96,7 +97,8 @@ def _batch(spec: CollectionSpec, reports: np.ndarray, build: Builder) -> list[li
     return out
 
 
-def placements(n: int) -> dict[str, int]:
+@functools.cache
+def _placements(n: int) -> dict[str, int]:
     """Where a shuffler with a fixed placement puts the target (the first of ``n`` to arrive), for an observer who
     knows its code: kept arrival order (row 0), reversed (row n - 1), a permutation from a fixed seed
     (``random.Random(0)``, as :func:`build_shuffle_records` draws it: row ``j`` holds arrival ``order[j]``)."""
@@ -107,9 +109,9 @@ def placements(n: int) -> dict[str, int]:
 
 def _target_reads_true(values: Sequence[bytes], n: int) -> dict[str, bool]:
     """Each observer's event: the report it attributes to the target reads True -- the row carrying the target's
-    pseudonym if a record carries pseudonyms, else the row of its placement (:func:`placements`) in the forwarded
+    pseudonym if a record carries pseudonyms, else the row of its placement (:func:`_placements`) in the forwarded
     rows (chunks in order)."""
-    where = placements(n)
+    where = _placements(n)
     rows: list[np.ndarray] = []
     for value in values:
         record = decode_message(value)
@@ -131,14 +133,15 @@ def records_audit(name: str, trials: int, build: Builder, n: int = N_MIN) -> lis
     seen = [
         [_target_reads_true(v, n) for v in _batch(spec, _reports(side, trials, n), build)] for side in (True, False)
     ]
+    claim = _claim(spec)
     return [
         audit(
             f"{name}, observer at {where}",
             trials,
             (sum(e[where] for e in seen[0]), sum(e[where] for e in seen[1])),
-            _claim(spec),
+            claim,
         )
-        for where in placements(n)
+        for where in _placements(n)
     ]
 
 
