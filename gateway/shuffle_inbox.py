@@ -16,16 +16,37 @@ the offset's metadata string), its progress (:class:`Progress`):
   or a withheld record already sent, counted as ``late``, or held in a window still open;
 - ``closed_s`` ``t``: the close time of the transaction: window ``w`` of metric ``m`` is closed iff
   ``T_w(m) <= t``;
-- ``late``: the late counts not yet carried by a record (per metric).
+- ``late``: the late counts not yet carried by a record (per metric);
+- ``seal`` ``(t, X)``: a close at ``t`` that is sealed but not yet committed (see below).
 
-A row at offset ``o`` of window ``w`` of metric ``m`` is then, deterministically: held for its batch when
-``T_w(m) > closed_s``; skipped when ``o < L`` and its window is closed (it was forwarded, withheld or counted);
-counted ``late`` when ``o >= L`` and its window is closed. Closing at ``t`` turns the held groups with ``T_w <= t``
-into records (:func:`gateway.shuffle_batch.build_shuffle_records`), each metric's pending ``late`` riding on its first
-record (or a withheld record of ``n = 0`` for the window just closed). A crash before the commit loses only memory;
-a replica that takes the partition over starts from the committed ``O`` and progress (its transactional id, one per
-inbox partition, fences the old owner first: Kafka's transactions, KIP-98,
+**Seal first.** A batch's rows must not depend on when its close runs: a close whose transaction aborts (a commit
+error, a rebalance, a fenced zombie) leaves its batch records in the reports topic, readable by a
+``read_uncommitted`` reader, and a second close built from more rows (those appended meanwhile) would then differ
+from it by exactly the late ones -- each of which would have only its local ε₀ against that reader. So every close
+that forwards a batch is two transactions: the **seal** commits, alone, the progress with ``seal = (t, X)`` (``X``:
+the read position when the close at ``t`` began; nothing is forwarded, the committed offset is unchanged); then the
+**close** forwards the windows with ``T_w <= t`` built from exactly their rows at offsets ``< X``, and commits
+``closed_s = t``, no seal. Rows of those windows at offsets ``>= X`` are ``late``. Whoever closes after an abort -- this
+replica from the committed state, or the one that took the partition over -- reads the seal and builds the **same
+multiset** of reports for every batch; a fresh uniform permutation of the same multiset reveals nothing more than
+the first (both are the shuffler's output on the same input, FMT21 section 2). A seal whose transaction aborted
+forwarded nothing, so a new one may differ.
+
+A row at offset ``o`` of window ``w`` of metric ``m`` is then, deterministically: held for its batch when ``T_w(m) >
+closed_s``, unless a seal ``(t, X)`` with ``T_w <= t`` and ``o >= X`` makes it ``late``; skipped when ``o < L`` and
+its window is closed (it was forwarded, withheld or counted); counted ``late`` when ``o >= L`` and its window is
+closed. Closing at ``t`` turns the held groups with ``T_w <= t`` into records
+(:func:`gateway.shuffle_batch.build_shuffle_records`), each metric's pending ``late`` riding on its first record (or
+a withheld record of ``n = 0`` for the window just closed). A crash before the commit loses only memory; a replica
+that takes the partition over starts from the committed ``O`` and progress (its transactional id, one per inbox
+partition, fences the old owner first: Kafka's transactions, KIP-98,
 https://cwiki.apache.org/confluence/display/KAFKA/KIP-98+-+Exactly+Once+Delivery+and+Transactional+Messaging).
+
+**One report per device and window across fingerprints.** A device's reports of one metric and window carry one
+pseudonym and meet on one inbox partition. During a rolling spec change two replicas may stamp them with different
+spec fingerprints; the partition keeps, per ``(metric, window)``, the first pseudonym by offset whatever its
+fingerprint and drops a copy under another fingerprint (``cross_fingerprint_duplicates``), so a device is in at most
+one batch of a window of this partition (copies under the same fingerprint are dropped by the batch builder).
 """
 
 from __future__ import annotations
@@ -109,12 +130,15 @@ class Progress:
     scanned: int = 0
     closed_s: int = 0
     late: Mapping[str, int] = field(default_factory=dict)
+    #: ``(t, X)``: the close at ``t`` is sealed at inbox offset ``X`` and not yet committed.
+    seal: tuple[int, int] | None = None
 
     def to_metadata(self) -> str:
-        text = json.dumps(
-            {"v": 1, "scanned": self.scanned, "closed_s": self.closed_s, "late": dict(sorted(self.late.items()))},
-            separators=(",", ":"),
-        )
+        obj: dict[str, object] = {"v": 1, "scanned": self.scanned, "closed_s": self.closed_s}
+        obj["late"] = dict(sorted(self.late.items()))
+        if self.seal is not None:
+            obj["seal"] = list(self.seal)
+        text = json.dumps(obj, separators=(",", ":"))
         if len(text.encode()) > MAX_PROGRESS_BYTES:
             raise ValueError(f"the shuffler's progress ({len(text)} bytes) exceeds {MAX_PROGRESS_BYTES} bytes")
         return text
@@ -130,11 +154,13 @@ class Progress:
             obj = json.loads(text)
             ok = obj.get("v") == 1 and all(type(obj[k]) is int and obj[k] >= 0 for k in ("scanned", "closed_s"))
             late = {str(k): int(v) for k, v in obj["late"].items() if type(v) is int and v >= 0}
+            seal = obj.get("seal")
+            ok = ok and (seal is None or (len(seal) == 2 and all(type(x) is int and x >= 0 for x in seal)))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"the shuffler's committed progress is unreadable: {err}") from None
         if not ok or len(late) != len(obj["late"]):
             raise ValueError(f"the shuffler's committed progress is not one it writes: {text[:200]!r}")
-        return cls(obj["scanned"], obj["closed_s"], late)
+        return cls(obj["scanned"], obj["closed_s"], late, None if seal is None else (seal[0], seal[1]))
 
 
 @dataclass
@@ -213,7 +239,11 @@ class InboxPartition:
         self.rng = rng
         self.max_record_bytes = max_record_bytes
         self._groups: dict[tuple[str, int, int], _Group] = {}
+        #: Per held ``(metric, window)``: the fingerprint of each pseudonym's first row.
+        self._devices: dict[tuple[str, int], dict[int, int]] = {}
         self._late: dict[str, int] = dict(progress.late)
+        #: Rows dropped as a copy of a device's report of the same window under another fingerprint.
+        self.cross_fingerprint_duplicates = 0
         #: Rows of metrics this gateway's spec does not shuffle, and undecodable records (skipped, logged).
         self.skipped = 0
 
@@ -247,15 +277,37 @@ class InboxPartition:
             return
         windows = batch.client_times // np.uint32(self.window_s)
         distinct = np.unique(windows).tolist()
+        seal = self.progress.seal
         for window in distinct:
             rows = batch.subset(windows == window) if len(distinct) > 1 else batch
             if not self._closed(metric, int(window)):
+                if seal is not None and offset >= seal[1] and self.close_time(metric, int(window)) <= seal[0]:
+                    self._late[batch.metric] = self._late.get(batch.metric, 0) + len(rows)  # after its seal
+                    continue
+                kept = self._one_fingerprint_per_device(rows, int(window))
+                if kept is None:
+                    continue
                 key = (batch.metric, batch.fingerprint, int(window))
                 group = self._groups.setdefault(key, _Group(offset, []))
-                group.rows.append(rows)
+                group.rows.append(kept)
             elif offset >= self.progress.scanned:
                 self._late[batch.metric] = self._late.get(batch.metric, 0) + len(rows)
             # else: read again below ``scanned`` -- forwarded, withheld or counted late before the restart
+
+    def _one_fingerprint_per_device(self, rows: ReportBatch, window: int) -> ReportBatch | None:
+        """``rows`` without those whose pseudonym came first (by offset) under another fingerprint in this window
+        (``None``: none is left)."""
+        seen = self._devices.setdefault((rows.metric, window), {})
+        keep = np.ones(len(rows), dtype=bool)
+        for i, pseudonym in enumerate(rows.pseudonyms.tolist()):
+            first = seen.setdefault(pseudonym, rows.fingerprint)
+            keep[i] = first == rows.fingerprint
+        dropped = int(len(rows) - keep.sum())
+        if not dropped:
+            return rows
+        self.cross_fingerprint_duplicates += dropped
+        log.info("shuffler: %d report(s) of %s already held under another fingerprint; dropped", dropped, rows.metric)
+        return rows.subset(keep) if keep.any() else None
 
     def due(self, now_s: float) -> bool:
         """Whether some metric's window closes in ``(closed_s, now_s]``: a close is due."""
@@ -265,13 +317,35 @@ class InboxPartition:
             for m in self.metrics.values()
         )
 
+    def _closing(self, now_s: int) -> list[tuple[str, int, int]]:
+        return sorted(k for k in self._groups if self.close_time(self.metrics[k[0]], k[2]) <= now_s)
+
+    def needs_seal(self, now_s: int) -> bool:
+        """Whether a close at ``now_s`` forwards a held window's rows and none is sealed yet: :meth:`seal` first."""
+        return self.progress.seal is None and bool(self._closing(now_s))
+
+    def seal(self, now_s: int) -> Closed:
+        """The seal of the close at ``now_s`` (read everything appended before ``now_s`` first): a transaction of no
+        record that commits, with the offset unchanged, the progress sealed at the read position (module docstring).
+        Apply it with :meth:`committed_at` once committed, then :meth:`close`."""
+        if self.progress.seal is not None:
+            raise ValueError(f"inbox partition {self.partition} is already sealed at {self.progress.seal}")
+        progress = Progress(self.progress.scanned, self.progress.closed_s, self.progress.late, (now_s, self.position))
+        progress.to_metadata()
+        return Closed([], self.committed, progress, {})
+
     def close(self, now_s: int) -> Closed:
-        """Close every window with ``T_w <= now_s`` (read everything appended before ``now_s`` first): the records of
-        one transaction and the progress to commit with it. Apply it with :meth:`committed_at` once committed."""
+        """Close every window with ``T_w <= t`` -- ``t`` the sealed close's time, else ``now_s`` when no held window
+        closes by then (:meth:`needs_seal`) --: the records of one transaction and the progress to commit with it.
+        Apply it with :meth:`committed_at` once committed."""
+        if self.progress.seal is not None:
+            now_s = self.progress.seal[0]
+        elif self.needs_seal(now_s):
+            raise ValueError(f"inbox partition {self.partition}: a close that forwards held rows must be sealed first")
         records: list[tuple[bytes, bytes]] = []
         late = dict(self._late)
         sent: dict[str, Sent] = {}
-        closing = sorted(k for k in self._groups if self.close_time(self.metrics[k[0]], k[2]) <= now_s)
+        closing = self._closing(now_s)
         for metric_name, fingerprint, window in closing:
             metric = self.metrics[metric_name]
             group = self._groups[(metric_name, fingerprint, window)]
@@ -316,12 +390,17 @@ class InboxPartition:
         return Closed(records, offset, progress, sent)
 
     def committed_at(self, closed: Closed) -> None:
-        """Apply a close whose transaction committed."""
+        """Apply a seal or a close whose transaction committed."""
+        if closed.progress.seal is not None:  # a seal: nothing else changes
+            self.progress = closed.progress
+            return
         self.progress = closed.progress
         self.committed = closed.offset
         self._late = dict(closed.progress.late)
         for key in [k for k in self._groups if self._closed(self.metrics[k[0]], k[2])]:
             del self._groups[key]
+        for metric_window in [k for k in self._devices if self._closed(self.metrics[k[0]], k[1])]:
+            del self._devices[metric_window]
 
     @property
     def held(self) -> int:

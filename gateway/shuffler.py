@@ -10,8 +10,10 @@ every copy of one device's report of a window meets on one partition) and answer
 ``close_after_s``:
 
 1. reads the partition up to its end offset taken at the close (what Kafka appended before it),
-2. builds the closing windows' records (:func:`gateway.shuffle_batch.build_shuffle_records`: one report per device,
-   a CSPRNG-uniform order, values only; withheld below ``n_min``),
+2. seals the close in its own transaction (the progress with the read position: a close that aborts is rebuilt
+   from the same rows, see :mod:`gateway.shuffle_inbox`), then builds the closing windows' records
+   (:func:`gateway.shuffle_batch.build_shuffle_records`: one report per device, a CSPRNG-uniform order, values only;
+   withheld below ``n_min``),
 3. writes them to the reports topic in ONE transaction with the inbox offset and the partition's progress
    (``send_offsets_to_transaction``; the offset's metadata), by a producer whose transactional id is the partition's
    (:func:`~gateway.shuffle_inbox.shuffler_transactional_id`): a replica that takes the partition over -- after a
@@ -276,15 +278,17 @@ class Shuffler:
             offset = held.offset if held is not None and held.offset >= 0 else beginning[tp]
             progress = Progress.from_metadata(held.metadata if held is not None and held.offset >= 0 else None)
             consumer.seek(tp, offset)
-            self.partitions[tp.partition] = InboxPartition(
-                tp.partition, self.metrics, self.spec.window.size_s, offset, progress, rng=self.rng
-            )
+            self.partitions[tp.partition] = self.partition_state(tp.partition, offset, progress)
             log.info(
                 "gateway: shuffling inbox partition %d from offset %d (closed through %d)",
                 tp.partition,
                 offset,
                 progress.closed_s,
             )
+
+    def partition_state(self, partition: int, offset: int, progress: Progress) -> InboxPartition:
+        """The state of inbox partition ``partition`` read from its committed ``offset`` and ``progress``."""
+        return InboxPartition(partition, self.metrics, self.spec.window.size_s, offset, progress, rng=self.rng)
 
     async def _release(self) -> None:
         """Drop every partition's uncommitted state (the next owner reads it again) and stop their producers (no
@@ -304,23 +308,14 @@ class Shuffler:
         while part.position < end and time.monotonic() < deadline and not self._stale:  # appended before the close
             fetched = await consumer.getmany(tp, timeout_ms=self.poll_ms)
             part.feed((r.offset, r.value) for r in fetched.get(tp, []))
+        if part.needs_seal(now_s) and not await self._committed(tp, part, part.seal(now_s)):
+            return
         closed = part.close(now_s)
         if not closed.records and closed.offset == part.committed and closed.progress == part.progress:
             part.committed_at(closed)
             return
-        producer = self._producers[part.partition]
-        try:
-            await self._commit(producer, tp, closed)
-        except Exception as err:
-            if self._stale:  # a rebalance meanwhile: the partition's next owner (this one too) starts from Kafka
-                log.info(
-                    "gateway: shuffler partition %d: transaction not committed during a rebalance (%r)",
-                    tp.partition,
-                    err,
-                )
-                return
-            raise
-        part.committed_at(closed)
+        if not await self._committed(tp, part, closed):
+            return
         s = self.stats
         s.transactions += 1
         s.batches += closed.batches
@@ -338,6 +333,23 @@ class Shuffler:
                 closed.reports,
                 closed.late,
             )
+
+    async def _committed(self, tp: TopicPartition, part: InboxPartition, closed: Closed) -> bool:
+        """Commit ``closed`` (a seal or a close) and apply it; ``False`` when a rebalance meanwhile aborted it (the
+        partition's next owner, this one too, starts from Kafka's committed state)."""
+        try:
+            await self._commit(self._producers[part.partition], tp, closed)
+        except Exception as err:
+            if self._stale:
+                log.info(
+                    "gateway: shuffler partition %d: transaction not committed during a rebalance (%r)",
+                    tp.partition,
+                    err,
+                )
+                return False
+            raise
+        part.committed_at(closed)
+        return True
 
     async def _commit(self, producer: AIOKafkaProducer, tp: TopicPartition, closed: Closed) -> None:
         """One transaction: the records, every delivery awaited, then the inbox offset with the progress."""

@@ -1,7 +1,9 @@
 """Shuffle mode through two real ``ptel gateway`` processes and the real broker: devices post to both, the gateways
-shuffle different inbox partitions as one consumer group, one is killed -9 while a window is open and restarted, and a
-``read_committed`` reader of the reports topic finds every accepted report exactly once -- in one batch, one withheld
-count or one late count --, every forwarded batch at least ``n_min``, and no device's pseudonym anywhere."""
+shuffle different inbox partitions as one consumer group, a quarter of the devices post their report again to the
+other replica (a retry with the same ``Idempotency-Key`` and ``Idempotency-Age``), one is killed -9 while a window
+is open and restarted, and a ``read_committed`` reader of the reports topic finds every accepted report exactly once
+-- in one batch, one withheld count or one late count --, each device counted once, every forwarded batch at least
+``n_min``, and no device's pseudonym anywhere."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import yaml
@@ -33,9 +36,10 @@ from schemas.wire import (
     encode_report,
 )
 from testbed.topics import delete_topics
-from tests.integration.gateway_support import GatewayProcess, post
+from tests.integration.gateway_support import GatewayProcess
 
 SIZE_S, GRACE_S, CLOSE_S, N_MIN, PARTITIONS = 6, 10, 3, 100, 2
+RETRY_EVERY = 4
 SHUFFLE = {"n_min": N_MIN, "delta": 1e-6, "close_after_s": CLOSE_S}
 
 
@@ -82,27 +86,47 @@ async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
 
 
 class Devices:
-    """Devices posting one report each (device ``i`` of ``pick`` sends category ``i``), and the gateways' 202s."""
+    """Devices posting one report each (device ``i`` of ``pick`` sends category ``i``), and the gateways' 202s. Every
+    :data:`RETRY_EVERY`-th device posts its report again to the other replica, as a device whose first 202 was lost
+    does: the same body, the same ``Idempotency-Key`` and its ``Idempotency-Age`` (the other replica has never seen
+    the key, so both copies reach the inbox: the shuffler keeps one per device)."""
 
     def __init__(self, spec: CollectionSpec, keys: GatewayKeys) -> None:
         self.spec, self.keys = spec, keys
         #: (metric, device number) -> window_start of its 202
         self.accepted: dict[tuple[str, int], int] = {}
+        self.retried = 0
 
-    async def post(self, session: aiohttp.ClientSession, port: int, metric: str, i: int) -> None:
+    async def _post(
+        self, session: aiohttp.ClientSession, port: int, body: bytes, headers: dict[str, str]
+    ) -> dict[str, Any]:
+        async with session.post(f"http://127.0.0.1:{port}/v1/reports", data=body, headers=headers) as response:
+            answer: dict[str, Any] = await response.json(content_type=None)
+            assert response.status == 202, (response.status, answer)
+        assert not answer["late"], answer
+        return answer
+
+    async def post(self, session: aiohttp.ClientSession, ports: tuple[int, int], metric: str, i: int) -> None:
         m = self.spec.metric(metric)
         payload = CategoryPayload(i) if metric == "pick" else BoolPayload(i % 3 == 0)
         body = encode_report(Report(metric, m.fingerprint, 0, 0, payload))
-        status, answer, _ = await post(
-            session, f"http://127.0.0.1:{port}", body, token=self.keys.issue(f"{metric}-device-{i}")
-        )
-        assert status == 202, (status, answer)
-        assert not answer["late"], answer
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Authorization": f"Bearer {self.keys.issue(f'{metric}-device-{i}')}",
+            "Idempotency-Key": uuid.uuid4().hex,
+        }
+        first = time.time()
+        answer = await self._post(session, ports[0], body, headers)
         self.accepted[(metric, i)] = answer["window_start"]
+        if i % RETRY_EVERY == 0:
+            age = {"Idempotency-Age": str(int(time.time() - first))}
+            again = await self._post(session, ports[1], body, headers | age)
+            assert again["window_start"] == answer["window_start"], (answer, again)
+            self.retried += 1
 
     async def send(self, ports: list[int], metric: str, devices: range) -> None:
         async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(self.post(session, ports[i % len(ports)], metric, i) for i in devices))
+            await asyncio.gather(*(self.post(session, (ports[i % 2], ports[(i + 1) % 2]), metric, i) for i in devices))
 
 
 def _account(values: list[bytes], devices: Devices) -> tuple[Counter[str], dict[int, int]]:
@@ -188,7 +212,11 @@ async def test_two_gateways_shuffle_exactly_once_through_a_kill(kafka_bootstrap:
     assert len(pseudonyms) == len(devices.accepted)
     joined = b"".join(values)
     assert not [p for p in pseudonyms if p.to_bytes(8, "little") in joined]
-    print(f"\nshuffled: {dict(counts)} for {dict(expected)} accepted; {len(pseudonyms)} pseudonyms, none forwarded")
+    assert devices.retried >= 100, devices.retried
+    print(
+        f"\nshuffled: {dict(counts)} for {dict(expected)} accepted ({devices.retried} posted twice); "
+        f"{len(pseudonyms)} pseudonyms, none forwarded"
+    )
     await delete_topics(
         kafka_bootstrap,
         [spec.topics.reports, spec.topics.releases, spec.topics.dead_letter, shuffle_inbox_topic(spec.topics.reports)],

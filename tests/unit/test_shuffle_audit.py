@@ -9,22 +9,27 @@ reaches the shuffler first. The claim is read from the release record the real s
 (``guarantee.central``: ε = 1.265 at δ = 1e-6 for n_min = 1,000 -- FMT21's bound, so the audit checks the whole path
 from the spec to the record).
 
-The observer reads every record the shuffler writes to the reports topic and attributes one report to the target: the
-row carrying the target's pseudonym if a record carries pseudonyms, else the first row of the first record (where the
-target would sit if arrival order were kept). The event: that report reads ``True``. A second honest scenario reads
-the worker's stage-1 counts instead (the event: at least ``t`` ones counted, ``t`` the others' 90th percentile).
+The observers read every record the shuffler writes to the reports topic and attribute one report to the target: the
+row carrying the target's pseudonym if a record carries pseudonyms, else the row where a shuffler with a fixed
+placement -- known to an observer who knows its code -- would put it (:func:`_placements`: row 0 for kept arrival
+order, row n - 1 for reversed, the mapped row of a permutation from ``random.Random(0)``); one event per observer.
+The event: that report reads ``True``. A second honest scenario reads the worker's stage-1 counts instead (the
+event: at least ``t`` ones counted, ``t`` the others' 90th percentile).
 
 ``ε_LB = ln((p̲₁ − δ)/p̄₀)`` with Clopper-Pearson bounds at ``1 − α`` each, ``α = 1e-6``, both directions
-(:mod:`tests.privacy_harness`): an honest shuffler fails ``ε_LB <= ε`` with probability at most 2e-6 per scenario (the
-false-failure rate; the trials use the CSPRNG). Power: 500 trials per side can show ε_LB up to 3.57 (the detectable
-ε, above the claim), and each mutation -- a shuffler that keeps arrival order, one that forwards pseudonyms, one that
-forwards a batch below ``n_min`` -- leaks the target's report itself, a true loss of ε₀ = 3: the expected ε_LB is 2.10,
-and a miss (ε_LB <= 1.265) has probability 4e-21 (summed exactly over the hit counts in
-:func:`test_the_mutations_are_caught_with_near_certainty`). ``-s`` prints the numbers; docs/shuffle.md quotes them.
+(:mod:`tests.privacy_harness`): an honest shuffler fails ``ε_LB <= ε`` with probability at most 2e-6 per observer
+and scenario, 6e-6 for the three observers of one scenario (union bound: the false-failure rate; the trials use the
+CSPRNG). Power: 500 trials per side can show ε_LB up to 3.57 (the detectable ε, above the claim), and each mutation
+-- a shuffler that keeps arrival order, one that forwards pseudonyms, one that forwards a batch below ``n_min``, one
+that reverses arrival order or draws the same permutation every time -- leaks the target's report itself to one
+observer, a true loss of ε₀ = 3: the expected ε_LB is 2.10, and a miss (ε_LB <= 1.265) has probability 4e-21 (summed
+exactly over the hit counts in :func:`test_the_mutations_are_caught_with_near_certainty`). ``-s`` prints the
+numbers; docs/shuffle.md quotes them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -43,7 +48,7 @@ from schemas.wire import ReportBatch, ShuffledBatch, decode_message, encode_batc
 from schemas.wire.codecs.boolean import BoolColumns
 from tests.privacy_harness import ALPHA, SIZE_S, T0_S, clopper_pearson, make_spec, stage2
 from tests.privacy_harness import _partition as partition
-from tests.unit.test_privacy_audit import Outcome, audit, holds, refuted, scaled
+from tests.unit.test_privacy_audit import Outcome, audit, holds, scaled
 
 pytestmark = pytest.mark.statistical
 
@@ -92,26 +97,52 @@ def _batch(spec: CollectionSpec, reports: np.ndarray, build: Builder) -> list[li
     return out
 
 
-def _target_reads_true(values: Sequence[bytes]) -> bool:
-    """The observer: the report it attributes to the target (by pseudonym, else the first row) reads True."""
+@functools.cache
+def _placements(n: int) -> dict[str, int]:
+    """Where a shuffler with a fixed placement puts the target (the first of ``n`` to arrive), for an observer who
+    knows its code: kept arrival order (row 0), reversed (row n - 1), a permutation from a fixed seed
+    (``random.Random(0)``, as :func:`build_shuffle_records` draws it: row ``j`` holds arrival ``order[j]``)."""
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    return {"arrival order": 0, "reversed": n - 1, "random.Random(0)": order.index(0)}
+
+
+def _target_reads_true(values: Sequence[bytes], n: int) -> dict[str, bool]:
+    """Each observer's event: the report it attributes to the target reads True -- the row carrying the target's
+    pseudonym if a record carries pseudonyms, else the row of its placement (:func:`_placements`) in the forwarded
+    rows (chunks in order)."""
+    where = _placements(n)
+    rows: list[np.ndarray] = []
     for value in values:
         record = decode_message(value)
         if isinstance(record, ReportBatch):
             at = np.flatnonzero(record.pseudonyms == TARGET)
             if at.size:
-                return bool(record.columns.bits[at[0]])  # type: ignore[union-attr]
-        elif isinstance(record, ShuffledBatch) and record.chunk == 0:
-            return bool(record.columns.bits[0])  # type: ignore[union-attr]
-    return False  # withheld, or nothing forwarded: nothing of the target to read
+                return dict.fromkeys(where, bool(record.columns.bits[at[0]]))  # type: ignore[union-attr]
+        elif isinstance(record, ShuffledBatch):
+            rows.append(record.columns.bits)  # type: ignore[union-attr]
+    if not rows:
+        return dict.fromkeys(where, False)  # withheld, or nothing forwarded: nothing of the target to read
+    bits = np.concatenate(rows)
+    return {name: bool(bits[at]) for name, at in where.items()}
 
 
-def records_audit(name: str, trials: int, build: Builder, n: int = N_MIN) -> Outcome:
-    """The records a reader of the reports topic sees, for ``n`` devices per window."""
+def records_audit(name: str, trials: int, build: Builder, n: int = N_MIN) -> list[Outcome]:
+    """The records a reader of the reports topic sees, for ``n`` devices per window: one outcome per observer."""
     spec = _spec()
-    counts = tuple(
-        sum(_target_reads_true(v) for v in _batch(spec, _reports(side, trials, n), build)) for side in (True, False)
-    )
-    return audit(name, trials, (counts[0], counts[1]), _claim(spec))
+    seen = [
+        [_target_reads_true(v, n) for v in _batch(spec, _reports(side, trials, n), build)] for side in (True, False)
+    ]
+    claim = _claim(spec)
+    return [
+        audit(
+            f"{name}, observer at {where}",
+            trials,
+            (sum(e[where] for e in seen[0]), sum(e[where] for e in seen[1])),
+            claim,
+        )
+        for where in _placements(n)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,7 +166,8 @@ def _counted_ones(spec: CollectionSpec, values: Sequence[bytes]) -> int:
 
 
 def test_the_honest_shuffler_holds_its_claim_on_the_reports_topic() -> None:
-    holds(records_audit("honest shuffler, reports topic", scaled(TRIALS), build_shuffle_records))
+    for out in records_audit("honest shuffler, reports topic", scaled(TRIALS), build_shuffle_records):
+        holds(out)
 
 
 def test_the_honest_shuffler_holds_its_claim_through_the_worker() -> None:
@@ -167,6 +199,22 @@ def _keeps_arrival_order(*args: Any, **kw: Any) -> ShuffleOutcome:
     return build_shuffle_records(*args, **kw, rng=_ArrivalOrder())
 
 
+class _Reversed(random.Random):
+    """The known-bad shuffle: the arrival order reversed."""
+
+    def shuffle(self, x: list[Any]) -> None:  # type: ignore[override]
+        x.reverse()
+
+
+def _reverses_arrival_order(*args: Any, **kw: Any) -> ShuffleOutcome:
+    return build_shuffle_records(*args, **kw, rng=_Reversed())
+
+
+def _same_permutation_every_time(*args: Any, **kw: Any) -> ShuffleOutcome:
+    """The known-bad shuffle: a seeded generator instead of the CSPRNG -- the same permutation for every batch."""
+    return build_shuffle_records(*args, **kw, rng=random.Random(0))
+
+
 def _forwards_pseudonyms(
     metric: str, fingerprint: int, kind: PayloadKind, window_start: int, inbox: Sequence[ReportBatch], **kw: Any
 ) -> ShuffleOutcome:
@@ -185,20 +233,26 @@ def _forwards_below_n_min(*args: Any, **kw: Any) -> ShuffleOutcome:
     return build_shuffle_records(*args, **{**kw, "n_min": 1})
 
 
-def test_the_audit_detects_a_shuffler_that_keeps_arrival_order() -> None:
-    refuted(records_audit("shuffler keeping arrival order", scaled(TRIALS), _keeps_arrival_order))
+def caught(outs: list[Outcome]) -> None:
+    """Some observer refutes the claim."""
+    assert max(o.lower_bound for o in outs) > outs[0].claimed_epsilon, [str(o) for o in outs]
 
 
-def test_the_audit_detects_a_shuffler_that_forwards_pseudonyms() -> None:
-    refuted(records_audit("shuffler forwarding pseudonyms", scaled(TRIALS), _forwards_pseudonyms))
+@pytest.mark.parametrize(
+    "mutant",
+    [_keeps_arrival_order, _reverses_arrival_order, _same_permutation_every_time, _forwards_pseudonyms],
+    ids=["keeps arrival order", "reverses arrival order", "same permutation every time", "forwards pseudonyms"],
+)
+def test_the_audit_detects_a_bad_shuffler(mutant: Builder) -> None:
+    caught(records_audit(f"shuffler {mutant.__name__}", scaled(TRIALS), mutant))
 
 
 def test_the_audit_detects_a_shuffler_that_forwards_a_batch_below_n_min() -> None:
     """The target alone in its window (a batch of 1, far below n_min): the honest shuffler withholds it (only its count
     is forwarded), the mutant forwards it."""
-    honest = records_audit("window below n_min, honest", scaled(TRIALS), build_shuffle_records, n=1)
-    assert honest.hits == (0, 0), honest  # withheld: nothing of the report reaches the topic
-    refuted(records_audit("window below n_min, forwarded", scaled(TRIALS), _forwards_below_n_min, n=1))
+    for honest in records_audit("window below n_min, honest", scaled(TRIALS), build_shuffle_records, n=1):
+        assert honest.hits == (0, 0), honest  # withheld: nothing of the report reaches the topic
+    caught(records_audit("window below n_min, forwarded", scaled(TRIALS), _forwards_below_n_min, n=1))
 
 
 def test_the_mutations_are_caught_with_near_certainty() -> None:

@@ -25,6 +25,7 @@ from gateway.shuffle_inbox import (
 )
 from schemas.spec import parse_spec
 from schemas.wire import (
+    BoolPayload,
     CategoryPayload,
     PayloadKind,
     Report,
@@ -51,6 +52,8 @@ class Model:
     committed: tuple[int, Progress] = (0, Progress())
     records: list[bytes] = field(default_factory=list)
     appended: int = 0
+    #: The records of each aborted close (readable by a ``read_uncommitted`` reader).
+    aborted: list[list[bytes]] = field(default_factory=list)
 
     def restart(self) -> InboxPartition:
         offset, progress = self.committed
@@ -67,24 +70,34 @@ def _append(model: Model, part: InboxPartition, ids: list[int], stamped: int, me
 
 
 def _tick(model: Model, part: InboxPartition, now: int, fate: str) -> InboxPartition:
-    """A close at ``now`` whose transaction commits (``ok``), aborts (``abort``: the process dies before the commit)
-    or commits and then the process dies (``crash_after``)."""
-    if not part.due(now):
-        return part
-    closed = part.close(now)
-    if fate == "abort":
-        return model.restart()
-    model.records += [value for _, value in closed.records]
-    model.committed = (closed.offset, closed.progress)
-    part.committed_at(closed)
-    return model.restart() if fate == "crash_after" else part
+    """The closes due at ``now`` (a sealed close runs at its seal's time: another may follow), each sealed first if it
+    forwards held rows; a close commits (``ok``), aborts (``abort``: the process dies before the commit; ``abort_seal``:
+    before the seal's), or commits and then the process dies (``crash_after``)."""
+    while part.due(now):
+        if part.needs_seal(now):
+            if fate == "abort_seal":
+                return model.restart()
+            sealing = part.seal(now)
+            assert not sealing.records and sealing.offset == model.committed[0]
+            model.committed = (sealing.offset, sealing.progress)
+            part.committed_at(sealing)
+        closed = part.close(now)
+        if fate == "abort":
+            model.aborted.append([value for _, value in closed.records])
+            return model.restart()
+        model.records += [value for _, value in closed.records]
+        model.committed = (closed.offset, closed.progress)
+        part.committed_at(closed)
+        if fate == "crash_after":
+            return model.restart()
+    return part
 
 
 steps = st.lists(
     st.one_of(
-        st.tuples(st.just("append"), st.integers(1, 4), st.sampled_from([0, 0, 0, S])),  # rows, age (a late retry)
+        st.tuples(st.just("append"), st.integers(1, 4), st.sampled_from([0, 0, S])),  # rows, age (a late retry)
         st.tuples(st.just("other"), st.integers(1, 4), st.sampled_from([0, 0, S])),  # the same, of the other metric
-        st.tuples(st.just("advance"), st.integers(1, 7), st.sampled_from(["ok", "ok", "abort", "crash_after"])),
+        st.tuples(st.just("advance"), st.integers(1, 7), st.sampled_from(["ok", "abort", "abort_seal", "crash_after"])),
         st.tuples(st.just("crash"), st.just(0), st.just(0)),
     ),
     max_size=60,
@@ -121,7 +134,26 @@ def _run(schedule: list[tuple[str, int, object]]) -> tuple[Model, Counter[str]]:
             counts["withheld"] += record.n
             counts["late"] += record.late
     assert len(seen) == len(set(seen)), "a report forwarded twice"
+    committed = _contents(model.records)
+    for aborted in model.aborted:
+        for key, rows in _contents(aborted).items():
+            assert committed.get(key) == rows, (
+                f"{key}: an aborted close forwarded {rows}, the commit {committed.get(key)}"
+            )
     return model, counts
+
+
+def _contents(values: list[bytes]) -> dict[tuple[str, int], tuple[int, ...]]:
+    """What records say of each ``(metric, window)``'s reports: the sorted ids of a batch, or a withheld ``n``
+    (``late``-only records, ``n = 0``, say nothing of a window's reports)."""
+    ids: dict[tuple[str, int], list[int]] = {}
+    for value in values:
+        record = decode_message(value)
+        if isinstance(record, ShuffledBatch):
+            ids.setdefault((record.metric, record.window_start), []).extend(record.columns.indices.tolist())  # type: ignore[union-attr]
+        elif isinstance(record, Withheld) and record.n:
+            ids[(record.metric, record.window_start)] = [-record.n]
+    return {key: tuple(sorted(rows)) for key, rows in ids.items()}
 
 
 @settings(max_examples=300, deadline=None)
@@ -192,11 +224,107 @@ def test_the_exactly_once_check_catches_the_known_bad_progress(
     assert (total < model.appended) if breaks == "lost" else (total > model.appended), (counts, model.appended)
 
 
+#: A close that aborts after its seal, two reports of the closed window arriving before the close runs again.
+ABORTED_CLOSE: list[tuple[str, int, object]] = [
+    ("append", 4, 0),
+    ("advance", 12, "abort"),  # window 1000 closes at 10,012: sealed, its batch of 4 built, the transaction aborted
+    ("append", 2, S),  # two more of window 1000 (retries or stragglers), before the close runs again
+    ("advance", 1, "ok"),
+]
+
+
+@pytest.mark.parametrize("mutation", [None, "batch whatever was read at the close"])
+def test_a_close_after_an_abort_forwards_the_same_reports(
+    monkeypatch: pytest.MonkeyPatch, mutation: str | None
+) -> None:
+    """The aborted batch (readable by a ``read_uncommitted`` reader) and the committed one hold the same reports: the
+    two late ones are counted ``late``, never added (their difference would isolate them). The mutation -- the rule
+    before the seal: a close takes every row read by then -- is caught by the check in ``_run``."""
+    if mutation is not None:
+        real_seal = InboxPartition.seal
+
+        def unsealed(self: InboxPartition, now_s: int) -> Closed:
+            closed = real_seal(self, now_s)
+            progress = Progress(
+                closed.progress.scanned, closed.progress.closed_s, closed.progress.late, (now_s, 1 << 60)
+            )
+            return type(closed)(**{**closed.__dict__, "progress": progress})
+
+        monkeypatch.setattr(InboxPartition, "seal", unsealed)
+        with pytest.raises(AssertionError, match="an aborted close forwarded"):
+            _run(ABORTED_CLOSE)
+        return
+    model, counts = _run(ABORTED_CLOSE)
+    assert len(model.aborted) == 1 and _contents(model.aborted[0]) == {("m", START): (0, 1, 2, 3)}
+    assert (counts["batched"], counts["late"], model.appended) == (4, 2, 6)
+
+
+@pytest.mark.parametrize("mutation", [None, "keyed by fingerprint only"])
+def test_a_device_is_in_one_batch_of_a_window_across_a_spec_change(
+    monkeypatch: pytest.MonkeyPatch, mutation: str | None
+) -> None:
+    """A rolling spec change: devices 3..5 posted under the old fingerprint and again under the new one (another
+    replica) in the same window; each counts once -- the first copy by offset -- and the later copies are counted
+    as dropped."""
+    if mutation is not None:
+        monkeypatch.setattr(InboxPartition, "_one_fingerprint_per_device", lambda self, rows, window: rows)
+    renamed = ShuffledMetric("m", 99, PayloadKind.CATEGORY, n_min=3, close_after_s=2)
+    model = Model()
+    part = model.restart()
+    _append(model, part, [0, 1, 2, 3, 4, 5], START)
+    _append(model, part, [3, 4, 5, 6], START, renamed)
+    part.committed_at(part.seal(START + 2 * S))
+    closed = part.close(START + 2 * S)
+    devices = closed.sent["m"].batched_reports + closed.sent["m"].withheld_reports
+    if mutation is not None:
+        assert devices == 10  # the three devices counted twice: what the test exists to catch
+        return
+    assert (devices, part.cross_fingerprint_duplicates, closed.batches, closed.withheld) == (7, 3, 1, 1)
+
+
+def test_the_gateway_shuffles_with_the_os_csprng(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shuffler of the gateway as ``ptel gateway`` builds it (``gateway.server.Gateway``) permutes each batch
+    through ``secrets.SystemRandom`` -- the operating system's CSPRNG --, seen by a spy on its ``shuffle`` through the
+    real partition state, seal and close (a seeded ``random.Random`` anywhere on that path never calls it)."""
+    import secrets
+
+    from gateway.keys import GatewayKeys
+    from gateway.server import Gateway
+    from tests.unit.test_shuffle_spec import _doc
+
+    calls: list[random.Random] = []
+    real = secrets.SystemRandom.shuffle
+
+    def spy(self: random.Random, x: list[int]) -> None:
+        calls.append(self)
+        real(self, x)
+
+    monkeypatch.setattr(secrets.SystemRandom, "shuffle", spy)
+    spec = parse_spec(_doc())
+    gateway = Gateway(spec, "127.0.0.1:1", GatewayKeys.generate())  # nothing connects before it starts
+    assert gateway.shuffle is not None
+    metric = spec.metrics[0]
+    part = gateway.shuffle.shuffler.partition_state(0, 0, Progress())
+    window = START * spec.window.size_s
+    n = part.metrics[metric.name].n_min
+    reports = [Report(metric.name, metric.fingerprint, 1 + i, window, BoolPayload(i % 2 == 0)) for i in range(n)]
+    part.feed([(0, encode_batch(ReportBatch.from_reports(reports)))])
+    now = window + spec.window.size_s + part.metrics[metric.name].close_after_s
+    part.committed_at(part.seal(now))
+    closed = part.close(now)
+    assert closed.batches == 1 and len(calls) == 1 and isinstance(calls[0], secrets.SystemRandom), calls
+
+
 def test_progress_round_trips_and_refuses_what_it_did_not_write() -> None:
-    progress = Progress(12, 10_002, {"m": 3})
-    assert Progress.from_metadata(progress.to_metadata()) == progress
+    for progress in (Progress(12, 10_002, {"m": 3}), Progress(12, 10_002, {}, (10_012, 15))):
+        assert Progress.from_metadata(progress.to_metadata()) == progress
     assert Progress.from_metadata("") == Progress() == Progress.from_metadata(None)
-    for bad in ("{", '{"v":2,"scanned":1,"closed_s":1,"late":{}}', '{"v":1,"scanned":-1,"closed_s":1,"late":{}}'):
+    for bad in (
+        "{",
+        '{"v":2,"scanned":1,"closed_s":1,"late":{}}',
+        '{"v":1,"scanned":-1,"closed_s":1,"late":{}}',
+        '{"v":1,"scanned":1,"closed_s":1,"late":{},"seal":[1]}',
+    ):
         with pytest.raises(ValueError, match="progress"):
             Progress.from_metadata(bad)
     with pytest.raises(ValueError, match=str(MAX_PROGRESS_BYTES)):
@@ -280,6 +408,7 @@ def test_the_operator_metrics_count_what_each_commit_sent() -> None:
     part = model.restart()
     _append(model, part, list(range(5)), START)  # 5 >= n_min: a batch
     _append(model, part, [9], START, OTHER)  # 1 < n_min: withheld
+    part.committed_at(part.seal(START + 2 * S))
     closed = part.close(START + 2 * S)
     metrics = GatewayMetrics()
     metrics.shuffle_committed(closed)
