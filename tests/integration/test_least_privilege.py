@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAuthorizationFailedError
 
@@ -35,7 +35,7 @@ from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
 from gateway.keys import GatewayKeys
 from gateway.shuffle_inbox import shuffle_inbox_topic
-from kafka_settings.connection import KafkaConnection
+from kafka_settings.connection import KafkaConnection, client_kwargs
 from ptel.commands.topics import gateway_plans
 from ptel.local_process import free_port
 from ptel.principal_roles import ROLES, Names
@@ -498,8 +498,8 @@ async def test_a_missing_shuffle_acl_stops_the_gateway_naming_it(
 
 async def test_no_other_role_reads_the_shuffle_inbox(cluster: Cluster, shuffled: Shuffled) -> None:
     """The threat model (docs/privacy.md, "Shuffle mode"): only the gateway reads the inbox, where a report still
-    travels with its pseudonym. Every other principal, with all its ACLs for the spec, is refused a read at once; the
-    gateway's read succeeds (the control that shows the read can succeed)."""
+    travels with its pseudonym, and only it writes there. Every other principal, with all its ACLs for the spec, is
+    refused a read and a write at once; the gateway's read succeeds (the control that shows a read can succeed)."""
     c, s = cluster, shuffled
     tp = TopicPartition(shuffle_inbox_topic(s.spec.topics.reports), 0)
 
@@ -515,6 +515,14 @@ async def test_no_other_role_reads_the_shuffle_inbox(cluster: Cluster, shuffled:
     for user in ("device", "worker", "analyst", "monitor"):
         with pytest.raises(TopicAuthorizationFailedError):
             await asyncio.wait_for(read_to_end(as_user(user), tp), REFUSED_WITHIN_S)
+        # nor write it: a report there would skip the gateway's authentication and per-device bounds
+        producer = AIOKafkaProducer(**client_kwargs(as_user(user)), acks="all")
+        await producer.start()
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                await asyncio.wait_for(producer.send_and_wait(tp.topic, b"x", partition=0), REFUSED_WITHIN_S)
+        finally:
+            await producer.stop()
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
