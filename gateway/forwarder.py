@@ -503,7 +503,10 @@ class Forwarder:
             self.last_error = f"{type(error).__name__}: {error}" if error else "cancelled"
             log.error("gateway: %d report(s) not acknowledged by Kafka (in doubt): %s", size, self.last_error)
             self._settle(chunk, size, ForwardError("delivery_failed", self.last_error, sent_by=generation))
-            if self._producer is not None and not self._closed:
+            refused = authorization_refusal(error, "Write", self.topic)
+            if refused is not None:  # a missing ACL (Write on this topic alone): every later message would fail too
+                self.give_up(refused)
+            elif self._producer is not None and not self._closed:
                 # a fresh producer (new producer id, sequence numbers from zero) for whatever comes next
                 old, self._producer = self._producer, None
                 self._spawn("gateway-reconnect", lambda: self._reconnect(old))

@@ -158,7 +158,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "Readiness: connected to Kafka, not stalled, backlog not full, not shutting down",
+                    "summary": "Readiness: connected to Kafka, not stalled, backlog not full, not shutting down, the "
+                    "shuffler running (a spec with shuffled metrics)",
                     "responses": {
                         "200": {"description": "Ready."},
                         "503": {"description": "Not ready; `reason` says why (the cause: the operator listener)."},

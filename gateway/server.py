@@ -507,20 +507,28 @@ class Gateway:
     async def handle_healthz(self, _: web.Request) -> web.Response:
         return _answer(200, {"status": "ok"})
 
+    def not_ready(self) -> tuple[str, str] | None:
+        """Why the gateway is not ready and the cause: the forwarder's, then the shuffler's (``None``: ready)."""
+        refusal = self.forwarder.refusal()
+        if refusal is not None:
+            return refusal, self.forwarder.refusal_detail(refusal)
+        return None if self.shuffle is None else self.shuffle.shuffler.not_ready()
+
     async def handle_readyz(self, _: web.Request) -> web.Response:
         """Readiness for load balancers: the reason, not the cause (Kafka's errors are the operator's)."""
-        refusal = self.forwarder.refusal()
-        if refusal is None:
-            return _answer(200, {"status": "ready"})
-        return _answer(503, {"status": "not_ready", "reason": refusal})
+        why = self.not_ready()
+        return (
+            _answer(200, {"status": "ready"})
+            if why is None
+            else _answer(503, {"status": "not_ready", "reason": why[0]})
+        )
 
     async def handle_operator_readyz(self, _: web.Request) -> web.Response:
         """Readiness with its cause (``detail``: the error, the stalled message's age, the failed task)."""
-        refusal = self.forwarder.refusal()
-        if refusal is None:
+        why = self.not_ready()
+        if why is None:
             return _answer(200, {"status": "ready"})
-        detail = self.forwarder.refusal_detail(refusal)
-        return _answer(503, {"status": "not_ready", "reason": refusal, "detail": detail})
+        return _answer(503, {"status": "not_ready", "reason": why[0], "detail": why[1]})
 
     async def handle_metrics(self, _: web.Request) -> web.Response:
         if self.shuffle is not None:

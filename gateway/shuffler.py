@@ -62,9 +62,13 @@ from gateway.shuffle_inbox import (
 from kafka_settings.connection import Connection, client_kwargs
 from schemas.spec import CollectionSpec
 
-__all__ = ["ShuffleRoute", "Shuffler", "ShufflerStats", "shuffler_refusal"]
+__all__ = ["SHUFFLER_NOT_RUNNING", "ShuffleRoute", "Shuffler", "ShufflerStats", "shuffler_refusal"]
 
 log = logging.getLogger(__name__)
+
+#: ``/readyz``'s reason while the shuffler does not run: it has not joined its group and taken its partitions yet, or
+#: it restarts after a failure (the cause is the operator's: :meth:`Shuffler.not_ready`).
+SHUFFLER_NOT_RUNNING = "shuffler_not_running"
 
 
 def shuffler_refusal(error: BaseException | None, reports: str) -> str | None:
@@ -111,6 +115,7 @@ class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.shuffler._stale = True
+        self.shuffler._joined = True  # the group gave this consumer its (possibly empty) share
 
 
 class Shuffler:
@@ -146,6 +151,10 @@ class Shuffler:
         self.on_commit = on_commit
         self.stats = ShufflerStats()
         self.failed: str | None = None
+        #: The last failure the loop restarted after (the operator's ``/readyz`` detail).
+        self.last_error = ""
+        #: The loop runs: its consumer joined the group and took its assignment (rebalances since then keep it).
+        self.running = False
         self.partitions: dict[int, InboxPartition] = {}
         self._producers: dict[int, AIOKafkaProducer] = {}
         self._consumer: AIOKafkaConsumer | None = None
@@ -155,6 +164,7 @@ class Shuffler:
         self._stopping = False
         #: A rebalance happened since the partitions' state was read: drop it and read it again from Kafka.
         self._stale = True
+        self._joined = False
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -193,11 +203,13 @@ class Shuffler:
                         self.on_give_up(self.failed)
                     return
                 self.stats.restarts += 1
+                self.last_error = f"{type(err).__name__}: {err}"
                 log.warning("gateway: shuffler restarts from the committed state after %s: %s", type(err).__name__, err)
                 await asyncio.sleep(min(0.2 * 2 ** len(failures), 5.0))
 
     async def _run(self) -> None:
         self._stale = True  # a new consumer: its assignment is taken from the committed state
+        self._joined = False
         kwargs = client_kwargs(self.connection)
         self._admin = AIOKafkaAdminClient(**kwargs)
         consumer = self._consumer = AIOKafkaConsumer(
@@ -228,12 +240,24 @@ class Shuffler:
                     if part is not None and not self._stale and part.due(now):
                         await self._close(consumer, part, math.floor(now))
         finally:
+            self.running = False
             await self._release()
             with contextlib.suppress(Exception):
                 await consumer.stop()
             with contextlib.suppress(Exception):
                 await self._admin.close()
             self._consumer = None
+
+    def not_ready(self) -> tuple[str, str] | None:
+        """``(SHUFFLER_NOT_RUNNING, the cause)`` while the loop does not run, else ``None`` (``/readyz``): a replica
+        whose shuffler is down still takes reports into the durable inbox, but closes no window."""
+        if self.running:
+            return None
+        if self.failed is not None:
+            return SHUFFLER_NOT_RUNNING, self.failed
+        if self.last_error:
+            return SHUFFLER_NOT_RUNNING, f"restarting from the committed state after {self.last_error}"
+        return SHUFFLER_NOT_RUNNING, f"joining consumer group {self.group}"
 
     # ------------------------------------------------------------------------------------------ assignment
 
@@ -244,6 +268,7 @@ class Shuffler:
         partitions = sorted(tp.partition for tp in consumer.assignment() if tp.topic == self.inbox)
         started = time.monotonic()
         await self._take(partitions)
+        self.running = self._joined
         log.info("gateway: shuffler took inbox partitions %s in %.2f s", partitions, time.monotonic() - started)
 
     async def _take(self, partitions: list[int]) -> None:

@@ -41,11 +41,14 @@ class Names:
     dead_letter: str  # D
     group: str  # G
     app_id: str  # M
+    #: The spec has shuffled metrics: the grants of shuffle mode (:attr:`Grant.shuffle_only`) apply.
+    shuffled: bool = True
 
     @classmethod
     def for_spec(cls, spec: CollectionSpec, group: str | None = None, app_id: str | None = None) -> Names:
         t = spec.topics
-        return cls(t.reports, t.releases, t.dead_letter, group or default_group(spec), app_id or default_app_id(spec))
+        group, app_id = group or default_group(spec), app_id or default_app_id(spec)
+        return cls(t.reports, t.releases, t.dead_letter, group, app_id, any(m.shuffle for m in spec.metrics))
 
     def fill(self, template: str) -> str:
         # the ledger's template is the worker's own naming function, never a copy of it
@@ -89,6 +92,9 @@ class Grant:
     name: str
     label: str
     pattern: str = "LITERAL"
+    #: Only for a spec with shuffled metrics (else a Write on the inbox would let the gateway's idempotent producer
+    #: start without Write on the reports topic: a missing ACL then surfaces only at the first report).
+    shuffle_only: bool = False
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCE_FLAGS:
@@ -115,6 +121,7 @@ class Role:
         return {
             f"{op} {g.label}": Acl(principal, op, g.resource, names.fill(g.name), g.pattern)
             for g in self.grants
+            if names.shuffled or not g.shuffle_only
             for op in g.operations
         }
 
@@ -140,9 +147,9 @@ ROLES: MappingProxyType[str, Role] = MappingProxyType(
                 "User:ptel-gateway",
                 (
                     Grant(("Write", "Read"), "Topic", "{R}", "reports"),
-                    Grant(("Write", "Read"), "Topic", "{inbox}", "shuffle inbox"),
-                    Grant(("Read",), "Group", "{shuffler}", "shuffler group"),
-                    Grant(("Write",), "TransactionalId", "{shuffler}.", "shuffler transactional ids", "PREFIXED"),
+                    Grant(("Write", "Read"), "Topic", "{inbox}", "shuffle inbox", shuffle_only=True),
+                    Grant(("Read",), "Group", "{shuffler}", "shuffler group", shuffle_only=True),
+                    Grant(("Write",), "TransactionalId", "{shuffler}.", "shuffler transactional ids", "PREFIXED", True),
                 ),
                 (*KAFKA_LOGIN, "gateway.keys", "operator-token", "gateway.pem", "gateway.key"),
                 "Write for its idempotent producer, Read to read back the idempotency keys of recent windows at start; "

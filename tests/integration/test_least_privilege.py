@@ -25,18 +25,22 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from agents.kafka_io.changelog import read_to_end
-from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_topics
+from agents.kafka_io.topics import WorkerTopics, denied_access, ensure_plans, ensure_topics
 from agents.monitor.app import default_app_id
 from agents.runtime.composition import default_group
-from kafka_settings.connection import KafkaConnection
+from gateway.keys import GatewayKeys
+from gateway.shuffle_inbox import shuffle_inbox_topic
+from kafka_settings.connection import KafkaConnection, client_kwargs
+from ptel.commands.topics import gateway_plans
 from ptel.local_process import free_port
 from ptel.principal_roles import ROLES, Names
 from schemas.spec import CollectionSpec, load_spec
+from schemas.wire import ShuffledBatch, Withheld, decode_message
 from tests.integration.acls import Acl, create_acls, delete_acls
 from tests.integration.agents_support import ROOT, make_spec, read_topic, stop_monitor, wait_view
 from tests.integration.gateway_support import post, privatized_bodies, read_reports
@@ -197,9 +201,9 @@ def _ptel(*args: str) -> list[str]:
     return [sys.executable, "-m", "ptel.cli", *args]
 
 
-def _gateway(c: Cluster, port: int = 0) -> list[str]:
+def _gateway(c: Cluster, port: int = 0, spec_path: Path | None = None) -> list[str]:
     return [
-        *c.args("gateway", "gateway", c.gateway_spec_path),
+        *c.args("gateway", "gateway", spec_path or c.gateway_spec_path),
         "--keys",
         str(c.keys),
         "--listen",
@@ -361,3 +365,168 @@ async def test_restoring_a_topic_without_read_fails_at_once_naming_it(cluster: C
             assert f"on topic {topic}" in said and "not authorized" in said, said
     finally:
         await create_acls(c.broker.plaintext, [read])
+
+
+#: A spec whose one metric the gateway shuffles (docs/shuffle.md): windows of 2 s, each closed 1 s after its end.
+SHUFFLED = [
+    {"name": "crashed", "kind": "bool", "prob": 0.75, "shuffle": {"n_min": 100, "delta": 1e-6, "close_after_s": 1}}
+]
+#: The gateway's grants of shuffle mode (ptel/principal_roles.py), each removed alone in turn; the first one in
+#: ``make test``, all with ``PTEL_ACL_MATRIX=1``.
+SHUFFLE_GRANTS = [
+    "Write shuffle inbox",  # Kafka refuses only the first device's report: the gateway then gives up (it once spun)
+    "Read shuffle inbox",
+    "Read shuffler group",
+    "Write shuffler transactional ids",
+]
+SHUFFLE_SELECTED = SHUFFLE_GRANTS if os.environ.get("PTEL_ACL_MATRIX") == "1" else SHUFFLE_GRANTS[:1]
+
+
+@dataclass
+class Shuffled:
+    """The shuffled spec, its topics (reports, inbox) made by the administrator and every role's ACLs for it."""
+
+    spec: CollectionSpec
+    path: Path
+    acls: dict[str, dict[str, Acl]]
+
+
+@pytest.fixture(scope="module")
+async def shuffled(cluster: Cluster) -> Shuffled:
+    c = cluster
+    spec, path = make_spec(c.tmp, SHUFFLED, partitions=1, size_s=2, grace_s=2)
+    await create_topics(c.broker.plaintext, [spec.topics.reports])
+    await ensure_plans(c.broker.plaintext, gateway_plans(spec), 1)  # the inbox, as ``ptel topics create``
+    acls = principal_acls(spec, default_group(spec), default_app_id(spec))
+    await create_acls(c.broker.plaintext, [a for each in acls.values() for a in each.values()])
+    return Shuffled(spec, path, acls)
+
+
+@dataclass
+class ShufflingGateway:
+    """A ``ptel gateway`` process as ``User:gateway`` on the shuffled spec."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    keys: GatewayKeys
+    code: int | None = None
+
+    async def ready(self, session: aiohttp.ClientSession, deadline: float) -> bool:
+        """Wait until ``/readyz`` answers 200 (``True``) or the process stops or ``deadline`` passes (``False``)."""
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{self.url}/readyz") as r:
+                    if r.status == 200:
+                        return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def post(self, session: aiohttp.ClientSession, spec: CollectionSpec, devices: int) -> list[int]:
+        """One privatized report each of ``devices`` devices; the statuses."""
+        bodies = privatized_bodies(spec, ["crashed"] * devices, seed=7)
+        tokens = [self.keys.issue(f"device-{i}") for i in range(devices)]
+        return [(await post(session, self.url, body, token=t))[0] for body, t in zip(bodies, tokens, strict=True)]
+
+
+@contextlib.asynccontextmanager
+async def shuffling_gateway(c: Cluster, s: Shuffled) -> AsyncIterator[ShufflingGateway]:
+    """Run the gateway; stop it by SIGTERM at the end if it is still running (its status in ``code``)."""
+    port, log = free_port(), c.tmp / f"shuffling-gateway-{time.monotonic_ns()}.log"
+    argv = _gateway(c, port, s.path)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=c.env(), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    gateway = ShufflingGateway(proc, f"http://127.0.0.1:{port}", log, GatewayKeys.load(c.keys))
+    try:
+        yield gateway
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        gateway.code = await asyncio.to_thread(proc.wait, 30)
+
+
+async def test_the_gateway_shuffles_with_exactly_its_acls(cluster: Cluster, shuffled: Shuffled) -> None:
+    """Devices post to the shuffling gateway; the window's record (withheld: fewer than ``n_min`` devices) reaches
+    the reports topic in the shuffler's transaction; no device's own report does."""
+    c, s = cluster, shuffled
+    t0 = time.monotonic()
+    async with shuffling_gateway(c, s) as gateway, aiohttp.ClientSession() as session:
+        assert await gateway.ready(session, time.monotonic() + 60), gateway.log.read_text()[-3000:]
+        assert await gateway.post(session, s.spec, 3) == [202] * 3
+        records = await read_topic(
+            c.broker.plaintext,
+            s.spec.topics.reports,
+            partitions=1,
+            until=lambda rs: sum(_shuffled_n(r.value) for r in rs) >= 3,
+            timeout_s=30,
+        )
+    assert gateway.code == 0, gateway.log.read_text()[-3000:]
+    print(f"shuffled: {len(records)} record(s) in {time.monotonic() - t0:.1f} s")
+
+
+def _shuffled_n(value: bytes) -> int:
+    """The reports a shuffler's record accounts for (a device's own report on the topic fails the test)."""
+    record = decode_message(value)
+    assert isinstance(record, (ShuffledBatch, Withheld)), f"a device's report reached the reports topic: {record}"
+    return (record.n if isinstance(record, Withheld) else len(record)) + record.late
+
+
+@pytest.mark.parametrize("label", SHUFFLE_SELECTED, ids=[f"gateway-without-{label}" for label in SHUFFLE_SELECTED])
+async def test_a_missing_shuffle_acl_stops_the_gateway_naming_it(
+    cluster: Cluster, shuffled: Shuffled, label: str
+) -> None:
+    """Without one of its shuffle-mode grants the gateway exits 1 with one line naming the ACL, within
+    :data:`STOP_WITHIN_S` -- it never answers 202 to a report it cannot forward (if it ever says ready, a device
+    posts: without Write on the inbox that post is what fails)."""
+    c, s = cluster, shuffled
+    acl = s.acls["gateway"][label]
+    await delete_acls(c.broker.plaintext, [acl])
+    t0 = time.monotonic()
+    try:
+        async with shuffling_gateway(c, s) as gateway, aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + STOP_WITHIN_S
+            statuses = await gateway.post(session, s.spec, 1) if await gateway.ready(session, deadline) else []
+            stopped = await asyncio.to_thread(_wait, gateway.proc, max(0.0, deadline - time.monotonic()))
+    finally:
+        await create_acls(c.broker.plaintext, [acl])
+    lines = [line for line in gateway.log.read_text().splitlines() if line.startswith("ptel gateway: ")]
+    last = lines[-1] if lines else ""
+    print(f"without {acl}: exit {stopped} after {time.monotonic() - t0:.1f} s, posts {statuses}: {last}")
+    assert stopped is not None, f"still running {STOP_WITHIN_S} s after the refusal (a spin)"
+    assert stopped == 1 and 202 not in statuses, (statuses, gateway.log.read_text()[-3000:])
+    assert "not authorized" in last and acl.operation in last and acl.name in last, gateway.log.read_text()[-3000:]
+
+
+async def test_no_other_role_reads_the_shuffle_inbox(cluster: Cluster, shuffled: Shuffled) -> None:
+    """The threat model (docs/privacy.md, "Shuffle mode"): only the gateway reads the inbox, where a report still
+    travels with its pseudonym, and only it writes there. Every other principal, with all its ACLs for the spec, is
+    refused a read and a write at once; the gateway's read succeeds (the control that shows a read can succeed)."""
+    c, s = cluster, shuffled
+    tp = TopicPartition(shuffle_inbox_topic(s.spec.topics.reports), 0)
+
+    def as_user(user: str) -> KafkaConnection:
+        return KafkaConnection(
+            bootstrap_servers=c.broker.sasl,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_username=user,
+            sasl_password=c.broker.password,
+        )
+
+    assert await asyncio.wait_for(read_to_end(as_user("gateway"), tp), REFUSED_WITHIN_S) is not None
+    for user in ("device", "worker", "analyst", "monitor"):
+        with pytest.raises(TopicAuthorizationFailedError):
+            await asyncio.wait_for(read_to_end(as_user(user), tp), REFUSED_WITHIN_S)
+        # nor write it: a report there would skip the gateway's authentication and per-device bounds
+        producer = AIOKafkaProducer(**client_kwargs(as_user(user)), acks="all")
+        await producer.start()
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                await asyncio.wait_for(producer.send_and_wait(tp.topic, b"x", partition=0), REFUSED_WITHIN_S)
+        finally:
+            await producer.stop()
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """``proc``'s status once it stops within ``timeout_s``, else ``None``."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        return proc.wait(timeout_s)
+    return None

@@ -143,8 +143,8 @@ def _workload(objects: Objects, command: str) -> dict[str, Any]:
     return next(
         o["spec"]["template"]["spec"]
         for o in objects
-        if o["kind"] in ("Deployment", "StatefulSet") and o["spec"]["template"]["spec"]["containers"][0]["args"][1]
-        == command
+        if o["kind"] in ("Deployment", "StatefulSet")
+        and o["spec"]["template"]["spec"]["containers"][0]["args"][1] == command
     )
 
 
@@ -275,3 +275,27 @@ def test_the_compose_split_check_fails_on_a_leak(volumes: dict[str, set[str]], m
     compose, files = json.loads(json.dumps(COMPOSE)), {k: set(v) for k, v in volumes.items()}
     COMPOSE_MUTATIONS[mutation](compose, files)
     assert compose_split_problems(compose, files), mutation
+
+
+def test_the_gateway_gets_the_grants_of_shuffle_mode_only_for_a_shuffled_spec(tmp_path: Path) -> None:
+    """Least privilege: for a spec without shuffled metrics ``ptel acls`` gives the gateway no grant on the inbox, the
+    shuffler's group or its transactional ids (a Write on the inbox let its idempotent producer start without Write on
+    the reports topic: the missing ACL then showed only at the first report); for a shuffled spec all of them."""
+    from ptel.principal_roles import Names
+    from testbed.pipeline import make_spec
+
+    plain, _ = make_spec(tmp_path, [{"name": "crashed", "kind": "bool", "prob": 0.75}])
+    shuffle = {"n_min": 100, "delta": 1e-6, "close_after_s": 1}
+    shuffled, _ = make_spec(
+        tmp_path, [{"name": "crashed", "kind": "bool", "prob": 0.75, "shuffle": shuffle}], grace_s=2
+    )
+    gateway = ROLES["gateway"]
+    assert sorted(gateway.acls("User:g", Names.for_spec(plain))) == ["Read reports", "Write reports"]
+    assert sorted(gateway.acls("User:g", Names.for_spec(shuffled))) == [
+        "Read reports",
+        "Read shuffle inbox",
+        "Read shuffler group",
+        "Write reports",
+        "Write shuffle inbox",
+        "Write shuffler transactional ids",
+    ]
