@@ -460,8 +460,9 @@ class Gateway:
         forwarder = inbox or self.forwarder
         partition, partition_key = forwarder.partition_of(metric, shard)
         try:
-            if forwarder.refusal() is not None:
-                raise ForwardError(forwarder.refusal() or "kafka_unavailable", "the shuffle inbox is not ready")
+            # the main forwarder's refusal was checked when the request came in; the inbox's is checked here
+            if inbox is not None and inbox.refusal() is not None:
+                raise ForwardError(inbox.refusal() or "kafka_unavailable", "the shuffle inbox is not ready")
             acked_ms = await forwarder.forward(
                 partition, partition_key, reports, None if tag is None else (tag, window)
             )
